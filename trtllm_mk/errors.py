@@ -1,0 +1,41 @@
+"""User-facing errors.
+
+Anything a user can cause (a bad YAML, an unknown model, a missing or corrupt checkpoint or engine,
+a wrong GPU) raises ``UserError``. Command-line entry points wrap their body in ``run_cli`` so that
+such an error ends with one clear line on stderr and exit code 2, never a traceback. Programming
+errors are *not* UserErrors and keep their tracebacks.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Callable
+
+
+class UserError(Exception):
+    """An error caused by user input; its message is the whole report (one line, names the fix)."""
+
+
+class ConfigError(UserError):
+    """A deployment YAML that is malformed, has unknown keys, wrong types or impossible values."""
+
+
+class ModelError(UserError):
+    """An unsupported architecture, or a checkpoint that is missing, misshaped or truncated."""
+
+
+class EngineError(UserError):
+    """An engine directory that is missing, corrupted, or built for another GPU."""
+
+
+def run_cli(main: Callable[[], int | None]) -> None:
+    """Run ``main``; turn a UserError into one stderr line and exit code 2."""
+    try:
+        rc = main()
+    except UserError as e:
+        msg = " ".join(str(e).split("\n")) if "\n" in str(e).strip() else str(e)
+        print(f"error: {msg}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+    sys.exit(rc or 0)

@@ -1,0 +1,171 @@
+"""Task-graph vocabulary: task kinds, event tensors, buffers and tile plans.
+
+One decode step of the model at batch B is a set of tiled tasks. Dependencies are *event tensors*
+(ETC): counter arrays ``[index, slot]`` in global memory. A producer adds 1 to each slot it signals
+after its stores (release); a consumer waits until its slot reaches ``count[index][slot] * (step+1)``
+(acquire). Counters are monotonic across steps, so no reset launch is ever needed.
+
+Semantics of each kind (B batch rows; all buffers fp32 unless noted; "bf16(.)" is the rounding the
+GPU applies when it stages an activation in shared memory as the input of a GEMV):
+
+  EMBED  rows [r0,r1) of H      x[b,r] = embed[tokens[b], r]
+  QKV    rows [r0,r1) of QKVR   xn = bf16(rmsnorm(x[b]) * ln1); qkv[b,r] = W_qkv[r]·xn (+ bias[r])
+                                QKVR rows are ordered by KV group g: the q heads g*G..g*G+G-1, k_g, v_g
+  ATTN   group g, split s       for each b: L = pos[b]+1, chunk = ceil(L/S), tokens [s*chunk, min(L,..));
+                                q/k from qkv[b] get QK-norm (qwen3) and RoPE at pos[b]; the split whose
+                                range holds pos[b] stores bf16 k,v into the paged cache at pos[b];
+                                part_o[b,h,s] = sum_t exp(q·k_t/sqrt(d) - m) v_t, part_ml = (m, l)
+  COMBINE group g               attn_out[b, h*d:(h+1)*d] = merge of the S partials of head h
+  OPROJ  rows [r0,r1) of H,     x[b,r] += W_o[r, k0:k1]·bf16(attn_out[b, k0:k1])   (K-split: atomic add)
+         k [k0,k1) of nh*d
+  GATEUP rows [r0,r1) of I      xn = bf16(rmsnorm(x[b]) * ln2); act[b,r] = silu(W_g[r]·xn) * (W_u[r]·xn)
+  DOWN   rows [r0,r1) of H,     x[b,r] += W_d[r, k0:k1]·bf16(act[b, k0:k1])        (K-split: atomic add)
+         k [k0,k1) of I
+  LMHEAD rows [r0,r1) of V      xn = bf16(rmsnorm(x[b]) * norm); logits[b,r] = W_lm[r]·xn;
+                                lm_val/lm_idx[b, tile] = max and first argmax of the tile
+  ARGMAX                        tokens[b] = first argmax over tiles; history[b, pos[b]+1] = tokens[b]
+After every task of the step, the last CTA to finish advances pos[b] += 1 and step += 1.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import IntEnum
+
+
+class Kind(IntEnum):
+    EMBED = 0
+    QKV = 1
+    ATTN = 2
+    COMBINE = 3
+    OPROJ = 4
+    GATEUP = 5
+    DOWN = 6
+    LMHEAD = 7
+    ARGMAX = 8
+
+    @property
+    def streams_weights(self) -> bool:
+        """Kinds whose weight tiles go through the shared-memory ring (GEMV tasks)."""
+        return self in (Kind.QKV, Kind.OPROJ, Kind.GATEUP, Kind.DOWN, Kind.LMHEAD)
+
+
+# Which phase a task belongs to. A schedule is layer-periodic: per SM, its HEAD tasks, then its
+# LAYER program repeated for every layer, then its TAIL tasks.
+HEAD, LAYER, TAIL = "head", "layer", "tail"
+
+
+@dataclass(frozen=True)
+class EventRef:
+    """Slot ``slot`` of row ``index`` of event tensor ``event``. For LAYER tasks, ``index`` is
+    relative to the task's layer (the concrete row is ``layer + index``)."""
+    event: str
+    index: int
+    slot: int
+
+
+@dataclass(frozen=True)
+class Access:
+    """Elements [lo, hi) of every batch row of buffer ``buf`` (per-layer buffers are told apart by
+    ``layer``; -1 for buffers shared by all layers; for LAYER tasks a non-negative ``layer`` is relative
+    to the task's layer). Used by the race checker."""
+    buf: str
+    lo: int
+    hi: int
+    layer: int = -1
+    add: bool = False          # an atomic accumulate (commutes with other adds, not with reads)
+
+
+@dataclass(frozen=True)
+class Task:
+    kind: Kind
+    phase: str                 # HEAD | LAYER | TAIL
+    index: int                 # position in its phase's task list (template index for LAYER)
+    r0: int = 0                # output rows [r0, r1) (GEMV / EMBED kinds)
+    r1: int = 0
+    k0: int = 0                # reduction range [k0, k1) (GEMV kinds)
+    k1: int = 0
+    group: int = 0             # KV group (ATTN, COMBINE)
+    split: int = 0             # KV split (ATTN)
+    waits: tuple[EventRef, ...] = ()
+    signals: tuple[EventRef, ...] = ()
+    reads: tuple[Access, ...] = ()
+    writes: tuple[Access, ...] = ()
+    weight_bytes: int = 0      # weights streamed by this task (once per step)
+    act_bytes: int = 0         # activations / KV read and written (approximate, for the cost model)
+    flops: int = 0
+
+    @property
+    def rows(self) -> int:
+        return self.r1 - self.r0
+
+    def label(self) -> str:
+        if self.kind in (Kind.ATTN,):
+            return f"{self.kind.name}[g{self.group} s{self.split}]"
+        if self.kind == Kind.COMBINE:
+            return f"{self.kind.name}[g{self.group}]"
+        if self.kind == Kind.ARGMAX:
+            return "ARGMAX"
+        k = f" k{self.k0}:{self.k1}" if self.k1 else ""
+        return f"{self.kind.name}[{self.r0}:{self.r1}{k}]"
+
+
+@dataclass(frozen=True)
+class Event:
+    """An event tensor: ``rows`` x ``slots`` counters; ``counts[i][s]`` signals per step."""
+    name: str
+    rows: int
+    slots: int
+    counts: tuple[tuple[int, ...], ...]
+    per_layer: bool            # rows are indexed by layer (LAYER tasks use relative indices)
+
+
+@dataclass(frozen=True)
+class TilePlan:
+    """The tile choices the search makes; the graph builder turns them into tasks."""
+    qkv_rows: int = 64         # output rows per QKV task
+    o_rows: int = 64           # output rows per OPROJ task
+    o_ksplit: int = 1          # OPROJ K-split (divides num_kv_heads: chunks align with KV groups)
+    gateup_rows: int = 64      # output rows (of I) per GATEUP task; each row streams gate and up
+    down_rows: int = 64
+    down_ksplit: int = 1       # DOWN K-split (chunks are multiples of 64 columns of I)
+    lm_rows: int = 1024
+    embed_rows: int = 0        # 0: one EMBED task per 1024 columns of H
+    attn_splits: int = 8       # KV splits per group
+    stages: int = 4            # shared-memory ring slots for weight tiles
+    slot_bytes: int = 32768    # bytes per ring slot
+    consumer_warps: int = 8
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TilePlan":
+        return cls(**d)
+
+
+@dataclass
+class StepGraph:
+    """One decode step as head / per-layer template / tail task lists plus event tensors."""
+    num_layers: int
+    batch: int
+    plan: TilePlan
+    head: list[Task]
+    layer: list[Task]
+    tail: list[Task]
+    events: dict[str, Event]
+    dims: dict[str, int] = field(default_factory=dict)   # H, I, V, QKVR, nh, nkv, d, G, S, ...
+
+    def phase_tasks(self, phase: str) -> list[Task]:
+        return {HEAD: self.head, LAYER: self.layer, TAIL: self.tail}[phase]
+
+    def num_tasks(self) -> int:
+        return len(self.head) + self.num_layers * len(self.layer) + len(self.tail)
+
+    def resolve(self, task: Task, layer: int, ref: EventRef) -> tuple[str, int, int]:
+        """Concrete (event, row, slot) of ``ref`` as used by ``task`` in ``layer``."""
+        row = ref.index + (layer if task.phase == LAYER else 0)
+        return ref.event, row, ref.slot
+
+    def weight_bytes(self) -> int:
+        return (sum(t.weight_bytes for t in self.head) + self.num_layers * sum(t.weight_bytes for t in self.layer)
+                + sum(t.weight_bytes for t in self.tail))

@@ -1,0 +1,212 @@
+"""ModelSpec: the shapes and numerics of a decoder-only transformer, read from an HF config.json.
+
+Supported families (all share the Llama block: RMSNorm, GQA attention with RoPE, SwiGLU MLP):
+  llama   - LlamaForCausalLM, incl. Llama 3.x "llama3" rope scaling
+  mistral - MistralForCausalLM (sliding window must cover max_seq_len; checked by the config)
+  qwen2   - Qwen2ForCausalLM: bias on q/k/v projections
+  qwen3   - Qwen3ForCausalLM: RMSNorm on each q and k head before RoPE (QK-norm), explicit head_dim
+Weights are named exactly as in HF checkpoints (see ``expected_tensors``).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import ModelError
+
+# HF "architectures" entry / "model_type" -> our family name.
+_ARCH_FAMILY = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+_MODEL_TYPE_FAMILY = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
+_DTYPES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    family: str                      # llama | mistral | qwen2 | qwen3
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    rope_scaling: dict | None = None  # HF dict, e.g. {"rope_type": "llama3", "factor": 32.0, ...}
+    sliding_window: int | None = None
+    dtype: str = "bfloat16"          # checkpoint dtype
+    eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+
+    # ---- derived shapes -------------------------------------------------------------------
+    @property
+    def qkv_bias(self) -> bool:
+        return self.family == "qwen2"
+
+    @property
+    def qk_norm(self) -> bool:
+        return self.family == "qwen3"
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per KV head (GQA)."""
+        return self.num_heads // self.num_kv_heads
+
+    @property
+    def dtype_bytes(self) -> int:
+        return _DTYPES[self.dtype]
+
+    def expected_tensors(self) -> dict[str, tuple[int, ...]]:
+        """Every tensor a checkpoint must hold, by HF name, with its shape ([out, in] for linears)."""
+        H, I, V = self.hidden_size, self.intermediate_size, self.vocab_size
+        t: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (V, H), "model.norm.weight": (H,)}
+        for i in range(self.num_layers):
+            p = f"model.layers.{i}."
+            t[p + "input_layernorm.weight"] = (H,)
+            t[p + "post_attention_layernorm.weight"] = (H,)
+            t[p + "self_attn.q_proj.weight"] = (self.q_size, H)
+            t[p + "self_attn.k_proj.weight"] = (self.kv_size, H)
+            t[p + "self_attn.v_proj.weight"] = (self.kv_size, H)
+            t[p + "self_attn.o_proj.weight"] = (H, self.q_size)
+            if self.qkv_bias:
+                t[p + "self_attn.q_proj.bias"] = (self.q_size,)
+                t[p + "self_attn.k_proj.bias"] = (self.kv_size,)
+                t[p + "self_attn.v_proj.bias"] = (self.kv_size,)
+            if self.qk_norm:
+                t[p + "self_attn.q_norm.weight"] = (self.head_dim,)
+                t[p + "self_attn.k_norm.weight"] = (self.head_dim,)
+            t[p + "mlp.gate_proj.weight"] = (I, H)
+            t[p + "mlp.up_proj.weight"] = (I, H)
+            t[p + "mlp.down_proj.weight"] = (H, I)
+        if not self.tie_word_embeddings:
+            t["lm_head.weight"] = (V, H)
+        return t
+
+    def num_params(self) -> int:
+        n = 0
+        for shape in self.expected_tensors().values():
+            k = 1
+            for s in shape:
+                k *= s
+            n += k
+        return n
+
+    def weight_bytes(self) -> int:
+        return self.num_params() * self.dtype_bytes
+
+    def decode_weight_bytes(self) -> int:
+        """Bytes one decode step must read: every weight once; the embedding table contributes only
+        its B looked-up rows (negligible) unless it is tied to the LM head."""
+        total = self.weight_bytes()
+        if not self.tie_word_embeddings:
+            total -= self.vocab_size * self.hidden_size * self.dtype_bytes
+        return total
+
+    def kv_bytes_per_token(self, kv_dtype_bytes: int = 2) -> int:
+        return 2 * self.num_layers * self.kv_size * kv_dtype_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["eos_token_ids"] = list(self.eos_token_ids)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ModelSpec":
+        d = dict(d)
+        d["eos_token_ids"] = tuple(d.get("eos_token_ids", ()))
+        return cls(**d)
+
+
+def _req(cfg: dict, key: str, where: str) -> Any:
+    if key not in cfg:
+        raise ModelError(f"{where}: config.json has no '{key}'")
+    return cfg[key]
+
+
+def spec_from_hf_config(cfg: dict, name: str = "model", where: str = "config.json") -> ModelSpec:
+    """Build a ModelSpec from the dict of an HF config.json; clear ModelError on anything else."""
+    archs = cfg.get("architectures") or []
+    family = None
+    for a in archs:
+        family = _ARCH_FAMILY.get(a, family)
+    if family is None:
+        family = _MODEL_TYPE_FAMILY.get(cfg.get("model_type", ""))
+    if family is None:
+        got = archs[0] if archs else cfg.get("model_type", "<none>")
+        raise ModelError(
+            f"{where}: unsupported architecture '{got}'; supported: {', '.join(sorted(_ARCH_FAMILY))}")
+    H = int(_req(cfg, "hidden_size", where))
+    nh = int(_req(cfg, "num_attention_heads", where))
+    nkv = int(cfg.get("num_key_value_heads") or nh)
+    head_dim = int(cfg.get("head_dim") or H // nh)
+    if nh % nkv:
+        raise ModelError(f"{where}: num_attention_heads={nh} is not a multiple of num_key_value_heads={nkv}")
+    if head_dim % 16 or head_dim > 256:
+        raise ModelError(f"{where}: head_dim={head_dim} unsupported (need a multiple of 16, at most 256)")
+    rs = cfg.get("rope_scaling")
+    if rs is not None:
+        rtype = rs.get("rope_type", rs.get("type"))
+        if rtype not in ("llama3", "default", None):
+            raise ModelError(f"{where}: rope_scaling type '{rtype}' unsupported (supported: llama3)")
+        if rtype in ("default", None):
+            rs = None
+    dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
+    if dtype not in _DTYPES:
+        raise ModelError(f"{where}: torch_dtype '{dtype}' unsupported (bfloat16, float16, float32)")
+    eos = cfg.get("eos_token_id")
+    eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+    sw = cfg.get("sliding_window") if family == "mistral" else None
+    if family in ("qwen2", "qwen3") and cfg.get("use_sliding_window"):
+        raise ModelError(f"{where}: use_sliding_window=true is unsupported")
+    tie_default = family in ("qwen2", "qwen3") and False
+    return ModelSpec(
+        name=name,
+        family=family,
+        hidden_size=H,
+        intermediate_size=int(_req(cfg, "intermediate_size", where)),
+        num_layers=int(_req(cfg, "num_hidden_layers", where)),
+        num_heads=nh,
+        num_kv_heads=nkv,
+        head_dim=head_dim,
+        vocab_size=int(_req(cfg, "vocab_size", where)),
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(cfg.get("rope_theta", 10000.0)),
+        max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", tie_default)),
+        rope_scaling=dict(rs) if rs else None,
+        sliding_window=int(sw) if sw else None,
+        dtype=dtype,
+        eos_token_ids=eos_ids,
+    )
+
+
+def load_spec(path: str | Path, name: str | None = None) -> ModelSpec:
+    """Read a ModelSpec from a config.json file or a checkpoint directory that contains one."""
+    p = Path(path)
+    cfg_path = p / "config.json" if p.is_dir() else p
+    if not cfg_path.exists():
+        raise ModelError(f"{cfg_path}: no such file (expected an HF config.json)")
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as e:
+        raise ModelError(f"{cfg_path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    if not isinstance(cfg, dict):
+        raise ModelError(f"{cfg_path}: expected a JSON object")
+    return spec_from_hf_config(cfg, name=name or (p.name if p.is_dir() else p.stem), where=str(cfg_path))
