@@ -1,0 +1,175 @@
+// Low-level building blocks of the megakernel: bf16 vectors, mbarriers, bulk copies, event counters.
+// Everything here is architecture plumbing; the task bodies live in mk_gemv/mk_attention/mk_misc.
+#pragma once
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#ifndef MK_SPIN_TIMEOUT_NS
+// A wait that has not been satisfied after this long is a schedule/runtime bug: the kernel records
+// which event it was waiting on and traps, so the host reports an error instead of hanging.
+#define MK_SPIN_TIMEOUT_NS 2000000000ull
+#endif
+
+namespace mk {
+
+typedef __nv_bfloat16 bf16;
+
+__device__ __forceinline__ float bf16_to_f(bf16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ bf16 f_to_bf16(float v) { return __float2bfloat16(v); }
+__device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16(v)); }
+
+// 16-byte vector of 8 bf16 values.
+struct __align__(16) bf16x8 { __nv_bfloat162 h[4]; };
+
+__device__ __forceinline__ float dot8(const bf16x8& w, const bf16x8& a) {
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float2 wf = __bfloat1622float2(w.h[i]);
+    float2 af = __bfloat1622float2(a.h[i]);
+    s = fmaf(wf.x, af.x, s);
+    s = fmaf(wf.y, af.y, s);
+  }
+  return s;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Activations change during the kernel (other SMs write them), so they are read through L2 only
+// (ld.global.cg): a stale L1 line from an earlier layer would otherwise be served.
+__device__ __forceinline__ float ld_act(const float* p) { return __ldcg(p); }
+__device__ __forceinline__ int ld_act(const int* p) { return __ldcg(p); }
+
+__device__ __forceinline__ uint64_t globaltimer() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// ---------------------------------------------------------------- named barrier of consumer warps
+// Barrier 0 is __syncthreads (all warps, loader included); barrier 1 syncs only the consumer warps
+// so the loader can keep streaming weights while consumers wait on each other.
+__device__ __forceinline__ void consumer_sync(int nthreads) {
+  asm volatile("bar.sync 1, %0;" ::"r"(nthreads) : "memory");
+}
+
+// ---------------------------------------------------------------- mbarrier
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.shared::cta.b64 st, [%0];\n}" ::"r"(smem_addr(bar)) : "memory");
+}
+
+__device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t ok;
+#if __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+      : "=r"(ok)
+      : "r"(smem_addr(bar)), "r"(parity)
+      : "memory");
+#else
+  asm volatile(
+      "{\n .reg .pred p;\n mbarrier.test_wait.parity.shared.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+      : "=r"(ok)
+      : "r"(smem_addr(bar)), "r"(parity)
+      : "memory");
+#endif
+  return ok != 0;
+}
+
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  while (!mbar_try_wait(bar, parity)) {
+  }
+}
+
+#if defined(MK_USE_BULK_COPY)
+// sm_90: one bulk async copy per weight row segment, completing on the slot's mbarrier.
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
+}
+#else
+// sm_80 / sm_89: the loader warp's 32 lanes issue 16-byte cp.async copies; each lane's
+// cp.async.mbarrier.arrive.noinc fires once its copies land (the full barrier counts 32 arrivals).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+#endif
+
+// ---------------------------------------------------------------- event counters
+// Monotonic counters in global memory: a producer adds 1 after its stores (fence + atomic = release),
+// a consumer waits until counter >= count * (step + 1) with acquire loads. Wrap-around safe.
+__device__ __forceinline__ uint32_t ld_acquire(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void signal_event(uint32_t* p) {
+  __threadfence();
+  atomicAdd(p, 1u);
+}
+
+struct ErrorInfo {      // written by a timed-out waiter before it traps
+  uint32_t code;        // 1: event wait timed out
+  uint32_t sm;
+  uint32_t event_index; // flat counter index
+  uint32_t target;
+  uint32_t seen;
+  uint32_t layer;
+  uint32_t task;
+  uint32_t pad;
+};
+
+__device__ __forceinline__ void wait_counter(const uint32_t* ctr, uint32_t target, ErrorInfo* err,
+                                             uint32_t flat_index, uint32_t layer, uint32_t task) {
+  uint32_t v = ld_acquire(ctr);
+  if ((int32_t)(v - target) >= 0) return;
+  uint64_t t0 = globaltimer();
+  uint32_t backoff = 32;
+  while (true) {
+    __nanosleep(backoff);
+    if (backoff < 256) backoff <<= 1;
+    v = ld_acquire(ctr);
+    if ((int32_t)(v - target) >= 0) return;
+    if (globaltimer() - t0 > MK_SPIN_TIMEOUT_NS) {
+      if (atomicCAS(&err->code, 0u, 1u) == 0u) {
+        err->sm = blockIdx.x;
+        err->event_index = flat_index;
+        err->target = target;
+        err->seen = v;
+        err->layer = layer;
+        err->task = task;
+        __threadfence_system();
+      }
+      __trap();
+    }
+  }
+}
+
+}  // namespace mk

@@ -1,0 +1,66 @@
+// Kernel parameters (passed by value as a __grid_constant__) and the per-CTA execution context.
+// The host side that fills Params is trtllm_mk/runtime/megakernel.py (field order = PARAM_FIELDS there).
+#pragma once
+#include "mk_common.cuh"
+
+namespace mk {
+
+// Device pointers of one layer's weights, HF layouts ([out, in] row-major), read in place.
+struct LayerWeights {
+  const bf16 *q, *k, *v, *o, *gate, *up, *down;
+  const bf16 *ln1, *ln2;                 // input_layernorm, post_attention_layernorm
+  const bf16 *q_norm, *k_norm;           // qwen3 QK-norm (null otherwise)
+  const bf16 *q_bias, *k_bias, *v_bias;  // qwen2 (null otherwise)
+};
+
+struct Params {
+  const LayerWeights* layers;  // [L], device array
+  const bf16* embed;           // [V, H]
+  const bf16* final_norm;      // [H]
+  const bf16* lm_head;         // [V, H] (the embedding when tied)
+  const float* inv_freq;       // [D/2] RoPE inverse frequencies (llama3 scaling applied on the host)
+  float* x;                    // [B, H] residual stream
+  float* qkv;                  // [B, QKVR] grouped q/k/v projection
+  float* part_o;               // [B, NKV, S, G, D] attention partials
+  float* part_ml;              // [B, NKV, S, G, 2] (max, sum of exp)
+  float* attn_out;             // [B, NH*D]
+  float* act;                  // [B, I] silu(gate) * up
+  float* logits;               // [B, V]
+  float* lm_val;               // [B, N_LM_TILES]
+  int* lm_idx;                 // [B, N_LM_TILES]
+  int* tokens;                 // [B] in: this step's token; out: the next token
+  int* pos;                    // [B] position of this step's token; advanced by the step
+  int* history;                // [B, HISTORY_LEN] history[b, pos+1] = generated token
+  bf16* kv_pool;               // [L, num_blocks, 2, NKV, TPB, D]
+  const int* block_table;      // [B, block_table_stride]
+  uint32_t* counters;          // event counters (monotonic)
+  uint32_t* control;           // [0] step, [1] CTAs finished (monotonic)
+  ErrorInfo* error;
+  int64_t num_blocks;          // blocks per layer in kv_pool
+  int64_t block_table_stride;
+};
+
+struct TaskArgs {
+  int layer, r0, r1, k0, k1, group, split, tile;
+  int nw, w[3];   // flat counter indices to wait on
+  int ns, s[3];   // flat counter indices to signal
+};
+
+// Shared-memory weight ring shared by the loader warp and the consumer warps. Both roles walk the
+// same static task list and count ring slots identically, so no slot bookkeeping crosses roles.
+struct Ctx {
+  const Params* p;
+  bool loader;
+  int warp, lane;
+  uint32_t step;
+  uint32_t ring_n;   // slots used so far on this SM
+  unsigned char* ring;
+  uint64_t* full;    // [STAGES] loader -> consumers: slot holds its weights
+  uint64_t* empty;   // [STAGES] consumers -> loader: slot may be overwritten
+  bf16* act;         // resident bf16 activation of the current GEMV (also attention scratch)
+  float* red;        // [2][CWARPS][B] cross-warp partial sums (double-buffered by row group)
+  float* scratch;    // small reductions
+  int task_no;       // running task number (diagnostics)
+};
+
+}  // namespace mk

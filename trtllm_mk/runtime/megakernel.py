@@ -1,0 +1,208 @@
+"""Python host side of the megakernel: bind weights, KV cache and activation buffers by device
+pointer, pack the kernel's Params struct once, and launch decode steps on a CUDA stream.
+
+The step state (tokens, positions, step counter) lives on the device, so a step is only a launch:
+it can be captured in a CUDA graph, called from a torch custom op or from the TensorRT plugin.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..codegen import KERNEL_NAME, KernelLayout
+from ..errors import EngineError
+from ..kv_cache import PagedKVCache
+from ..model.spec import ModelSpec
+from ..schedule import Schedule
+
+# Order and kinds of the fields of mk::Params (plugin_src/megakernel/mk_params.cuh).
+PARAM_FIELDS = [
+    "layers", "embed", "final_norm", "lm_head", "inv_freq", "x", "qkv", "part_o", "part_ml", "attn_out", "act",
+    "logits", "lm_val", "lm_idx", "tokens", "pos", "history", "kv_pool", "block_table", "counters", "control",
+    "error", "num_blocks", "block_table_stride",
+]
+# Order of the pointers of mk::LayerWeights.
+LAYER_FIELDS = [
+    ("q", "self_attn.q_proj.weight"), ("k", "self_attn.k_proj.weight"), ("v", "self_attn.v_proj.weight"),
+    ("o", "self_attn.o_proj.weight"), ("gate", "mlp.gate_proj.weight"), ("up", "mlp.up_proj.weight"),
+    ("down", "mlp.down_proj.weight"), ("ln1", "input_layernorm.weight"), ("ln2", "post_attention_layernorm.weight"),
+    ("q_norm", "self_attn.q_norm.weight"), ("k_norm", "self_attn.k_norm.weight"), ("q_bias", "self_attn.q_proj.bias"),
+    ("k_bias", "self_attn.k_proj.bias"), ("v_bias", "self_attn.v_proj.bias"),
+]
+ERROR_WORDS = 8  # mk::ErrorInfo
+
+
+def load_runtime():
+    """The compiled runtime extension, or a clear error saying how to get it."""
+    try:
+        from .. import _mkrt  # type: ignore[attr-defined]
+    except ImportError as e:
+        raise EngineError("the megakernel runtime (trtllm_mk._mkrt) is not built: install on a machine with the "
+                          f"CUDA toolkit (pip install -e .) ({e})") from None
+    return _mkrt
+
+
+@dataclass
+class DecodeBuffers:
+    x: torch.Tensor
+    qkv: torch.Tensor
+    part_o: torch.Tensor
+    part_ml: torch.Tensor
+    attn_out: torch.Tensor
+    act: torch.Tensor
+    logits: torch.Tensor
+    lm_val: torch.Tensor
+    lm_idx: torch.Tensor
+    tokens: torch.Tensor
+    pos: torch.Tensor
+    history: torch.Tensor
+    counters: torch.Tensor
+    control: torch.Tensor
+    error: torch.Tensor   # pinned host memory: readable after a kernel trap killed the context
+
+    @classmethod
+    def allocate(cls, spec: ModelSpec, batch: int, schedule: Schedule, layout: KernelLayout,
+                 device: torch.device) -> "DecodeBuffers":
+        f32 = dict(dtype=torch.float32, device=device)
+        i32 = dict(dtype=torch.int32, device=device)
+        S, G = schedule.plan.attn_splits, spec.group_size
+        qkvr = spec.num_kv_heads * (G + 2) * spec.head_dim
+        return cls(
+            x=torch.empty(batch, spec.hidden_size, **f32),
+            qkv=torch.empty(batch, qkvr, **f32),
+            part_o=torch.empty(batch, spec.num_kv_heads, S, G, spec.head_dim, **f32),
+            part_ml=torch.empty(batch, spec.num_kv_heads, S, G, 2, **f32),
+            attn_out=torch.empty(batch, spec.q_size, **f32),
+            act=torch.empty(batch, spec.intermediate_size, **f32),
+            logits=torch.empty(batch, spec.vocab_size, **f32),
+            lm_val=torch.empty(batch, layout.n_lm_tiles, **f32),
+            lm_idx=torch.empty(batch, layout.n_lm_tiles, **i32),
+            tokens=torch.zeros(batch, **i32),
+            pos=torch.zeros(batch, **i32),
+            history=torch.full((batch, layout.history_len), -1, **i32),
+            counters=torch.zeros(layout.num_counters, **i32),
+            control=torch.zeros(4, **i32),
+            error=torch.zeros(ERROR_WORDS, dtype=torch.int32).pin_memory(),
+        )
+
+
+def _check_tensor(name: str, t: torch.Tensor, shape: tuple, dtype: torch.dtype, device: torch.device) -> None:
+    if tuple(t.shape) != tuple(shape):
+        raise EngineError(f"{name}: shape {tuple(t.shape)} but the engine needs {tuple(shape)}")
+    if t.dtype != dtype:
+        raise EngineError(f"{name}: dtype {t.dtype} but the engine needs {dtype}")
+    if t.device != device:
+        raise EngineError(f"{name}: on {t.device} but the engine runs on {device}")
+    if not t.is_contiguous():
+        raise EngineError(f"{name}: must be contiguous")
+
+
+class MegakernelDecoder:
+    """One compiled megakernel bound to weights, a paged KV cache and its own activation buffers."""
+
+    def __init__(self, schedule: Schedule, cubin: str | Path, layout: KernelLayout, weights: dict[str, torch.Tensor],
+                 cache: PagedKVCache, inv_freq: torch.Tensor, cooperative: bool = True):
+        spec, B = schedule.spec, schedule.batch
+        self.spec, self.schedule, self.layout, self.batch = spec, schedule, layout, B
+        dev = cache.pool.device
+        if dev.type != "cuda":
+            raise EngineError("the megakernel needs CUDA tensors (weights and KV cache on the GPU)")
+        self.device = dev
+        self._check_bindings(weights, cache)
+        self.weights, self.cache = weights, cache
+        self.inv_freq = inv_freq.to(device=dev, dtype=torch.float32).contiguous()
+        self.buf = DecodeBuffers.allocate(spec, B, schedule, layout, dev)
+        self._layer_table = self._pack_layer_table(weights)
+        self._params = self._pack_params()
+        mkrt = load_runtime()
+        with torch.cuda.device(dev):
+            self.module = mkrt.Module(str(cubin), KERNEL_NAME, layout.grid, layout.block, layout.smem_bytes,
+                                      cooperative, dev.index or 0)
+
+    # ------------------------------------------------------------------ binding
+    def _check_bindings(self, weights: dict[str, torch.Tensor], cache: PagedKVCache) -> None:
+        spec, dev = self.spec, cache.pool.device
+        for name, shape in spec.expected_tensors().items():
+            if name not in weights:
+                raise EngineError(f"weights: missing {name}")
+            _check_tensor(f"weights[{name}]", weights[name], shape, torch.bfloat16, dev)
+        L, NKV, D = spec.num_layers, spec.num_kv_heads, spec.head_dim
+        pool = cache.pool
+        if pool.dim() != 6 or (pool.shape[0], pool.shape[2], pool.shape[3], pool.shape[4], pool.shape[5]) != (
+                L, 2, NKV, self.layout.tokens_per_block, D):
+            raise EngineError(f"kv cache: pool shape {tuple(pool.shape)} but the engine needs "
+                              f"[{L}, blocks, 2, {NKV}, {self.layout.tokens_per_block}, {D}]")
+        _check_tensor("kv cache pool", pool, tuple(pool.shape), torch.bfloat16, dev)
+        bt = cache.block_table
+        need = -(-self.layout.history_len // self.layout.tokens_per_block)
+        if bt.dim() != 2 or bt.shape[0] != self.batch or bt.shape[1] < need:
+            raise EngineError(f"block table: shape {tuple(bt.shape)} but the engine needs [{self.batch}, >= {need}]")
+        _check_tensor("block table", bt, tuple(bt.shape), torch.int32, dev)
+
+    def _pack_layer_table(self, weights: dict[str, torch.Tensor]) -> torch.Tensor:
+        rows = []
+        for i in range(self.spec.num_layers):
+            p = f"model.layers.{i}."
+            rows.append([weights[p + hf].data_ptr() if (p + hf) in weights else 0 for _, hf in LAYER_FIELDS])
+        return torch.tensor(rows, dtype=torch.int64, device=self.device)
+
+    def _pack_params(self) -> bytes:
+        w, b = self.weights, self.buf
+        lm = w["lm_head.weight"] if "lm_head.weight" in w else w["model.embed_tokens.weight"]
+        ptrs = dict(layers=self._layer_table, embed=w["model.embed_tokens.weight"], final_norm=w["model.norm.weight"],
+                    lm_head=lm, inv_freq=self.inv_freq, kv_pool=self.cache.pool, block_table=self.cache.block_table)
+        for f in ("x", "qkv", "part_o", "part_ml", "attn_out", "act", "logits", "lm_val", "lm_idx", "tokens", "pos",
+                  "history", "counters", "control", "error"):
+            ptrs[f] = getattr(b, f)
+        values = []
+        for f in PARAM_FIELDS:
+            if f == "num_blocks":
+                values.append(self.cache.pool.shape[1])
+            elif f == "block_table_stride":
+                values.append(self.cache.block_table.shape[1])
+            else:
+                values.append(ptrs[f].data_ptr())
+        return struct.pack(f"<{len(values)}q", *values)
+
+    # ------------------------------------------------------------------ stepping
+    def set_state(self, tokens: torch.Tensor, pos: torch.Tensor) -> None:
+        """This step's input token and its position (= tokens already in the cache) per sequence."""
+        self.buf.tokens.copy_(tokens.to(torch.int32))
+        self.buf.pos.copy_(pos.to(torch.int32))
+
+    def step(self, stream: torch.cuda.Stream | None = None) -> None:
+        """Launch one decode step (asynchronous). Reads/advances tokens, pos on the device."""
+        s = stream if stream is not None else torch.cuda.current_stream(self.device)
+        self.module.launch(self._params, s.cuda_stream)
+
+    def synchronize(self) -> None:
+        """Wait for the steps in flight; turn a kernel fault into an error that names its cause."""
+        try:
+            torch.cuda.synchronize(self.device)
+        except RuntimeError as e:
+            raise RuntimeError(f"megakernel failed: {e}; {self.error_report()}") from None
+        if int(self.buf.error[0]) != 0:
+            raise RuntimeError(f"megakernel reported an error: {self.error_report()}")
+
+    def error_report(self) -> str:
+        e = [int(v) for v in self.buf.error.tolist()]
+        if e[0] == 0:
+            return "no device-side diagnostic recorded"
+        names = sorted(self.layout.event_offsets.items(), key=lambda kv: kv[1])
+        ev = "?"
+        for name, off in names:
+            if e[2] >= off:
+                ev = f"{name}[+{e[2] - off}]"
+        return (f"SM {e[1]} timed out waiting on event {ev} (counter {e[2]}): target {e[3]}, seen {e[4]}, "
+                f"layer {e[5]}, task #{e[6]} of that SM")
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        return self.buf.tokens
+
+    @property
+    def logits(self) -> torch.Tensor:
+        return self.buf.logits
