@@ -75,28 +75,40 @@ __device__ void attn_compute(Ctx& c, const TaskArgs& a) {
 #pragma unroll
       for (int e = 0; e < EPL; ++e) { q[h][e] = sm[h * cfg::D + c.lane * EPL + e] * scale; o[h][e] = 0.f; }
     }
-    for (int t = t0 + c.warp; t < t1; t += cfg::CWARPS) {
-      float kk[EPL], vv[EPL];
-      if (t == pos) {
+    // Each warp walks tokens t0+warp, t0+warp+CWARPS, ...; UNROLL tokens' K/V rows are loaded before
+    // any is used so several cache reads are in flight per warp.
+    constexpr int UNROLL = 4;
+    for (int tb = t0 + c.warp; tb < t1; tb += cfg::CWARPS * UNROLL) {
+      float kk[UNROLL][EPL], vv[UNROLL][EPL];
 #pragma unroll
-        for (int e = 0; e < EPL; ++e) { kk[e] = knew[c.lane * EPL + e]; vv[e] = vnew[c.lane * EPL + e]; }
-      } else {
-        const bf16* kp = p.kv_pool + kv_offset(p, a.layer, b, t, 0, a.group) + c.lane * EPL;
-        const bf16* vp = p.kv_pool + kv_offset(p, a.layer, b, t, 1, a.group) + c.lane * EPL;
+      for (int u = 0; u < UNROLL; ++u) {
+        const int t = tb + u * cfg::CWARPS;
+        if (t >= t1) break;
+        if (t == pos) {
 #pragma unroll
-        for (int e = 0; e < EPL; ++e) { kk[e] = bf16_to_f(kp[e]); vv[e] = bf16_to_f(vp[e]); }
+          for (int e = 0; e < EPL; ++e) { kk[u][e] = knew[c.lane * EPL + e]; vv[u][e] = vnew[c.lane * EPL + e]; }
+        } else {
+          const bf16* kp = p.kv_pool + kv_offset(p, a.layer, b, t, 0, a.group) + c.lane * EPL;
+          const bf16* vp = p.kv_pool + kv_offset(p, a.layer, b, t, 1, a.group) + c.lane * EPL;
+#pragma unroll
+          for (int e = 0; e < EPL; ++e) { kk[u][e] = bf16_to_f(kp[e]); vv[u][e] = bf16_to_f(vp[e]); }
+        }
       }
 #pragma unroll
-      for (int h = 0; h < cfg::G; ++h) {
-        float s = 0.f;
+      for (int u = 0; u < UNROLL; ++u) {
+        if (tb + u * cfg::CWARPS >= t1) break;
 #pragma unroll
-        for (int e = 0; e < EPL; ++e) s = fmaf(q[h][e], kk[e], s);
-        s = warp_sum(s);
-        const float mn = fmaxf(m[h], s), corr = __expf(m[h] - mn), pe = __expf(s - mn);
-        l[h] = l[h] * corr + pe;
+        for (int h = 0; h < cfg::G; ++h) {
+          float s = 0.f;
 #pragma unroll
-        for (int e = 0; e < EPL; ++e) o[h][e] = o[h][e] * corr + pe * vv[e];
-        m[h] = mn;
+          for (int e = 0; e < EPL; ++e) s = fmaf(q[h][e], kk[u][e], s);
+          s = warp_sum(s);
+          const float mn = fmaxf(m[h], s), corr = __expf(m[h] - mn), pe = __expf(s - mn);
+          l[h] = l[h] * corr + pe;
+#pragma unroll
+          for (int e = 0; e < EPL; ++e) o[h][e] = o[h][e] * corr + pe * vv[u][e];
+          m[h] = mn;
+        }
       }
     }
     // merge the warps' running softmax states

@@ -160,7 +160,11 @@ def spec_from_hf_config(cfg: dict, name: str = "model", where: str = "config.jso
         raise ModelError(f"{where}: num_attention_heads={nh} is not a multiple of num_key_value_heads={nkv}")
     if head_dim % 16 or head_dim > 256:
         raise ModelError(f"{where}: head_dim={head_dim} unsupported (need a multiple of 16, at most 256)")
+    # transformers >= 5 writes rope settings under "rope_parameters" instead of the old top-level keys.
+    rp = cfg.get("rope_parameters") or {}
     rs = cfg.get("rope_scaling")
+    if rs is None and rp.get("rope_type", "default") != "default":
+        rs = rp
     if rs is not None:
         rtype = rs.get("rope_type", rs.get("type"))
         if rtype not in ("llama3", "default", None):
@@ -175,7 +179,6 @@ def spec_from_hf_config(cfg: dict, name: str = "model", where: str = "config.jso
     sw = cfg.get("sliding_window") if family == "mistral" else None
     if family in ("qwen2", "qwen3") and cfg.get("use_sliding_window"):
         raise ModelError(f"{where}: use_sliding_window=true is unsupported")
-    tie_default = family in ("qwen2", "qwen3") and False
     return ModelSpec(
         name=name,
         family=family,
@@ -187,9 +190,9 @@ def spec_from_hf_config(cfg: dict, name: str = "model", where: str = "config.jso
         head_dim=head_dim,
         vocab_size=int(_req(cfg, "vocab_size", where)),
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(cfg.get("rope_theta", 10000.0)),
+        rope_theta=float(cfg.get("rope_theta", rp.get("rope_theta", 10000.0))),
         max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", tie_default)),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         rope_scaling=dict(rs) if rs else None,
         sliding_window=int(sw) if sw else None,
         dtype=dtype,

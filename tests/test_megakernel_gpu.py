@@ -1,0 +1,147 @@
+"""Megakernel correctness on the GPU against the PyTorch reference decoder (fp32 compute).
+
+Greedy decoding is compared with teacher forcing: the megakernel runs free for N steps, then the
+reference decodes the same token sequence and must pick the same argmax at every step, except where
+its own top-2 logits are closer than the bf16 noise of the kernel (a genuine tie, counted and
+bounded). Logits must match by relative norm. Unused KV slots hold large noise, so any read beyond
+a sequence's length shows up as a mismatch.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trtllm_mk.graph import build_step_graph
+from trtllm_mk.kv_cache import PagedKVCache
+from trtllm_mk.model.registry import resolve_model
+from trtllm_mk.model.random_weights import random_weights
+from trtllm_mk.model.rope import rope_inv_freq
+from trtllm_mk.model.spec import spec_from_hf_config
+from trtllm_mk.reference import ReferenceDecoder
+from trtllm_mk.schedule import Schedule
+from trtllm_mk.search import naive_schedule, search
+
+pytestmark = pytest.mark.gpu
+
+TINY = {
+    "tiny-llama": dict(architectures=["LlamaForCausalLM"], hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                       num_attention_heads=8, num_key_value_heads=2, head_dim=32, vocab_size=512, rope_theta=10000.0,
+                       rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                         original_max_position_embeddings=256)),
+    "tiny-qwen3": dict(architectures=["Qwen3ForCausalLM"], hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=64, vocab_size=512, tie_word_embeddings=True,
+                       rope_theta=1e6, rms_norm_eps=1e-6),
+    "tiny-qwen2": dict(architectures=["Qwen2ForCausalLM"], hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, vocab_size=512, rope_theta=1e6),
+}
+REAL = ["llama-3.2-1b", "llama-3.1-8b", "qwen3-8b"]
+MAX_SEQ = 1024
+TPB = 32
+
+
+def _spec(name):
+    if name in TINY:
+        return spec_from_hf_config(dict(max_position_embeddings=4096, **TINY[name]), name)
+    return resolve_model(name).spec
+
+
+def _gpu():
+    from trtllm_mk.gpus import detect_gpu
+    return detect_gpu()
+
+
+def _decoder(spec, batch, weights, schedule=None, budget_s=5.0):
+    from trtllm_mk.codegen import compile_cubin, generate_source
+    from trtllm_mk.runtime.megakernel import MegakernelDecoder
+    gpu = _gpu()
+    if schedule is None:
+        schedule, _ = search(spec, batch, gpu, context_len=256, budget_s=budget_s, seed=0)
+    src, layout = generate_source(schedule, TPB, MAX_SEQ, use_bulk_copy=gpu.has_tma)
+    cubin, _ = compile_cubin(src, gpu.nvcc_arch)
+    cache = PagedKVCache.allocate(spec, batch, MAX_SEQ, TPB, device="cuda", fill=1e4, seed=3)
+    return MegakernelDecoder(schedule, cubin, layout, weights, cache, rope_inv_freq(spec)), cache
+
+
+def _prompts(spec, batch, gen):
+    lens = [17 + 29 * b for b in range(batch)]  # different lengths, crossing block boundaries
+    return [torch.randint(0, spec.vocab_size, (n,), generator=gen).tolist() for n in lens]
+
+
+def run_and_compare(spec, batch, weights, steps, schedule=None, budget_s=5.0):
+    gen = torch.Generator().manual_seed(1)
+    prompts = _prompts(spec, batch, gen)
+    dec, cache = _decoder(spec, batch, weights, schedule, budget_s)
+    ref = ReferenceDecoder(spec, weights, compute_dtype=torch.float32)
+    first = ref.prefill(prompts, cache).argmax(-1)             # reference prefill writes the bf16 cache
+    ref_cache = PagedKVCache(cache.pool.clone(), cache.block_table.clone(), cache.tokens_per_block)
+    pos = torch.tensor([len(p) for p in prompts], device="cuda")
+    dec.set_state(first, pos)
+    mk_tokens, mk_logits = [first.cpu()], []
+    for _ in range(steps):
+        dec.step()
+        mk_logits.append(dec.logits.clone())
+        mk_tokens.append(dec.tokens.cpu().long())
+    dec.synchronize()
+    # teacher-forced reference over the megakernel's own tokens
+    ties = mismatches = 0
+    worst = 0.0
+    for t in range(steps):
+        logits = ref.decode(mk_tokens[t].cuda(), pos + t, ref_cache)
+        rel = ((mk_logits[t] - logits).norm(dim=-1) / logits.norm(dim=-1)).max().item()
+        worst = max(worst, rel)
+        top2 = logits.topk(2, dim=-1).values
+        margin = (top2[:, 0] - top2[:, 1])
+        agree = logits.argmax(-1).cpu() == mk_tokens[t + 1]
+        tol = 4 * rel * logits.abs().max(dim=-1).values  # what the kernel's rounding can move
+        for b in range(batch):
+            if not agree[b]:
+                if margin[b] <= tol[b]:
+                    ties += 1
+                else:
+                    mismatches += 1
+    hist = dec.buf.history.cpu()
+    for b in range(batch):   # the kernel's token history agrees with what the host read each step
+        got = hist[b, pos[b] + 1: pos[b] + 1 + steps].tolist()
+        assert got == [int(mk_tokens[t + 1][b]) for t in range(steps)]
+    assert torch.equal(dec.buf.pos.cpu(), (pos + steps).int().cpu())
+    return worst, ties, mismatches
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+@pytest.mark.parametrize("name", list(TINY))
+def test_tiny_models_match_reference(name, batch):
+    spec = _spec(name)
+    w = random_weights(spec, device="cuda", seed=0)
+    worst, ties, mism = run_and_compare(spec, batch, w, steps=128)
+    assert mism == 0, f"{mism} non-tie argmax mismatches"
+    assert ties <= 2 * batch
+    assert worst < 2e-2
+
+
+def test_two_schedules_both_correct_and_differ():
+    spec = _spec("tiny-llama")
+    w = random_weights(spec, device="cuda", seed=0)
+    gpu = _gpu()
+    searched, _ = search(spec, 1, gpu, context_len=256, budget_s=5.0, seed=0)
+    naive = naive_schedule(build_step_graph(spec, 1, searched.plan), gpu.sm_count, gpu)
+    assert [p.to_dict() for p in naive.programs] != [p.to_dict() for p in searched.programs]
+    for sch in (searched, naive):
+        worst, ties, mism = run_and_compare(spec, 1, w, steps=64, schedule=sch)
+        assert mism == 0 and worst < 2e-2
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+@pytest.mark.parametrize("name", REAL)
+def test_real_shapes_match_reference(name, batch):
+    spec = _spec(name)
+    free = torch.cuda.mem_get_info()[0]
+    need = spec.weight_bytes() * 3  # bf16 weights + the fp32 copy the reference makes
+    if free < need:
+        pytest.skip(f"{name}: needs {need / 1e9:.0f} GB of GPU memory, {free / 1e9:.0f} GB free")
+    w = random_weights(spec, device="cuda", seed=0)
+    worst, ties, mism = run_and_compare(spec, batch, w, steps=128, budget_s=10.0)
+    del w
+    torch.cuda.empty_cache()
+    assert mism == 0, f"{mism} non-tie argmax mismatches"
+    assert ties <= 4 * batch
+    assert worst < 3e-2

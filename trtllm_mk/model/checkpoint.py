@@ -1,0 +1,124 @@
+"""Load an HF safetensors checkpoint (one file or sharded with an index) and check it against a ModelSpec.
+
+Every file's header is read and checked first (names, shapes, dtypes), so a wrong checkpoint fails in
+well under a second with a message naming the tensors at fault, before gigabytes are read. Tensors
+are then read through ``safe_open`` (memory-mapped) one at a time, straight onto ``device``.
+"""
+from __future__ import annotations
+
+import json
+import warnings
+from contextlib import ExitStack
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from ..errors import ModelError
+from .spec import ModelSpec
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+# safetensors header dtype codes of the checkpoint dtypes a ModelSpec can declare.
+_ST_DTYPE = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
+_MAX_LISTED = 5
+
+
+def _listing(items: list[str]) -> str:
+    shown = ", ".join(items[:_MAX_LISTED])
+    return shown + (f" (+{len(items) - _MAX_LISTED} more)" if len(items) > _MAX_LISTED else "")
+
+
+def _is_ignorable_extra(name: str, spec: ModelSpec) -> bool:
+    # Older checkpoints saved RoPE's inv_freq buffer; we derive it from the config (rope.py).
+    # A tied model's lm_head.weight, when saved, is a copy of the embedding we already read.
+    return name.endswith("rotary_emb.inv_freq") or (name == "lm_head.weight" and spec.tie_word_embeddings)
+
+
+def weight_files(ckpt_dir: str | Path) -> dict[str, list[str] | None]:
+    """Safetensors files of a checkpoint -> the tensor names its index assigns them (None: single file)."""
+    d = Path(ckpt_dir)
+    if not d.is_dir():
+        raise ModelError(f"{d}: checkpoint directory not found (expected config.json + *.safetensors)")
+    if (d / SINGLE_FILE).is_file():
+        return {SINGLE_FILE: None}
+    index_path = d / INDEX_FILE
+    if not index_path.is_file():
+        others = sorted(p.name for p in d.iterdir() if p.suffix in (".safetensors", ".bin", ".pt", ".pth"))
+        found = f" (found: {_listing(others)})" if others else ""
+        raise ModelError(f"{d}: no {SINGLE_FILE} or {INDEX_FILE}{found}; "
+                         f"save the model with save_pretrained(..., safe_serialization=True)")
+    try:
+        index = json.loads(index_path.read_text())
+    except json.JSONDecodeError as e:
+        raise ModelError(f"{index_path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    wmap = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(wmap, dict) or not wmap:
+        raise ModelError(f"{index_path}: no 'weight_map' object mapping tensor names to shard files")
+    files: dict[str, list[str]] = {}
+    for name, fname in wmap.items():
+        files.setdefault(str(fname), []).append(name)
+    missing = sorted(f for f in files if not (d / f).is_file())
+    if missing:
+        raise ModelError(f"{d}: shard file(s) listed in {INDEX_FILE} are missing: {_listing(missing)}")
+    return files
+
+
+def _open(stack: ExitStack, path: Path, device: str):
+    try:
+        return stack.enter_context(safe_open(str(path), framework="pt", device=device))
+    except (SafetensorError, OSError) as e:
+        raise ModelError(f"{path}: unreadable safetensors file, truncated or corrupt ({e}); "
+                         f"copy or download it again") from None
+
+
+def load_checkpoint(ckpt_dir: str | Path, spec: ModelSpec, device: str | torch.device = "cpu",
+                    dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """Tensors of ``spec.expected_tensors()`` by HF name, checked, on ``device`` (cast to ``dtype`` if given).
+
+    Missing, misshaped or wrongly typed tensors raise ModelError; unknown extra tensors are not loaded
+    and reported with a warning, since they usually mean the config.json does not match the weights.
+    """
+    d = Path(ckpt_dir)
+    dev = str(torch.device(device))
+    expected = spec.expected_tensors()
+    want_dtype = _ST_DTYPE[spec.dtype]
+    with ExitStack() as stack:
+        where: dict[str, object] = {}  # tensor name -> open safetensors handle
+        for fname, indexed in weight_files(d).items():
+            handle = _open(stack, d / fname, dev)
+            keys = set(handle.keys())
+            if indexed is not None:
+                absent = [n for n in indexed if n not in keys]
+                if absent:
+                    raise ModelError(f"{d / fname}: {INDEX_FILE} places {_listing(absent)} in this file "
+                                     f"but it does not hold them; the index and shards do not match")
+                keys = set(indexed)
+            for n in keys:
+                where[n] = handle
+
+        missing = [n for n in expected if n not in where]
+        if missing:
+            raise ModelError(f"{d}: checkpoint lacks {len(missing)} tensor(s) the config requires: "
+                             f"{_listing(missing)}; the config.json does not match these weights")
+        bad: list[str] = []
+        for name, shape in expected.items():
+            sl = where[name].get_slice(name)
+            got_shape, got_dtype = tuple(sl.get_shape()), sl.get_dtype()
+            if got_shape != shape:
+                bad.append(f"{name} shape {list(got_shape)} (expected {list(shape)})")
+            elif got_dtype != want_dtype:
+                bad.append(f"{name} dtype {got_dtype} (expected {want_dtype} from torch_dtype={spec.dtype})")
+        if bad:
+            raise ModelError(f"{d}: {len(bad)} tensor(s) do not match the config: {_listing(bad)}")
+        extra = sorted(n for n in where if n not in expected and not _is_ignorable_extra(n, spec))
+        if extra:
+            warnings.warn(f"{d}: ignoring {len(extra)} tensor(s) the {spec.family} config does not use: "
+                          f"{_listing(extra)}", stacklevel=2)
+
+        out: dict[str, torch.Tensor] = {}
+        for name in expected:
+            t = where[name].get_tensor(name)
+            out[name] = t if dtype is None or t.dtype == dtype else t.to(dtype)
+    return out
