@@ -51,15 +51,12 @@ def _gpu():
 
 
 def _decoder(spec, batch, weights, schedule=None, budget_s=5.0):
-    from trtllm_mk.codegen import compile_cubin, generate_source
-    from trtllm_mk.runtime.megakernel import MegakernelDecoder
+    from trtllm_mk.runtime.megakernel import build_decoder
     gpu = _gpu()
     if schedule is None:
         schedule, _ = search(spec, batch, gpu, context_len=256, budget_s=budget_s, seed=0)
-    src, layout = generate_source(schedule, TPB, MAX_SEQ, use_bulk_copy=gpu.has_tma)
-    cubin, _ = compile_cubin(src, gpu.nvcc_arch)
     cache = PagedKVCache.allocate(spec, batch, MAX_SEQ, TPB, device="cuda", fill=1e4, seed=3)
-    return MegakernelDecoder(schedule, cubin, layout, weights, cache, rope_inv_freq(spec)), cache
+    return build_decoder(schedule, weights, cache, gpu.nvcc_arch, gpu.has_tma), cache
 
 
 def _prompts(spec, batch, gen):
@@ -123,7 +120,7 @@ def test_two_schedules_both_correct_and_differ():
     w = random_weights(spec, device="cuda", seed=0)
     gpu = _gpu()
     searched, _ = search(spec, 1, gpu, context_len=256, budget_s=5.0, seed=0)
-    naive = naive_schedule(build_step_graph(spec, 1, searched.plan), gpu.sm_count, gpu)
+    naive = naive_schedule(spec, build_step_graph(spec, 1, searched.plan), gpu)
     assert [p.to_dict() for p in naive.programs] != [p.to_dict() for p in searched.programs]
     for sch in (searched, naive):
         worst, ties, mism = run_and_compare(spec, 1, w, steps=64, schedule=sch)

@@ -206,3 +206,14 @@ class MegakernelDecoder:
     @property
     def logits(self) -> torch.Tensor:
         return self.buf.logits
+
+
+def build_decoder(schedule: Schedule, weights: dict[str, torch.Tensor], cache: PagedKVCache, target: str,
+                  use_bulk_copy: bool, max_seq_len: int | None = None) -> MegakernelDecoder:
+    """Schedule -> generated source -> cubin (cached) -> a decoder bound to ``weights`` and ``cache``.
+    For tests and benchmarks; engines are built once by the builder and opened with HybridEngine."""
+    from ..codegen import compile_cubin, generate_source
+    from ..model.rope import rope_inv_freq
+    src, layout = generate_source(schedule, cache.tokens_per_block, max_seq_len or cache.max_seq_len, use_bulk_copy)
+    cubin, _ = compile_cubin(src, target)
+    return MegakernelDecoder(schedule, cubin, layout, weights, cache, rope_inv_freq(schedule.spec))
