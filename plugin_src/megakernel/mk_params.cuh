@@ -42,8 +42,8 @@ struct Params {
 
 struct TaskArgs {
   int layer, r0, r1, k0, k1, group, split, tile;
-  int nw, w[3];   // flat counter indices to wait on
-  int ns, s[3];   // flat counter indices to signal
+  int nw, w[4];   // flat counter indices to wait on (codegen.source.MAX_REFS)
+  int ns, s[4];   // flat counter indices to signal
 };
 
 // Shared-memory weight ring shared by the loader warp and the consumer warps. Both roles walk the

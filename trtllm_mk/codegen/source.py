@@ -15,7 +15,7 @@ from ..graph import HEAD, LAYER, Kind, StepGraph, Task
 from ..schedule import Schedule
 
 KERNEL_NAME = "mk_decode_step"
-MAX_REFS = 3  # TaskArgs holds up to 3 waits and 3 signals
+MAX_REFS = 4  # TaskArgs holds up to 4 waits and 4 signals
 HEADER_ORDER = ["mk_common.cuh", "mk_params.cuh", "mk_gemv.cuh", "mk_attention.cuh", "mk_misc.cuh", "mk_kernel.cuh"]
 
 

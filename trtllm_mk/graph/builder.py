@@ -4,6 +4,7 @@ Event granularity per edge follows producer and consumer partitions:
   resid_ready [L+1, 1]  whole residual vector: every norm-prologue task (QKV, GATEUP via oproj_done,
                         LMHEAD) reads all of x; row 0 is signalled by EMBED, row l+1 by layer l's DOWN.
   qkv_done    [L, nkv]  per KV group: attention of group g starts when group g's q/k/v rows are done.
+  qkv_all     [L, 1]    only with an OPROJ K-split: every QKV tile (they read x, which OPROJ adds into).
   attn_done   [L, nkv]  per KV group: the S split partials of group g.
   combine_done[L, o_ksplit] per OPROJ K-chunk: an OPROJ chunk starts when its heads are combined.
   oproj_done  [L, 1]    whole: GATEUP's norm reads all of x.
@@ -80,9 +81,13 @@ def build_step_graph(spec: ModelSpec, batch: int, plan: TilePlan, context_len: i
         groups = range(a // GR, (b - 1) // GR + 1)
         for g in groups:
             qkv_counts[g] += 1
+        # With a K-split OPROJ, a chunk may add into x as soon as its own heads are combined, while
+        # QKV tiles of other groups still read x for their norm: qkv_all orders every OPROJ after
+        # every QKV (without K-split the single combine_done slot already implies it).
+        all_sig = (EventRef("qkv_all", 0, 0),) if plan.o_ksplit > 1 else ()
         add(kind=Kind.QKV, r0=a, r1=b, k0=0, k1=H,
             waits=(EventRef("resid_ready", 0, 0),),
-            signals=tuple(EventRef("qkv_done", 0, g) for g in groups),
+            signals=tuple(EventRef("qkv_done", 0, g) for g in groups) + all_sig,
             reads=(Access("x", 0, H),), writes=(Access("qkv", a, b),),
             weight_bytes=(b - a) * H * wb, act_bytes=B * (H * 4 + (b - a) * 4), flops=2 * B * (b - a) * H)
 
@@ -113,9 +118,12 @@ def build_step_graph(spec: ModelSpec, batch: int, plan: TilePlan, context_len: i
     for a, b in o_tiles:
         for c in range(plan.o_ksplit):
             k0, k1 = c * o_chunk, (c + 1) * o_chunk
+            split = plan.o_ksplit > 1
             add(kind=Kind.OPROJ, r0=a, r1=b, k0=k0, k1=k1,
-                waits=(EventRef("combine_done", 0, c),), signals=(EventRef("oproj_done", 0, 0),),
-                reads=(Access("attn_out", k0, k1),), writes=(Access("x", a, b, add=True),),
+                waits=(EventRef("combine_done", 0, c),) + ((EventRef("qkv_all", 0, 0),) if split else ()),
+                signals=(EventRef("oproj_done", 0, 0),),
+                reads=(Access("attn_out", k0, k1),) + (() if split else (Access("x", a, b),)),
+                writes=(Access("x", a, b, add=split),),
                 weight_bytes=(b - a) * (k1 - k0) * wb, act_bytes=B * ((k1 - k0) * 4 + (b - a) * 8),
                 flops=2 * B * (b - a) * (k1 - k0))
 
@@ -133,9 +141,11 @@ def build_step_graph(spec: ModelSpec, batch: int, plan: TilePlan, context_len: i
     for a, b in d_tiles:
         for c in range(plan.down_ksplit):
             k0, k1 = c * d_chunk, (c + 1) * d_chunk
+            split = plan.down_ksplit > 1   # K-split partials accumulate atomically; otherwise read-modify-write
             add(kind=Kind.DOWN, r0=a, r1=b, k0=k0, k1=k1,
                 waits=(EventRef("gateup_done", 0, 0),), signals=(EventRef("resid_ready", 1, 0),),
-                reads=(Access("act", k0, k1),), writes=(Access("x", a, b, add=True),),
+                reads=(Access("act", k0, k1),) + (() if split else (Access("x", a, b),)),
+                writes=(Access("x", a, b, add=split),),
                 weight_bytes=(b - a) * (k1 - k0) * wb, act_bytes=B * ((k1 - k0) * 4 + (b - a) * 8),
                 flops=2 * B * (b - a) * (k1 - k0))
 
@@ -161,6 +171,8 @@ def build_step_graph(spec: ModelSpec, batch: int, plan: TilePlan, context_len: i
         "gateup_done": Event("gateup_done", L, 1, ((len(gu_tiles),),) * L, True),
         "lm_done": Event("lm_done", 1, 1, ((len(lm_tiles),),), False),
     }
+    if plan.o_ksplit > 1:
+        events["qkv_all"] = Event("qkv_all", L, 1, ((len(qkv_tiles),),) * L, True)
     dims = dict(B=B, L=L, H=H, I=I, V=V, nh=nh, nkv=nkv, d=d, G=G, S=S, GR=GR, QKVR=QKVR, QD=QD,
                 n_lm_tiles=len(lm_tiles), context_len=context_len)
     return StepGraph(num_layers=L, batch=B, plan=plan, head=head, layer=layer, tail=tail,

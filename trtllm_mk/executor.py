@@ -1,0 +1,335 @@
+"""CPU executor: runs a schedule's task graph with PyTorch CPU ops on real weights, task by task, on
+the same event machine as the megakernel. It is the ``--simulate`` decode path of machines without a
+GPU, and the check that a schedule computes the model: its logits must equal the reference decoder's
+under any legal interleaving.
+
+Every task does exactly what the ``graph.tasks`` docstring says, on the same buffers and with the same
+rounding points as the GPU: weights are bf16 (rounded once at load), GEMV inputs (the normed x,
+attn_out, act) are rounded to bf16, accumulation is fp32, k and v are rounded to bf16 as they are
+stored in the paged cache, and each task touches only the rows, heads and splits it owns.
+"""
+from __future__ import annotations
+
+import random
+from typing import Callable
+
+import torch
+
+from .graph import Kind, StepGraph, Task
+from .kv_cache import PagedKVCache
+from .model.rope import apply_rope, rope_inv_freq
+from .model.spec import ModelSpec
+from .schedule import Schedule
+from .verify import ScheduleError, check
+
+INTERLEAVES = ("round_robin", "random", "sequential")
+
+
+class EventMachine:
+    """The megakernel's execution model without the arithmetic: one in-order program per SM, event
+    counters that are never reset (a wait passes at ``count * (steps_done + 1)``)."""
+
+    def __init__(self, schedule: Schedule, graph: StepGraph):
+        self.graph = graph
+        self.offsets: dict[str, int] = {}
+        n = 0
+        for name in sorted(graph.events):
+            ev = graph.events[name]
+            self.offsets[name] = n
+            n += ev.rows * ev.slots
+        self.counts = [0] * n
+        for name, ev in graph.events.items():
+            for row in range(ev.rows):
+                for slot in range(ev.slots):
+                    self.counts[self._index((name, row, slot))] = ev.counts[row][slot]
+        self.counters = [0] * n
+        self.steps_done = 0
+        # per SM: (task, layer, wait counter indices, signal counter indices)
+        self.programs: list[list[tuple[Task, int, list[int], list[int]]]] = []
+        for sm in range(schedule.num_sms):
+            prog = []
+            for task, layer in schedule.unrolled(sm, graph):
+                waits = [self._index(graph.resolve(task, layer, r)) for r in task.waits]
+                signals = [self._index(graph.resolve(task, layer, r)) for r in task.signals]
+                prog.append((task, layer, waits, signals))
+            self.programs.append(prog)
+
+    def _index(self, key: tuple[str, int, int]) -> int:
+        name, row, slot = key
+        ev = self.graph.events[name]
+        if not (0 <= row < ev.rows and 0 <= slot < ev.slots):
+            raise ScheduleError(f"event reference {name}[{row}][{slot}] outside its [{ev.rows}, {ev.slots}] tensor")
+        return self.offsets[name] + row * ev.slots + slot
+
+    def _ready(self, waits: list[int]) -> bool:
+        k = self.steps_done + 1
+        c, n = self.counters, self.counts
+        return all(c[i] >= n[i] * k for i in waits)
+
+    def run(self, execute: Callable[[Task, int], None] | None = None, interleave: str = "round_robin",
+            seed: int = 0) -> list[tuple[int, int]]:
+        """Run one step; ``execute(task, layer)`` does the work. Returns the (sm, position) order in
+        which tasks ran. Raises ScheduleError if the machine gets stuck or a counter ends the step off
+        its target (a slot signalled more or less often than its count)."""
+        if interleave not in INTERLEAVES:
+            raise ValueError(f"interleave={interleave!r}; choose one of {', '.join(INTERLEAVES)}")
+        ptr = [0] * len(self.programs)
+        trace: list[tuple[int, int]] = []
+        remaining = sum(len(p) for p in self.programs)
+
+        def advance(sm: int) -> bool:
+            prog = self.programs[sm]
+            if ptr[sm] >= len(prog):
+                return False
+            task, layer, waits, signals = prog[ptr[sm]]
+            if not self._ready(waits):
+                return False
+            if execute is not None:
+                execute(task, layer)
+            for i in signals:
+                self.counters[i] += 1
+            trace.append((sm, ptr[sm]))
+            ptr[sm] += 1
+            return True
+
+        rng = random.Random(seed)
+        sms = range(len(self.programs))
+        while remaining:
+            before = remaining
+            if interleave == "round_robin":        # each SM advances at most one task per round
+                remaining -= sum(advance(sm) for sm in sms)
+            elif interleave == "sequential":       # each SM runs as far as it can, in SM order
+                for sm in sms:
+                    while advance(sm):
+                        remaining -= 1
+            else:
+                runnable = [sm for sm in sms if ptr[sm] < len(self.programs[sm])
+                            and self._ready(self.programs[sm][ptr[sm]][2])]
+                if runnable:
+                    advance(rng.choice(runnable))
+                    remaining -= 1
+            if remaining == before:
+                raise ScheduleError(f"deadlock at step {self.steps_done}: {self._stuck(ptr)}")
+        self.steps_done += 1
+        self._check_targets()
+        return trace
+
+    def _name(self, i: int) -> str:
+        for name, off in sorted(self.offsets.items(), key=lambda kv: -kv[1]):
+            if i >= off:
+                slots = self.graph.events[name].slots
+                return f"{name}[{(i - off) // slots}][{(i - off) % slots}]"
+        raise AssertionError(i)
+
+    def _stuck(self, ptr: list[int]) -> str:
+        k = self.steps_done + 1
+        parts = []
+        for sm, prog in enumerate(self.programs):
+            if ptr[sm] < len(prog):
+                task, layer, waits, _ = prog[ptr[sm]]
+                blocked = [i for i in waits if self.counters[i] < self.counts[i] * k]
+                what = f"layer {layer} {task.label()}" if layer >= 0 else task.label()
+                on = ", ".join(f"{self._name(i)} at {self.counters[i] - self.counts[i] * (k - 1)} of "
+                               f"{self.counts[i]}" for i in blocked)
+                parts.append(f"SM {sm} task {ptr[sm]} ({what}) waits {on}")
+        return "; ".join(parts)
+
+    def _check_targets(self) -> None:
+        k = self.steps_done
+        for i, (c, n) in enumerate(zip(self.counters, self.counts)):
+            if c != n * k:
+                raise ScheduleError(f"after step {k - 1}, counter {self._name(i)} is {c} but its target is "
+                                    f"{n * k}: the slot was signalled {c - n * (k - 1)} times, its count is {n}")
+
+
+def _shape_of(spec: ModelSpec) -> dict:
+    """What a schedule depends on: everything but the model's name and end tokens."""
+    return {k: v for k, v in spec.to_dict().items() if k not in ("name", "eos_token_ids")}
+
+
+def _bf16(t: torch.Tensor) -> torch.Tensor:
+    """The rounding the GPU applies when it stages an activation (or stores a weight) as bf16."""
+    return t.to(torch.bfloat16).to(torch.float32)
+
+
+class CpuExecutor:
+    """Decode steps of ``schedule`` on the CPU, with ``weights`` (HF names) and a paged KV cache."""
+
+    def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], schedule: Schedule,
+                 cache: PagedKVCache, validate: bool = True, round_activations: bool = True):
+        """``round_activations=False`` skips the bf16 rounding of GEMV inputs and of the new k/v
+        (weights stay bf16): with an fp32 cache the step is then exact fp32 arithmetic, which lets
+        tests compare the task semantics with a dense computation far below bf16 noise."""
+        if _shape_of(schedule.spec) != _shape_of(spec):
+            raise ScheduleError(f"schedule was built for model {schedule.spec.name!r}, not {spec.name!r}")
+        self.spec, self.schedule, self.cache = spec, schedule, cache
+        self._act = _bf16 if round_activations else (lambda t: t)
+        self.graph = schedule.graph()
+        if validate:
+            check(schedule, self.graph)
+        missing = [n for n in spec.expected_tensors() if n not in weights]
+        if missing:
+            raise ValueError(f"weights: missing {missing[0]} (+{len(missing) - 1} more)")
+        dm = self.graph.dims
+        self.B, self.H, self.d, self.G, self.S = dm["B"], dm["H"], dm["d"], dm["G"], dm["S"]
+        self.nkv, self.GR, self.eps = dm["nkv"], dm["GR"], spec.rms_norm_eps
+        self._pack(weights)
+        self.inv_freq = rope_inv_freq(spec)
+        B, f32, i32 = self.B, torch.float32, torch.int32
+        self.x = torch.zeros(B, self.H, dtype=f32)
+        self.qkv = torch.zeros(B, dm["QKVR"], dtype=f32)
+        self.part_o = torch.zeros(B, self.nkv, self.S, self.G, self.d, dtype=f32)
+        self.part_ml = torch.zeros(B, self.nkv, self.S, self.G, 2, dtype=f32)
+        self.attn_out = torch.zeros(B, dm["QD"], dtype=f32)
+        self.act = torch.zeros(B, dm["I"], dtype=f32)
+        self.logits = torch.zeros(B, dm["V"], dtype=f32)
+        self.lm_val = torch.zeros(B, dm["n_lm_tiles"], dtype=f32)
+        self.lm_idx = torch.zeros(B, dm["n_lm_tiles"], dtype=i32)
+        self.tokens = torch.zeros(B, dtype=i32)
+        self.pos = torch.zeros(B, dtype=i32)
+        self.history = torch.full((B, cache.max_seq_len), -1, dtype=i32)
+        self.machine = EventMachine(schedule, self.graph)
+        self._run: dict[Kind, Callable[[Task, int], None]] = {
+            Kind.EMBED: self._embed, Kind.QKV: self._qkv, Kind.ATTN: self._attn, Kind.COMBINE: self._combine,
+            Kind.OPROJ: self._oproj, Kind.GATEUP: self._gateup, Kind.DOWN: self._down,
+            Kind.LMHEAD: self._lmhead, Kind.ARGMAX: self._argmax}
+
+    def _pack(self, w: dict[str, torch.Tensor]) -> None:
+        """bf16 weights as fp32 tensors; q/k/v packed once into the grouped QKV row order."""
+        spec, G, d = self.spec, self.G, self.d
+        self.embed = _bf16(w["model.embed_tokens.weight"])
+        self.final_norm = _bf16(w["model.norm.weight"])
+        self.lm_head = _bf16(w["model.embed_tokens.weight" if spec.tie_word_embeddings else "lm_head.weight"])
+        self.layers = []
+        for i in range(spec.num_layers):
+            p = f"model.layers.{i}."
+            def grouped(kind: str) -> torch.Tensor:   # rows of group g: its G q heads, k_g, v_g
+                q, k, v = (w[p + f"self_attn.{n}_proj.{kind}"] for n in "qkv")
+                return torch.cat([part for g in range(self.nkv) for part in
+                                  (q[g * G * d:(g + 1) * G * d], k[g * d:(g + 1) * d], v[g * d:(g + 1) * d])])
+
+            lw = {"qkv": _bf16(grouped("weight")), "qkv_bias": _bf16(grouped("bias")) if spec.qkv_bias else None,
+                  "o": _bf16(w[p + "self_attn.o_proj.weight"]), "gate": _bf16(w[p + "mlp.gate_proj.weight"]),
+                  "up": _bf16(w[p + "mlp.up_proj.weight"]), "down": _bf16(w[p + "mlp.down_proj.weight"]),
+                  "ln1": _bf16(w[p + "input_layernorm.weight"]),
+                  "ln2": _bf16(w[p + "post_attention_layernorm.weight"])}
+            if spec.qk_norm:
+                lw["q_norm"] = _bf16(w[p + "self_attn.q_norm.weight"])
+                lw["k_norm"] = _bf16(w[p + "self_attn.k_norm.weight"])
+            self.layers.append(lw)
+
+    # ------------------------------------------------------------------ stepping
+    def step(self, tokens: torch.Tensor, pos: torch.Tensor, interleave: str = "round_robin",
+             seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """One decode step: ``tokens[b]`` sits at position ``pos[b]`` (= tokens already cached).
+        Returns (logits [B, V] fp32, next tokens [B] int32); afterwards ``self.pos`` is ``pos + 1``."""
+        tokens = torch.as_tensor(tokens).to(torch.int32).reshape(-1)
+        pos = torch.as_tensor(pos).to(torch.int32).reshape(-1)
+        if tokens.numel() != self.B or pos.numel() != self.B:
+            raise ValueError(f"tokens and pos must have {self.B} entries (the schedule's batch)")
+        if int(pos.min()) < 0 or int(pos.max()) >= self.cache.max_seq_len:
+            raise ValueError(f"pos {pos.tolist()} outside the KV cache's 0..{self.cache.max_seq_len - 1}")
+        self.tokens.copy_(tokens)
+        self.pos.copy_(pos)
+        self.machine.run(self._execute, interleave, seed)
+        self.pos += 1   # the megakernel's last CTA does this after every task of the step
+        return self.logits.clone(), self.tokens.clone()
+
+    def _execute(self, task: Task, layer: int) -> None:
+        self._run[task.kind](task, layer)
+
+    # ------------------------------------------------------------------ task kinds
+    def _norm_staged(self, w: torch.Tensor) -> torch.Tensor:
+        x = self.x
+        rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self._act(x * rstd * w)
+
+    def _embed(self, t: Task, layer: int) -> None:
+        self.x[:, t.r0:t.r1] = self.embed[self.tokens.long(), t.r0:t.r1]
+
+    def _qkv(self, t: Task, layer: int) -> None:
+        lw = self.layers[layer]
+        out = self._norm_staged(lw["ln1"]) @ lw["qkv"][t.r0:t.r1].T
+        if lw["qkv_bias"] is not None:
+            out = out + lw["qkv_bias"][t.r0:t.r1]
+        self.qkv[:, t.r0:t.r1] = out
+
+    def _head_norm(self, v: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + self.eps) * w
+
+    def _attn(self, t: Task, layer: int) -> None:
+        G, d, S, g, s = self.G, self.d, self.S, t.group, t.split
+        lw, cache, tpb = self.layers[layer], self.cache, self.cache.tokens_per_block
+        for b in range(self.B):
+            p = int(self.pos[b])
+            n = p + 1
+            chunk = -(-n // S)
+            t0, t1 = s * chunk, min(n, s * chunk + chunk)
+            heads = self.qkv[b, g * self.GR:(g + 1) * self.GR].view(G + 2, d)
+            qk, v = heads[:G + 1], heads[G + 1]
+            if self.spec.qk_norm:
+                qk = torch.cat([self._head_norm(qk[:G], lw["q_norm"]), self._head_norm(qk[G:], lw["k_norm"])])
+            qk = apply_rope(qk[None], torch.tensor([p]), self.inv_freq)[0]
+            q, k, v = qk[:G], self._act(qk[G]), self._act(v)
+            if t0 <= p < t1:   # this split owns the new token: append it to the cache
+                blk = int(cache.block_table[b, p // tpb])
+                cache.pool[layer, blk, 0, g, p % tpb] = k.to(cache.pool.dtype)
+                cache.pool[layer, blk, 1, g, p % tpb] = v.to(cache.pool.dtype)
+            if t1 <= t0:       # an empty split (fewer tokens than splits)
+                self.part_o[b, g, s] = 0.0
+                self.part_ml[b, g, s, :, 0] = float("-inf")
+                self.part_ml[b, g, s, :, 1] = 0.0
+                continue
+            ts = torch.arange(t0, t1)
+            blocks = cache.block_table[b, ts // tpb].long()
+            kc = cache.pool[layer, blocks, 0, g, ts % tpb].float()   # [T, d]
+            vc = cache.pool[layer, blocks, 1, g, ts % tpb].float()
+            if t0 <= p < t1:   # the new token from registers, as the GPU does (same bf16 values)
+                kc[p - t0], vc[p - t0] = k, v
+            sc = (q * d ** -0.5) @ kc.T                               # [G, T]
+            m = sc.max(-1).values
+            e = torch.exp(sc - m[:, None])
+            self.part_o[b, g, s] = e @ vc
+            self.part_ml[b, g, s, :, 0] = m
+            self.part_ml[b, g, s, :, 1] = e.sum(-1)
+
+    def _combine(self, t: Task, layer: int) -> None:
+        g, G, d = t.group, self.G, self.d
+        m, l = self.part_ml[:, g, :, :, 0], self.part_ml[:, g, :, :, 1]     # [B, S, G]
+        M = m.max(1, keepdim=True).values
+        f = torch.exp(m - M)                   # empty splits have m = -inf: weight 0
+        num = (f[..., None] * self.part_o[:, g]).sum(1)                   # [B, G, d]
+        den = (f * l).sum(1)[..., None]
+        self.attn_out[:, g * G * d:(g + 1) * G * d] = (num / den).reshape(self.B, G * d)
+
+    def _oproj(self, t: Task, layer: int) -> None:
+        w = self.layers[layer]["o"][t.r0:t.r1, t.k0:t.k1]
+        self.x[:, t.r0:t.r1] += self._act(self.attn_out[:, t.k0:t.k1]) @ w.T
+
+    def _gateup(self, t: Task, layer: int) -> None:
+        lw = self.layers[layer]
+        xn = self._norm_staged(lw["ln2"])
+        gate, up = xn @ lw["gate"][t.r0:t.r1].T, xn @ lw["up"][t.r0:t.r1].T
+        self.act[:, t.r0:t.r1] = torch.nn.functional.silu(gate) * up
+
+    def _down(self, t: Task, layer: int) -> None:
+        w = self.layers[layer]["down"][t.r0:t.r1, t.k0:t.k1]
+        self.x[:, t.r0:t.r1] += self._act(self.act[:, t.k0:t.k1]) @ w.T
+
+    def _lmhead(self, t: Task, layer: int) -> None:
+        out = self._norm_staged(self.final_norm) @ self.lm_head[t.r0:t.r1].T
+        self.logits[:, t.r0:t.r1] = out
+        val, idx = out.max(-1)                 # torch returns the first index of the maximum
+        self.lm_val[:, t.index] = val
+        self.lm_idx[:, t.index] = idx.to(torch.int32) + t.r0
+
+    def _argmax(self, t: Task, layer: int) -> None:
+        best = self.lm_val.max(-1, keepdim=True).values
+        # first argmax overall: the smallest index among the tiles that hold the maximum
+        big = torch.iinfo(torch.int32).max
+        tok = torch.where(self.lm_val == best, self.lm_idx, torch.full_like(self.lm_idx, big)).min(-1).values
+        self.tokens.copy_(tok)
+        for b in range(self.B):
+            nxt = int(self.pos[b]) + 1
+            if nxt < self.history.shape[1]:
+                self.history[b, nxt] = tok[b]
