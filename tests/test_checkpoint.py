@@ -142,6 +142,16 @@ def test_truncated_file_is_named(tmp_path, keep):
         load_checkpoint(ckpt, load_spec(ckpt))
 
 
+def test_corrupt_header_is_named(tmp_path):
+    ckpt = write_tiny_checkpoint(tmp_path / "c")
+    path = ckpt / SINGLE_FILE
+    data = bytearray(path.read_bytes())
+    data[8:24] = b"#" * 16  # the JSON header starts at byte 8, after its little-endian length
+    path.write_bytes(bytes(data))
+    with pytest.raises(ModelError, match=rf"{path}: unreadable safetensors file"):
+        load_checkpoint(ckpt, load_spec(ckpt))
+
+
 def test_truncated_shard_is_named(tmp_path):
     ckpt = write_tiny_checkpoint(tmp_path / "c", shards=2)
     shard = ckpt / "model-00002-of-00002.safetensors"
@@ -175,3 +185,13 @@ def test_index_pointing_at_the_wrong_shard(tmp_path):
     (ckpt / INDEX_FILE).write_text(json.dumps(index))
     with pytest.raises(ModelError, match=rf"model-00001-of-00002\.safetensors: .*places {moved}"):
         load_checkpoint(ckpt, load_spec(ckpt))
+
+
+@pytest.mark.gpu
+def test_loads_straight_onto_the_gpu(tmp_path):
+    ckpt = write_tiny_checkpoint(tmp_path / "c", family="qwen3", shards=2)
+    spec = load_spec(ckpt)
+    on_gpu = load_checkpoint(ckpt, spec, device="cuda")
+    on_cpu = load_checkpoint(ckpt, spec)
+    assert all(t.is_cuda and t.dtype == torch.bfloat16 for t in on_gpu.values())
+    assert all(torch.equal(on_gpu[n].cpu(), on_cpu[n]) for n in on_cpu)

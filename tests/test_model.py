@@ -49,6 +49,15 @@ def test_builtin_config_has_published_shapes(name):
         assert s.num_params() - embed == pytest.approx(NON_EMBEDDING_PARAMS[name], rel=0.01)
 
 
+def test_every_builtin_config_parses_and_fits_the_megakernel():
+    # Covers files added to configs/models/ beyond the published four.
+    for name in list_models():
+        r = resolve_model(name)
+        assert r.spec.name == name and r.source.startswith("builtin:")
+        assert r.spec.num_params() > 0 and r.spec.eos_token_ids
+        check_model_supported(r.spec)
+
+
 def test_llama3_rope_scaling_and_eos_of_llama_3_2_1b():
     s = resolve_model("llama-3.2-1b").spec
     assert s.rope_scaling["rope_type"] == "llama3"
@@ -73,11 +82,12 @@ def test_unknown_name_suggests_the_closest_and_lists_known():
 
 def test_config_dir_env_adds_and_overrides(tmp_path, monkeypatch):
     (tmp_path / "models").mkdir()
-    (tmp_path / "models" / "tiny-llama.json").write_text(json.dumps(tiny_config("llama")))
+    (tmp_path / "models" / "env-only-llama.json").write_text(json.dumps(tiny_config("llama", hidden_size=192)))
     (tmp_path / "models" / "qwen3-8b.json").write_text(json.dumps(tiny_config("qwen3", num_hidden_layers=5)))
+    assert "env-only-llama" not in list_models()
     monkeypatch.setenv(CONFIG_DIR_ENV, str(tmp_path))
-    assert {"tiny-llama", "llama-3.1-8b"} <= set(list_models())
-    assert resolve_model("TINY-LLAMA").spec.hidden_size == 128
+    assert {"env-only-llama", "llama-3.1-8b"} <= set(list_models())
+    assert resolve_model("ENV-ONLY-LLAMA").spec.hidden_size == 192
     assert resolve_model("qwen3-8b").spec.num_layers == 5
     monkeypatch.setenv(CONFIG_DIR_ENV, str(tmp_path / "models"))
     with pytest.raises(ModelError, match=f"{CONFIG_DIR_ENV}=.*no models/ directory"):
