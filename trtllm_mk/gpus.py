@@ -7,6 +7,8 @@ Datasheet sources:
   A100-80GB NVIDIA A100 datasheet (108 SMs, 80 GB HBM2e 2039 GB/s, 312 dense bf16 TFLOP/s).
   H100-SXM  NVIDIA H100 datasheet (132 SMs, 80 GB HBM3 3.35 TB/s, 989 dense bf16 TFLOP/s).
   H200      NVIDIA H200 datasheet (132 SMs, 141 GB HBM3e 4.8 TB/s, 989 dense bf16 TFLOP/s).
+L2: A100 40 MB; H100 SXM and H200 both enable 50 MB of GH100's 60 MB (an H100 80GB HBM3 reports
+52428800 bytes, 132 SMs, 227 KB opt-in smem per block).
 Per-SM / per-block shared memory and registers: CUDA C Programming Guide, "Technical Specifications
 per Compute Capability" (8.0: 164 KB/SM, 163 KB opt-in per block; 8.9: 100 KB/SM, 99 KB per block;
 9.0: 228 KB/SM, 227 KB per block; 64 K 32-bit registers per SM for all three).
@@ -68,7 +70,7 @@ CATALOG: dict[str, GpuSpec] = {g.name: g for g in [
             "sm_80", False, 0.90, ("a100", "a100-80gb", "a100-sxm4-80gb", "nvidia a100-sxm4-80gb")),
     GpuSpec("H100-SXM", 132, 228 * KB, 227 * KB, 65536, 50 * 1024 * KB, 80 * GB, 3.35e12, 989e12, (9, 0),
             "sm_90a", True, 3.08 / 3.35, ("h100", "h100-sxm", "h100 80gb hbm3", "nvidia h100 80gb hbm3")),
-    GpuSpec("H200", 132, 228 * KB, 227 * KB, 65536, 60 * 1024 * KB, 141 * GB, 4.8e12, 989e12, (9, 0),
+    GpuSpec("H200", 132, 228 * KB, 227 * KB, 65536, 50 * 1024 * KB, 141 * GB, 4.8e12, 989e12, (9, 0),
             "sm_90a", True, 0.90, ("h200", "nvidia h200")),
 ]}
 
@@ -99,10 +101,14 @@ def detect_gpu() -> GpuSpec:
     for g in CATALOG.values():
         if key == g.name.lower() or key in g.aliases:
             return g
-    # Fall back on a unique family match (e.g. "NVIDIA H100 80GB HBM3" variants).
+    # Fall back on a family match (e.g. a differently worded H100 SXM name), but only when the SM count
+    # and memory size agree too: an H100 PCIe (114 SMs, 2 TB/s) or an A100 40GB must not pass for the
+    # catalog's SXM / 80GB part, whose SM count and bandwidth the schedule is built for.
+    props = torch.cuda.get_device_properties(0)
     for g in CATALOG.values():
         fam = g.name.split("-")[0].lower()
-        if fam in key and tuple(cc) == g.compute_capability:
+        if (fam in key and tuple(cc) == g.compute_capability and props.multi_processor_count == g.sm_count
+                and props.total_memory >= 0.9 * g.hbm_bytes):
             return g
-    raise ConfigError(f"gpu: auto detected '{dev}' (sm_{cc[0]}{cc[1]}), which is not in the catalog; "
-                      f"name one of {', '.join(CATALOG)}")
+    raise ConfigError(f"gpu: auto detected '{dev}' (sm_{cc[0]}{cc[1]}, {props.multi_processor_count} SMs), which "
+                      f"is not in the catalog; name one of {', '.join(CATALOG)} or add it to trtllm_mk/gpus.py")

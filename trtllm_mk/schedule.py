@@ -106,5 +106,5 @@ class Schedule:
     def load(cls, path: str | Path) -> "Schedule":
         p = Path(path)
         if not p.exists():
-            raise EngineError(f"{p}: no such file; build the engine first (python -m trtllm_mk build --config ...)")
+            raise EngineError(f"{p}: no such file; build the engine first (python build_scripts/build_engine.py --config <config.yaml>)")
         return cls.from_json(p.read_text(), where=str(p))

@@ -1,13 +1,12 @@
 """Prefill backends: ``torch`` (default everywhere) and ``tensorrt_llm`` (where installed)."""
 from __future__ import annotations
 
+from ..deployment import resolve_prefill_backend
+
 
 def resolve_backend(name: str) -> str:
-    """``auto`` -> tensorrt_llm when importable, else torch."""
-    if name != "auto":
-        return name
-    from .tensorrt_llm_backend import is_available
-    return "tensorrt_llm" if is_available() else "torch"
+    """``auto`` -> tensorrt_llm when installed, else torch (one check, shared with the summary)."""
+    return resolve_prefill_backend(name)[0]
 
 
 def make_prefill(name: str, spec, weights, **kw):

@@ -1,0 +1,409 @@
+"""Deployment config: the YAML that fixes the model, the GPU, the batch and the sequence limits of one
+engine, read strictly and resolved (model spec, GPU spec) at load time.
+
+Keys mirror TensorRT-LLM's LLM API where the meaning is the same (``max_batch_size``, ``max_seq_len``,
+``max_input_len``, ``max_num_tokens``, ``kv_cache_config``, ``cuda_graph_config``); our own sections
+are ``prefill`` and ``megakernel``. TensorRT-LLM rejects unknown keys, so ``trtllm_llm_kwargs`` hands
+it only its own. Every mistake is one ConfigError of the form ``<file>: <dotted.key>: <what and fix>``.
+"""
+from __future__ import annotations
+
+import copy
+import difflib
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .deployment import MemoryBudget, memory_budget
+from .errors import ConfigError, UserError
+from .gpus import CATALOG, GB, GpuSpec, get_gpu
+from .model.registry import REPO_CONFIG_DIR, resolve_model
+from .model.spec import ModelSpec
+
+DEFAULT_CONFIG = REPO_CONFIG_DIR / "l20_bs1.yaml"
+
+DTYPE_BYTES = {"bfloat16": 2}
+PREFILL_BACKENDS = ("auto", "torch", "tensorrt_llm")
+MEGAKERNEL_MODES = ("static", "dynamic")
+KV_CACHE_DTYPES = ("bfloat16", "auto")   # TensorRT-LLM's "auto" = the model dtype, bfloat16 here
+
+# Allowed keys per section; also the index for "did you mean <section>.<key>?" across sections.
+SCHEMA: dict[str, tuple[str, ...]] = {
+    "": ("name", "model", "gpu", "dtype", "max_batch_size", "max_seq_len", "max_input_len", "max_num_tokens",
+         "kv_cache_config", "cuda_graph_config", "prefill", "megakernel"),
+    "kv_cache_config": ("tokens_per_block", "dtype", "free_gpu_memory_fraction"),
+    "prefill": ("backend",),
+    "megakernel": ("mode", "search_budget_s", "seed", "output_dir", "context_len"),
+}
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_REQUIRED = object()
+
+
+@dataclass(frozen=True)
+class KvCacheConfig:
+    tokens_per_block: int = 32
+    dtype: str = "bfloat16"
+    free_gpu_memory_fraction: float = 0.9
+
+
+@dataclass(frozen=True)
+class PrefillConfig:
+    backend: str = "auto"            # auto | torch | tensorrt_llm; auto resolves where the engine runs
+
+
+@dataclass(frozen=True)
+class MegakernelConfig:
+    output_dir: Path
+    context_len: int                 # context length the cost model optimises the schedule for
+    mode: str = "static"
+    search_budget_s: float = 60.0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class DeploymentConfig:
+    name: str
+    model: str                       # architecture name, or an absolute checkpoint / config.json path
+    gpu: str                         # catalog name ("auto" already resolved)
+    dtype: str
+    max_batch_size: int
+    max_seq_len: int
+    max_input_len: int
+    max_num_tokens: int
+    kv_cache_config: KvCacheConfig
+    cuda_graph_config: dict | None   # {}: TensorRT-LLM's default; None: CUDA graphs off (TRT-LLM's null)
+    prefill: PrefillConfig
+    megakernel: MegakernelConfig
+    model_spec: ModelSpec = field(repr=False)
+    gpu_spec: GpuSpec = field(repr=False)
+    checkpoint_dir: Path | None = field(default=None, repr=False)  # None: shapes only (random weights)
+    model_source: str = field(default="", repr=False)              # where the spec was read from
+    source: Path | None = field(default=None, compare=False)       # the YAML file, if any
+
+    def memory_budget(self) -> MemoryBudget:
+        kv = self.kv_cache_config
+        return memory_budget(self.model_spec, self.gpu_spec, max_batch_size=self.max_batch_size,
+                             max_seq_len=self.max_seq_len, max_num_tokens=self.max_num_tokens,
+                             tokens_per_block=kv.tokens_per_block,
+                             free_gpu_memory_fraction=kv.free_gpu_memory_fraction,
+                             kv_dtype_bytes=DTYPE_BYTES["bfloat16"])
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved config in YAML form; ``parse_config(cfg.to_dict())`` gives an equal config."""
+        kv, mk = self.kv_cache_config, self.megakernel
+        return {
+            "name": self.name, "model": self.model, "gpu": self.gpu, "dtype": self.dtype,
+            "max_batch_size": self.max_batch_size, "max_seq_len": self.max_seq_len,
+            "max_input_len": self.max_input_len, "max_num_tokens": self.max_num_tokens,
+            "kv_cache_config": {"tokens_per_block": kv.tokens_per_block, "dtype": kv.dtype,
+                                "free_gpu_memory_fraction": kv.free_gpu_memory_fraction},
+            "cuda_graph_config": copy.deepcopy(self.cuda_graph_config),
+            "prefill": {"backend": self.prefill.backend},
+            "megakernel": {"mode": mk.mode, "search_budget_s": mk.search_budget_s, "seed": mk.seed,
+                           "output_dir": str(mk.output_dir), "context_len": mk.context_len},
+        }
+
+    def trtllm_llm_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``tensorrt_llm.LLM`` (besides ``model``, which the caller passes):
+        our own sections and keys are left out because TensorRT-LLM rejects unknown keys."""
+        kw: dict[str, Any] = {
+            "dtype": self.dtype, "max_batch_size": self.max_batch_size, "max_seq_len": self.max_seq_len,
+            "max_input_len": self.max_input_len, "max_num_tokens": self.max_num_tokens,
+            # KvCacheConfig.dtype takes "auto" (the model dtype) or a quantized type such as "fp8".
+            "kv_cache_config": {"tokens_per_block": self.kv_cache_config.tokens_per_block, "dtype": "auto",
+                                "free_gpu_memory_fraction": self.kv_cache_config.free_gpu_memory_fraction},
+        }
+        # Absent means TensorRT-LLM's default CUDA graph config; an explicit null turns graphs off there.
+        if self.cuda_graph_config is None or self.cuda_graph_config:
+            kw["cuda_graph_config"] = copy.deepcopy(self.cuda_graph_config)
+        return kw
+
+
+# ------------------------------------------------------------------------------------------ YAML
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (PyYAML silently keeps the last)."""
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: set = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if isinstance(key, str) and key in seen:
+            raise ConfigError(f"line {key_node.start_mark.line + 1}: key '{key}' is given twice; keep one")
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def load_config(path: str | Path) -> DeploymentConfig:
+    """Read, validate and resolve the deployment YAML at ``path``."""
+    p = Path(path)
+    where = str(path)
+    if not p.is_file():
+        hint = "" if p.suffix in (".yaml", ".yml") else " (expected a .yaml file)"
+        raise ConfigError(f"{where}: no such config file{hint}; shipped configs are in {REPO_CONFIG_DIR}")
+    try:
+        data = yaml.load(p.read_text(), Loader=_StrictLoader)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{where}: {at}invalid YAML ({problem})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{where}: not a text file (expected UTF-8 YAML)") from None
+    return parse_config(data, where=where, base_dir=p.parent, default_name=p.stem, source=p)
+
+
+# ------------------------------------------------------------------------------------------ reading
+
+def _type_name(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return f"a boolean ({str(v).lower()})"
+    if isinstance(v, str):
+        return f"a string ('{v}')"
+    if isinstance(v, (list, dict)):
+        return f"a {'list' if isinstance(v, list) else 'mapping'}"
+    return f"{type(v).__name__} {v!r}"
+
+
+class _Section:
+    """One mapping of the config: rejects unknown keys on entry, then reads typed values by key."""
+
+    def __init__(self, raw: Any, where: str, path: str):
+        self.where, self.path = where, path
+        if raw is None:
+            raw = {}
+        if not isinstance(raw, dict):
+            what = f"'{path}'" if path else "the top level"
+            raise ConfigError(f"{where}: {path or 'config'}: expected a mapping at {what}, got {_type_name(raw)}")
+        self.raw = raw
+        for key in raw:
+            if key not in SCHEMA[path]:
+                self.fail(str(key), f"unknown key{_suggest(str(key), path)}; allowed here: {', '.join(SCHEMA[path])}")
+
+    def dotted(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def fail(self, key: str, msg: str) -> None:
+        raise ConfigError(f"{self.where}: {self.dotted(key)}: {msg}")
+
+    def _given(self, key: str, default: Any) -> bool:
+        """Whether ``key`` has a value; absent or null means the default (as in TensorRT-LLM)."""
+        if self.raw.get(key) is not None:
+            return True
+        if default is _REQUIRED:
+            self.fail(key, "required; add it to the config")
+        return False
+
+    def integer(self, key: str, default: Any = _REQUIRED, minimum: int = 1) -> Any:
+        if not self._given(key, default):
+            return default
+        v = self.raw[key]
+        if isinstance(v, bool) or not isinstance(v, int):  # bool is an int subclass in Python
+            self.fail(key, f"expected an integer, got {_type_name(v)}")
+        if v < minimum:
+            self.fail(key, f"{v} must be >= {minimum}")
+        return v
+
+    def number(self, key: str, default: float) -> float:
+        if not self._given(key, default):
+            return default
+        v = self.raw[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            self.fail(key, f"expected a number, got {_type_name(v)}")
+        return float(v)
+
+    def string(self, key: str, default: Any = _REQUIRED, choices: tuple[str, ...] | None = None) -> Any:
+        if not self._given(key, default):
+            return default
+        v = self.raw[key]
+        if not isinstance(v, str) or not v.strip():
+            self.fail(key, f"expected a non-empty string, got {_type_name(v)}")
+        if choices is not None and v not in choices:
+            close = difflib.get_close_matches(v, choices, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            self.fail(key, f"'{v}' is not one of {', '.join(choices)}{hint}")
+        return v
+
+    def section(self, key: str) -> "_Section":
+        return _Section(self.raw.get(key), self.where, self.dotted(key))
+
+
+def _suggest(key: str, path: str) -> str:
+    """' (did you mean X?)' for a misspelt key, or for a key that belongs to another section."""
+    close = difflib.get_close_matches(key, SCHEMA[path], n=1)
+    if close:
+        return f" (did you mean '{close[0]}'?)"
+    for section, keys in SCHEMA.items():
+        others = difflib.get_close_matches(key, keys, n=1, cutoff=0.8)
+        if section != path and others:
+            return f" (did you mean '{section + '.' if section else ''}{others[0]}'?)"
+    return ""
+
+
+def _resolve_model_path(model: str, base_dir: Path) -> str:
+    """Relative checkpoint / config.json paths are relative to the YAML's directory; names stay names."""
+    p = Path(model).expanduser()
+    if p.is_absolute():
+        return str(p)
+    looks_like_path = "/" in model or os.sep in model or model.startswith(".") or model.endswith(".json")
+    if looks_like_path or (base_dir / p).exists():
+        return str((base_dir / p).resolve())
+    return model
+
+
+# ------------------------------------------------------------------------------------------ parsing
+
+def parse_config(data: Any, where: str = "<config>", base_dir: str | Path | None = None,
+                 default_name: str | None = None, source: Path | None = None) -> DeploymentConfig:
+    """Validate and resolve a config given as a dict (as read from YAML).
+
+    ``where`` prefixes every error (the file name); relative model paths are resolved against
+    ``base_dir`` (default: the current directory); ``default_name`` is used when ``name`` is absent.
+    """
+    if data is None:
+        raise ConfigError(f"{where}: the config is empty; it needs at least model, gpu, max_batch_size and max_seq_len")
+    top = _Section(data, where, "")
+    kv_s, pre_s, mk_s = top.section("kv_cache_config"), top.section("prefill"), top.section("megakernel")
+
+    name = top.string("name", default_name if default_name is not None else _REQUIRED)
+    if not _NAME_RE.match(name):
+        top.fail("name", f"'{name}' must be letters, digits, '.', '_' or '-' (it names the engine directory)")
+    dtype = top.string("dtype", "bfloat16")
+    if dtype not in DTYPE_BYTES:
+        top.fail("dtype", f"'{dtype}' is not supported: the megakernel computes in bfloat16 only "
+                          f"(use dtype: bfloat16)")
+    max_batch_size = top.integer("max_batch_size")
+    max_seq_len = top.integer("max_seq_len")
+    # TensorRT-LLM's default max_input_len is 1024.
+    max_input_len = top.integer("max_input_len", min(1024, max_seq_len))
+    if max_input_len > max_seq_len:
+        top.fail("max_input_len", f"{max_input_len} exceeds max_seq_len {max_seq_len} (a prompt must leave room "
+                                  f"to generate; lower max_input_len or raise max_seq_len)")
+    max_num_tokens = top.integer("max_num_tokens", max_batch_size * max_input_len)
+    if max_num_tokens < max_input_len:
+        top.fail("max_num_tokens", f"{max_num_tokens} is below max_input_len {max_input_len}: prefill runs a "
+                                   f"whole prompt in one pass (raise max_num_tokens to at least {max_input_len})")
+
+    tokens_per_block = kv_s.integer("tokens_per_block", 32)
+    if tokens_per_block & (tokens_per_block - 1):
+        kv_s.fail("tokens_per_block", f"{tokens_per_block} is not a power of two (use 16, 32 or 64)")
+    kv_dtype = kv_s.string("dtype", "bfloat16", choices=KV_CACHE_DTYPES)
+    fraction = kv_s.number("free_gpu_memory_fraction", 0.9)
+    if not 0.0 < fraction <= 1.0:
+        kv_s.fail("free_gpu_memory_fraction", f"{fraction} must be in (0, 1], e.g. 0.9")
+    kv_cache = KvCacheConfig(tokens_per_block=tokens_per_block, dtype="bfloat16" if kv_dtype == "auto" else kv_dtype,
+                             free_gpu_memory_fraction=fraction)
+
+    cuda_graph_config: dict | None = {}
+    if "cuda_graph_config" in top.raw:
+        cuda_graph_config = top.raw["cuda_graph_config"]
+        if cuda_graph_config is not None and not isinstance(cuda_graph_config, dict):
+            top.fail("cuda_graph_config", f"expected a mapping (TensorRT-LLM's CudaGraphConfig) or null, "
+                                          f"got {_type_name(cuda_graph_config)}")
+        cuda_graph_config = copy.deepcopy(cuda_graph_config)
+
+    prefill = PrefillConfig(backend=pre_s.string("backend", "auto", choices=PREFILL_BACKENDS))
+
+    mode = mk_s.string("mode", "static", choices=MEGAKERNEL_MODES)
+    if mode != "static":
+        mk_s.fail("mode", f"'{mode}' is not implemented yet; only static is (use mode: static)")
+    budget = mk_s.number("search_budget_s", 60.0)
+    if budget <= 0:
+        mk_s.fail("search_budget_s", f"{budget:g} must be > 0 seconds, e.g. 60")
+    seed = mk_s.integer("seed", 0, minimum=0)
+    output_dir = Path(mk_s.string("output_dir", str(Path("engines") / name)))
+    context_len = mk_s.integer("context_len", min(512, max_seq_len))
+    if context_len > max_seq_len:
+        mk_s.fail("context_len", f"{context_len} exceeds max_seq_len {max_seq_len}; the schedule is optimised for "
+                                 f"a context the engine can reach (use at most {max_seq_len})")
+    megakernel = MegakernelConfig(output_dir=output_dir, context_len=context_len, mode=mode,
+                                  search_budget_s=budget, seed=seed)
+
+    gpu_spec = _resolve_gpu(top.string("gpu"), where)
+    model = _resolve_model_path(top.string("model"), Path(base_dir) if base_dir is not None else Path.cwd())
+    resolved = _resolve_model(model, where)
+    spec = resolved.spec
+
+    if max_seq_len > spec.max_position_embeddings:
+        top.fail("max_seq_len", f"{max_seq_len} exceeds the model's max_position_embeddings "
+                                f"{spec.max_position_embeddings} (use at most {spec.max_position_embeddings})")
+    if spec.sliding_window is not None and spec.sliding_window < max_seq_len:
+        top.fail("max_seq_len", f"{max_seq_len} exceeds the model's sliding_window {spec.sliding_window}; sliding-"
+                                f"window attention is not implemented (use at most {spec.sliding_window})")
+
+    cfg = DeploymentConfig(
+        name=name, model=model, gpu=gpu_spec.name, dtype=dtype, max_batch_size=max_batch_size,
+        max_seq_len=max_seq_len, max_input_len=max_input_len, max_num_tokens=max_num_tokens,
+        kv_cache_config=kv_cache, cuda_graph_config=cuda_graph_config, prefill=prefill, megakernel=megakernel,
+        model_spec=spec, gpu_spec=gpu_spec, checkpoint_dir=resolved.checkpoint_dir,
+        model_source=resolved.source, source=source)
+    _check_memory(cfg, where)
+    return cfg
+
+
+def with_overrides(cfg: DeploymentConfig, changes: dict[str, Any], where: str = "command line") -> DeploymentConfig:
+    """``cfg`` with ``changes`` (a nested dict in YAML form, e.g. {"megakernel": {"seed": 3}}) applied and
+    the whole result validated again, so an override can never produce a config a file could not."""
+    data = cfg.to_dict()
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
+    return parse_config(data, where=where, source=cfg.source)
+
+
+def _resolve_gpu(name: str, where: str) -> GpuSpec:
+    try:
+        return get_gpu(name)
+    except UserError as e:  # get_gpu's messages already start with "gpu: "
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def _resolve_model(model: str, where: str):
+    from .graph import check_model_supported  # the graph package pulls in the task machinery; load late
+    try:
+        resolved = resolve_model(model)
+        check_model_supported(resolved.spec)
+    except UserError as e:
+        msg = str(e)
+        raise ConfigError(f"{where}: {msg if msg.startswith('model: ') else 'model: ' + msg}") from None
+    return resolved
+
+
+def _check_memory(cfg: DeploymentConfig, where: str) -> None:
+    mem = cfg.memory_budget()
+    if mem.fits:
+        return
+    gpu, kv = cfg.gpu_spec, cfg.kv_cache_config
+    need = (f"weights {mem.weights / GB:.2f} GB + KV cache {mem.kv_cache / GB:.2f} GB ({cfg.max_batch_size} x "
+            f"{cfg.max_seq_len} tokens) + activations {mem.activations / GB:.2f} GB = {mem.total / GB:.2f} GB, but "
+            f"{gpu.name} has {mem.available / GB:.2f} GB ({gpu.hbm_bytes / GB:.0f} GB x free_gpu_memory_fraction "
+            f"{kv.free_gpu_memory_fraction:g})")
+    bigger = [g.name for g in CATALOG.values() if g.hbm_bytes > gpu.hbm_bytes and
+              memory_budget(cfg.model_spec, g, max_batch_size=cfg.max_batch_size, max_seq_len=cfg.max_seq_len,
+                            max_num_tokens=cfg.max_num_tokens, tokens_per_block=kv.tokens_per_block,
+                            free_gpu_memory_fraction=kv.free_gpu_memory_fraction).fits]
+    other_gpu = f"a GPU with more memory ({', '.join(bigger)})" if bigger else "a GPU with more memory"
+    if mem.weights + mem.activations > mem.available:
+        raise ConfigError(f"{where}: model: {need}; the weights (and prefill activations) alone do not fit: "
+                          f"use {other_gpu} or a smaller model")
+    # Whole KV blocks of every sequence that fit next to the weights and activations.
+    block_bytes = kv.tokens_per_block * cfg.model_spec.kv_bytes_per_token()
+    blocks_per_seq = (mem.available - mem.weights - mem.activations) // (cfg.max_batch_size * block_bytes)
+    if blocks_per_seq * kv.tokens_per_block < cfg.max_input_len:
+        raise ConfigError(f"{where}: max_batch_size: {need}; lower max_batch_size or max_seq_len, or use {other_gpu}")
+    raise ConfigError(f"{where}: max_seq_len: {need}; lower max_seq_len to at most "
+                      f"{blocks_per_seq * kv.tokens_per_block} (or max_batch_size), or use {other_gpu}")

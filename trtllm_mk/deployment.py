@@ -1,0 +1,184 @@
+"""What a deployment needs and resolves to: its GPU memory budget, its decode bandwidth floor, and
+``describe``, the readable summary the builder prints before it searches.
+
+The memory budget follows TensorRT-LLM's accounting: weights, the paged KV cache for every sequence
+at full length, and activations (the largest live set of one prefill pass) must fit in the GPU's
+memory times ``kv_cache_config.free_gpu_memory_fraction``.
+"""
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .gpus import GB, KB, GpuSpec
+from .model.spec import ModelSpec
+
+if TYPE_CHECKING:  # config imports this module; the summary only reads a finished config
+    from .config import DeploymentConfig
+
+FP32_BYTES = 4
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    weights: int          # bytes, all weights resident
+    kv_cache: int         # bytes, max_batch_size sequences of max_seq_len tokens (whole blocks)
+    kv_tokens: int        # tokens the KV pool holds (max_batch_size x max_seq_len rounded up to blocks)
+    activations: int      # bytes, estimate of one prefill pass of max_num_tokens tokens + logits
+    available: int        # bytes, GPU memory x free_gpu_memory_fraction
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_cache + self.activations
+
+    @property
+    def headroom(self) -> int:
+        return self.available - self.total
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.available
+
+
+def kv_pool_tokens(max_batch_size: int, max_seq_len: int, tokens_per_block: int) -> int:
+    """Tokens in the paged KV pool: each sequence gets whole blocks (as PagedKVCache.allocate does)."""
+    blocks_per_seq = -(-max_seq_len // tokens_per_block)
+    return max_batch_size * blocks_per_seq * tokens_per_block
+
+
+def prefill_activation_bytes(spec: ModelSpec, max_num_tokens: int, max_batch_size: int) -> int:
+    """Estimate of the peak activation memory of one prefill pass over ``max_num_tokens`` tokens.
+
+    Live at once inside a layer (bf16): residual + normed input (2H), q/k/v, attention output (H),
+    gate, up and their product (3I); SDPA runs flash/memory-efficient kernels, so no T x T scores.
+    Then the fp32 logits of the last token of every sequence. Decode scratch is negligible.
+    """
+    per_token = 3 * spec.hidden_size + spec.q_size + 2 * spec.kv_size + 3 * spec.intermediate_size
+    return max_num_tokens * per_token * spec.dtype_bytes + max_batch_size * spec.vocab_size * FP32_BYTES
+
+
+def memory_budget(spec: ModelSpec, gpu: GpuSpec, *, max_batch_size: int, max_seq_len: int, max_num_tokens: int,
+                  tokens_per_block: int, free_gpu_memory_fraction: float, kv_dtype_bytes: int = 2) -> MemoryBudget:
+    tokens = kv_pool_tokens(max_batch_size, max_seq_len, tokens_per_block)
+    return MemoryBudget(
+        weights=spec.weight_bytes(),
+        kv_cache=tokens * spec.kv_bytes_per_token(kv_dtype_bytes),
+        kv_tokens=tokens,
+        activations=prefill_activation_bytes(spec, max_num_tokens, max_batch_size),
+        available=int(gpu.hbm_bytes * free_gpu_memory_fraction),
+    )
+
+
+def decode_floor_s(spec: ModelSpec, gpu: GpuSpec) -> float:
+    """Lower bound of one decode step: every weight read once at the GPU's streaming read bandwidth."""
+    return spec.decode_weight_bytes() / gpu.read_bandwidth
+
+
+def resolve_prefill_backend(name: str) -> tuple[str, str]:
+    """(backend, why) for a configured ``prefill.backend``; ``auto`` picks TensorRT-LLM when installed.
+
+    Presence is checked with find_spec rather than an import: importing tensorrt_llm initialises CUDA
+    and takes seconds, which a summary must not cost.
+    """
+    if name != "auto":
+        return name, "as configured"
+    if importlib.util.find_spec("tensorrt_llm") is not None:
+        return "tensorrt_llm", "auto: tensorrt_llm is installed"
+    return "torch", "auto: tensorrt_llm is not installed here"
+
+
+# ------------------------------------------------------------------------------------------- summary
+
+def _gb(n: float) -> str:
+    """Bytes in decimal units (as GPU datasheets count), scaled so tiny test models stay readable."""
+    for unit, scale in (("GB", GB), ("MB", 10**6), ("KB", 10**3)):
+        if abs(n) >= scale / 10:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _count(n: int) -> str:
+    for unit, scale in (("B", 10**9), ("M", 10**6), ("K", 10**3)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return str(n)
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f} ms" if seconds >= 1e-4 else f"{seconds * 1e6:.2f} us"
+
+
+def _format(sections: list[tuple[str, list[tuple[str, str]]]]) -> str:
+    """Titled sections of key/value rows, values aligned in one column across all sections."""
+    width = max(len(k) for _, rows in sections for k, _ in rows)
+    lines: list[str] = []
+    for title, rows in sections:
+        lines += [title] + [f"  {k.ljust(width)}  {v}" for k, v in rows] + [""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def describe(cfg: "DeploymentConfig") -> str:
+    """A readable summary of the resolved deployment: model, GPU, limits, memory, prefill, floor."""
+    spec, gpu, kv, mk = cfg.model_spec, cfg.gpu_spec, cfg.kv_cache_config, cfg.megakernel
+    mem = cfg.memory_budget()
+    floor = decode_floor_s(spec, gpu)
+    prefill, why = resolve_prefill_backend(cfg.prefill.backend)
+    variant = {"qwen2": "q/k/v bias", "qwen3": "QK-norm"}.get(spec.family)
+    lm_head = "tied to the embedding" if spec.tie_word_embeddings else "separate LM head"
+    if cfg.cuda_graph_config is None:
+        cuda_graphs = "disabled (null)"
+    else:
+        cuda_graphs = str(cfg.cuda_graph_config) if cfg.cuda_graph_config else "TensorRT-LLM default"
+
+    return _format([
+        (f"Deployment {cfg.name}" + (f"  ({cfg.source})" if cfg.source else ""), [
+            ("engine dir", str(mk.output_dir)),
+            ("dtype", cfg.dtype),
+        ]),
+        (f"Model {spec.name}  ({cfg.model_source})", [
+            ("family", spec.family + (f" ({variant})" if variant else "")),
+            ("layers", str(spec.num_layers)),
+            ("hidden / intermediate", f"{spec.hidden_size} / {spec.intermediate_size}"),
+            ("heads / kv heads", f"{spec.num_heads} / {spec.num_kv_heads} (GQA group {spec.group_size})"),
+            ("head_dim", str(spec.head_dim)),
+            ("vocab", f"{spec.vocab_size} ({lm_head})"),
+            ("parameters", f"{_count(spec.num_params())} ({spec.num_params()})"),
+            ("weights", f"{_gb(spec.weight_bytes())} {spec.dtype}"),
+            ("max_position_embeddings", str(spec.max_position_embeddings)),
+        ]),
+        (f"GPU {gpu.name}", [
+            ("SMs", str(gpu.sm_count)),
+            ("smem per block", f"{gpu.smem_per_block_optin // KB} KB opt-in ({gpu.smem_per_sm // KB} KB per SM)"),
+            ("memory", f"{gpu.hbm_bytes / GB:.0f} GB"),
+            ("bandwidth", f"{gpu.hbm_bandwidth / 1e9:.0f} GB/s datasheet, {gpu.read_bandwidth / 1e9:.0f} GB/s "
+                          f"streaming read ({gpu.read_bw_fraction:.0%})"),
+            ("nvcc target", f"{gpu.nvcc_arch} (compute capability {'.'.join(map(str, gpu.compute_capability))})"),
+            ("weight streaming", "TMA bulk copies" if gpu.has_tma else "cp.async (no TMA)"),
+        ]),
+        ("Batch and sequence", [
+            ("max_batch_size", str(cfg.max_batch_size)),
+            ("max_seq_len", str(cfg.max_seq_len)),
+            ("max_input_len", str(cfg.max_input_len)),
+            ("max_num_tokens", str(cfg.max_num_tokens)),
+            ("tokens_per_block", str(kv.tokens_per_block)),
+            ("kv cache dtype", kv.dtype),
+            ("cuda_graph_config", cuda_graphs),
+        ]),
+        ("Memory budget", [
+            ("weights", _gb(mem.weights)),
+            ("KV cache", f"{_gb(mem.kv_cache)}  ({mem.kv_tokens} tokens x {spec.kv_bytes_per_token()} B)"),
+            ("activations", f"{_gb(mem.activations)}  (estimate: prefill of {cfg.max_num_tokens} tokens + logits)"),
+            ("total", _gb(mem.total)),
+            ("available", f"{_gb(mem.available)}  ({gpu.hbm_bytes / GB:.0f} GB x free_gpu_memory_fraction "
+                          f"{kv.free_gpu_memory_fraction})"),
+            ("headroom", _gb(mem.headroom)),
+        ]),
+        ("Prefill and decode", [
+            ("prefill backend", f"{prefill}  ({why})"),
+            ("megakernel", f"{mk.mode} schedule, search budget {mk.search_budget_s:g} s, seed {mk.seed}, "
+                           f"optimised for context {mk.context_len}"),
+            ("decode floor", f"{_duration(floor)} per token  ({_gb(spec.decode_weight_bytes())} of weights at "
+                             f"{gpu.read_bandwidth / 1e9:.0f} GB/s)"),
+        ]),
+    ])
