@@ -1,0 +1,1 @@
+"""Command-line faces: build (also build_scripts/build_engine.py), run, bench, verify."""

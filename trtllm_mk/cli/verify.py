@@ -1,0 +1,27 @@
+"""``verify``: re-check an engine directory: file integrity, schedule validity (deadlock and race
+freedom), and that the kernel layout matches the schedule.
+
+    python -m trtllm_mk verify --engine engines/h100_bs1
+"""
+from __future__ import annotations
+
+import argparse
+
+from ..codegen import kernel_smem_bytes
+from ..engine import EngineDir
+from ..errors import EngineError
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m trtllm_mk verify", description="Re-validate an engine directory.")
+    ap.add_argument("--engine", required=True)
+    args = ap.parse_args(argv)
+    from ..verify import check
+    eng = EngineDir.open(args.engine)
+    graph = eng.schedule.graph()
+    report = check(eng.schedule, graph)
+    if eng.layout.grid != eng.schedule.num_sms or eng.layout.smem_bytes != kernel_smem_bytes(graph):
+        raise EngineError(f"{eng.path}: kernel.json does not match schedule.json; rebuild the engine")
+    print(f"{eng.path}: files intact; {report.summary()}; kernel {eng.target}, {eng.layout.grid} CTAs x "
+          f"{eng.layout.block} threads, {eng.layout.smem_bytes} B shared memory")
+    return 0
