@@ -1,26 +1,44 @@
 #!/usr/bin/env bash
-# Everything the GPU machine must do, in one call: build the runtime in place, run the GPU tests,
-# run the benchmark; results under $OUT (or ./gpu_out). Usage: bash scripts/gpu_check.sh [smoke|tests|bench|all]
+# Everything the GPU machine does, in stages that each fit one device call; results under $OUT.
+#   bash scripts/gpu_check.sh [build] [smoke] [tests] [sanitize] [calibrate] [bench]   (default: all)
+# Kernels are content-hash cached in .cubin_cache: precompile them on a CPU machine with
+#   TRTLLM_MK_CACHE=.cubin_cache python tests/test_megakernel_gpu.py
+#   TRTLLM_MK_CACHE=.cubin_cache python benchmarks/megakernel_system.py --prebuild --context 512
+# and carry .cubin_cache along, so device time goes to running kernels, not compiling them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
-what=${1:-all}
+stages=${*:-build smoke tests sanitize calibrate bench}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export TRTLLM_MK_CACHE=${TRTLLM_MK_CACHE:-$PWD/.cubin_cache}
+has() { [[ " $stages " == *" $1 "* ]]; }
+
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
-# The runtime extension is built in place (the editable install only maps the package to this tree).
-{ python setup.py build_ext --inplace && pip install --no-deps --no-build-isolation -e . ; } > "$OUT/build.log" 2>&1 \
-  || { tail -30 "$OUT/build.log"; exit 1; }
+# The runtime extension is built in place (the editable install maps the package to this tree).
+if [[ ! -f trtllm_mk/_mkrt*.so ]] || has build; then
+  { python setup.py build_ext --inplace && pip install --no-deps --no-build-isolation -e . ; } > "$OUT/build.log" 2>&1 \
+    || { tail -30 "$OUT/build.log"; exit 1; }
+fi
 python -c "import trtllm_mk._mkrt" || { echo "runtime extension missing"; tail -30 "$OUT/build.log"; exit 1; }
-if [[ $what == smoke || $what == all ]]; then
-  for m in ${SMOKE_MODELS:-tiny-llama tiny-qwen3 tiny-qwen2 llama-1b}; do
-    timeout 300 python scripts/mk_smoke.py $m ${SMOKE_BATCH:-1} 2>&1 | tail -8 | tee -a "$OUT/smoke.txt"
+if has smoke; then
+  for m in ${SMOKE_MODELS:-tiny-llama llama-1b}; do
+    timeout 300 python scripts/mk_smoke.py $m ${SMOKE_BATCH:-1} 2>&1 | tail -4 | tee -a "$OUT/smoke.txt"
   done
 fi
-if [[ $what == tests || $what == all ]]; then
-  timeout 500 python -m pytest -x -q -m gpu tests 2>&1 | tail -40 | tee "$OUT/gpu_tests.txt"
+if has tests; then
+  timeout ${TESTS_TIMEOUT:-540} python -m pytest -q -m gpu ${TESTS:-tests} -rs 2>&1 | tail -40 | tee "$OUT/gpu_tests.txt"
 fi
-if [[ $what == bench || $what == all ]]; then
-  timeout 500 python benchmarks/decode_latency.py --out "$OUT/bench" ${BENCH_ARGS:-} 2>&1 | tail -40 | tee "$OUT/bench.txt"
+if has sanitize; then
+  for tool in memcheck racecheck; do
+    timeout 240 compute-sanitizer --tool $tool --print-limit 20 python scripts/mk_smoke.py tiny-llama 2>&1 \
+      | grep -E "ERROR SUMMARY|Hazard|Invalid|rel err" | tail -5 | tee -a "$OUT/sanitize.txt"
+  done
+fi
+if has calibrate; then
+  timeout 540 python benchmarks/calibrate.py --out "$OUT/calibration" 2>&1 | tail -20 | tee "$OUT/calibrate.txt"
+fi
+if has bench; then
+  timeout ${BENCH_TIMEOUT:-540} python -m benchmarks.decode_latency --out "$OUT/bench" --plugin benchmarks.megakernel_system \
+    ${BENCH_ARGS:---models llama-3.2-1b --batch 1 --context 512} 2>&1 | tail -30 | tee "$OUT/bench.txt"
 fi

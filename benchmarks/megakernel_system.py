@@ -1,0 +1,89 @@
+"""The trtllm_mk megakernel as a benchmark system (``--plugin benchmarks.megakernel_system``).
+
+For each (model, batch, context) the schedule is searched for exactly that deployment (as the
+engine builder does), compiled, bound to the benchmark's weights and a paged KV cache holding
+``context`` tokens, and one decode step is a replay of a CUDA graph holding one kernel launch (the
+same launch-overhead treatment torch.compile's reduce-overhead mode gets).
+
+    python benchmarks/megakernel_system.py --prebuild --models llama-3.2-1b --batch 1 4 --context 512
+compiles every kernel a benchmark run will need into the cubin cache without a GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.baselines import SystemRun, register_system  # noqa: E402
+from trtllm_mk.gpus import GpuSpec, detect_gpu, get_gpu  # noqa: E402
+from trtllm_mk.kv_cache import PagedKVCache  # noqa: E402
+from trtllm_mk.search import search  # noqa: E402
+
+NAME = "trtllm_mk megakernel"
+SEARCH_BUDGET_S = 10.0
+TOKENS_PER_BLOCK = 32
+HEADROOM = 1024   # decode steps the cache has room for beyond the context
+
+
+def schedule_for(spec, batch: int, context_len: int, gpu: GpuSpec):
+    sched, _ = search(spec, batch, gpu, context_len=context_len, budget_s=SEARCH_BUDGET_S, seed=0)
+    return sched
+
+
+def megakernel_system(spec, weights, batch, context_len, device) -> SystemRun:
+    from trtllm_mk.runtime.megakernel import build_decoder
+    gpu = detect_gpu()
+    sched = schedule_for(spec, batch, context_len, gpu)
+    max_seq = context_len + HEADROOM
+    cache = PagedKVCache.allocate(spec, batch, max_seq, TOKENS_PER_BLOCK, device=device, fill=1.0)
+    dec = build_decoder(sched, weights, cache, gpu.nvcc_arch, gpu.has_tma, max_seq_len=max_seq)
+    dec.set_state(torch.randint(0, spec.vocab_size, (batch,)), torch.full((batch,), context_len))
+    for _ in range(3):
+        dec.step()
+    dec.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            dec.step()
+        step, mode = graph.replay, "cuda graph replay"
+    except RuntimeError:  # capture refused (e.g. an old driver): time plain launches
+        step, mode = dec.step, "direct launch"
+    dec.set_state(torch.randint(0, spec.vocab_size, (batch,)), torch.full((batch,), context_len))
+
+    def close():
+        dec.synchronize()
+
+    return SystemRun(step=step, close=close,
+                     info={"mode": mode, "predicted_ms": round(sched.predicted_step_us / 1e3, 4),
+                           "plan": sched.plan.to_dict(), "smem_bytes": dec.layout.smem_bytes})
+
+
+register_system(NAME, megakernel_system)
+
+
+def prebuild(models, batches, contexts, gpu_name: str) -> None:
+    from trtllm_mk.codegen import compile_cubin, generate_source
+    from trtllm_mk.model.registry import resolve_model
+    gpu = get_gpu(gpu_name)
+    for m in models:
+        spec = resolve_model(m).spec
+        for b in batches:
+            for c in contexts:
+                sched = schedule_for(spec, b, c, gpu)
+                src, _ = generate_source(sched, TOKENS_PER_BLOCK, c + HEADROOM, use_bulk_copy=gpu.has_tma)
+                path, _ = compile_cubin(src, gpu.nvcc_arch)
+                print(f"{m} b{b} ctx{c}: predicted {sched.predicted_step_us / 1e3:.3f} ms -> {path.name}", flush=True)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prebuild", action="store_true", required=True)
+    ap.add_argument("--models", nargs="+", default=["llama-3.2-1b", "llama-3.1-8b", "qwen3-8b"])
+    ap.add_argument("--batch", nargs="+", type=int, default=[1, 4])
+    ap.add_argument("--context", nargs="+", type=int, default=[128, 512, 2048, 8192])
+    ap.add_argument("--gpu", default="H100-SXM")
+    a = ap.parse_args()
+    prebuild(a.models, a.batch, a.context, a.gpu)
