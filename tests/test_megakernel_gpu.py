@@ -1,10 +1,13 @@
 """Megakernel correctness on the GPU against the PyTorch reference decoder (fp32 compute).
 
-Greedy decoding is compared with teacher forcing: the megakernel runs free for N steps, then the
-reference decodes the same token sequence and must pick the same argmax at every step, except where
-its own top-2 logits are closer than the bf16 noise of the kernel (a genuine tie, counted and
-bounded). Logits must match by relative norm. Unused KV slots hold large noise, so any read beyond
-a sequence's length shows up as a mismatch.
+Greedy decoding is compared with teacher forcing: the megakernel runs free for N steps, then two
+references decode the same token sequence: the plain fp32 reference (logits within bf16 tolerance)
+and the same reference with bf16-staged GEMV inputs, which models the kernel's rounding points and
+differs from it by fp32 summation order only. Random weights at real shapes give near-tied logits
+(top-2 gaps of a few percent of the logit scale), so even that reference may flip a rare argmax;
+flips are counted and bounded (<= 1% of tokens), logits must match closely, and the kernel's
+chosen token must be exactly the first argmax of its own logits. Unused KV slots hold large noise,
+so any read beyond a sequence's length shows up as a large error.
 """
 from __future__ import annotations
 
@@ -65,11 +68,15 @@ def _prompts(spec, batch, gen):
 
 
 def run_and_compare(spec, batch, weights, steps, schedule=None, budget_s=5.0):
+    """Free-running megakernel decode, then teacher-forced references over its tokens. Returns
+    (max rel. logit error vs the kernel-numerics reference, vs the plain fp32 reference, number of
+    token flips vs the kernel-numerics reference)."""
     gen = torch.Generator().manual_seed(1)
     prompts = _prompts(spec, batch, gen)
     dec, cache = _decoder(spec, batch, weights, schedule, budget_s)
-    ref = ReferenceDecoder(spec, weights, compute_dtype=torch.float32)
-    first = ref.prefill(prompts, cache).argmax(-1)             # reference prefill writes the bf16 cache
+    # kernel numerics: bf16 GEMV inputs where the kernel stages them, fp32 elsewhere
+    ref = ReferenceDecoder(spec, weights, compute_dtype=torch.float32, gemv_input_dtype=torch.bfloat16)
+    first = ref.prefill(prompts, cache).argmax(-1)             # the reference prefill writes the bf16 cache
     ref_cache = PagedKVCache(cache.pool.clone(), cache.block_table.clone(), cache.tokens_per_block)
     pos = torch.tensor([len(p) for p in prompts], device="cuda")
     dec.set_state(first, pos)
@@ -79,29 +86,25 @@ def run_and_compare(spec, batch, weights, steps, schedule=None, budget_s=5.0):
         mk_logits.append(dec.logits.clone())
         mk_tokens.append(dec.tokens.cpu().long())
     dec.synchronize()
-    # teacher-forced reference over the megakernel's own tokens
-    ties = mismatches = 0
-    worst = 0.0
+    plain = ReferenceDecoder(spec, weights, compute_dtype=torch.float32)
+    plain_cache = PagedKVCache(ref_cache.pool.clone(), ref_cache.block_table.clone(), cache.tokens_per_block)
+    flips, err_k, err_p = 0, 0.0, 0.0
     for t in range(steps):
-        logits = ref.decode(mk_tokens[t].cuda(), pos + t, ref_cache)
-        rel = ((mk_logits[t] - logits).norm(dim=-1) / logits.norm(dim=-1)).max().item()
-        worst = max(worst, rel)
-        top2 = logits.topk(2, dim=-1).values
-        margin = (top2[:, 0] - top2[:, 1])
-        agree = logits.argmax(-1).cpu() == mk_tokens[t + 1]
-        tol = 4 * rel * logits.abs().max(dim=-1).values  # what the kernel's rounding can move
-        for b in range(batch):
-            if not agree[b]:
-                if margin[b] <= tol[b]:
-                    ties += 1
-                else:
-                    mismatches += 1
+        got = mk_logits[t]
+        # the kernel's two-level argmax is exactly the first argmax of its own logits
+        assert torch.equal(got.argmax(-1).cpu(), mk_tokens[t + 1]), f"step {t}: argmax of own logits differs"
+        want = ref.decode(mk_tokens[t].cuda(), pos + t, ref_cache)
+        loose = plain.decode(mk_tokens[t].cuda(), pos + t, plain_cache)
+        err_k = max(err_k, ((got - want).norm(dim=-1) / want.norm(dim=-1)).max().item())
+        err_p = max(err_p, ((got - loose).norm(dim=-1) / loose.norm(dim=-1)).max().item())
+        flips += int((want.argmax(-1).cpu() != mk_tokens[t + 1]).sum())
     hist = dec.buf.history.cpu()
     for b in range(batch):   # the kernel's token history agrees with what the host read each step
-        got = hist[b, pos[b] + 1: pos[b] + 1 + steps].tolist()
-        assert got == [int(mk_tokens[t + 1][b]) for t in range(steps)]
+        assert hist[b, pos[b] + 1: pos[b] + 1 + steps].tolist() == [int(mk_tokens[t + 1][b]) for t in range(steps)]
     assert torch.equal(dec.buf.pos.cpu(), (pos + steps).int().cpu())
-    return worst, ties, mismatches
+    print(f"{spec.name} b{batch}: {steps} steps, rel err {err_k:.2e} (kernel numerics) / {err_p:.2e} (fp32), "
+          f"{flips} near-tie flips of {steps * batch} tokens")
+    return err_k, err_p, flips
 
 
 @pytest.mark.parametrize("batch", [1, 4])
@@ -109,10 +112,9 @@ def run_and_compare(spec, batch, weights, steps, schedule=None, budget_s=5.0):
 def test_tiny_models_match_reference(name, batch):
     spec = _spec(name)
     w = random_weights(spec, device="cuda", seed=0)
-    worst, ties, mism = run_and_compare(spec, batch, w, steps=128)
-    assert mism == 0, f"{mism} non-tie argmax mismatches"
-    assert ties <= 2 * batch
-    assert worst < 2e-2
+    err_k, err_p, flips = run_and_compare(spec, batch, w, steps=128)
+    assert err_k < 5e-3 and err_p < 3e-2
+    assert flips <= max(1, 128 * batch // 100)
 
 
 def test_two_schedules_both_correct_and_differ():
@@ -123,8 +125,8 @@ def test_two_schedules_both_correct_and_differ():
     naive = naive_schedule(spec, build_step_graph(spec, 1, searched.plan), gpu)
     assert [p.to_dict() for p in naive.programs] != [p.to_dict() for p in searched.programs]
     for sch in (searched, naive):
-        worst, ties, mism = run_and_compare(spec, 1, w, steps=64, schedule=sch)
-        assert mism == 0 and worst < 2e-2
+        err_k, err_p, flips = run_and_compare(spec, 1, w, steps=64, schedule=sch)
+        assert err_k < 5e-3 and err_p < 3e-2 and flips <= 1
 
 
 @pytest.mark.parametrize("batch", [1, 4])
@@ -136,9 +138,33 @@ def test_real_shapes_match_reference(name, batch):
     if free < need:
         pytest.skip(f"{name}: needs {need / 1e9:.0f} GB of GPU memory, {free / 1e9:.0f} GB free")
     w = random_weights(spec, device="cuda", seed=0)
-    worst, ties, mism = run_and_compare(spec, batch, w, steps=128, budget_s=10.0)
+    err_k, err_p, flips = run_and_compare(spec, batch, w, steps=128, budget_s=10.0)
     del w
     torch.cuda.empty_cache()
-    assert mism == 0, f"{mism} non-tie argmax mismatches"
-    assert ties <= 4 * batch
-    assert worst < 3e-2
+    assert err_k < 5e-3 and err_p < 3e-2
+    assert flips <= max(1, 128 * batch // 100)
+
+
+def _prebuild() -> None:
+    """Compile every kernel these tests use into the cubin cache (no GPU needed): the search is
+    deterministic, so the GPU machine then finds each cubin by content hash."""
+    import os
+
+    from trtllm_mk.codegen import compile_cubin, generate_source
+    from trtllm_mk.gpus import get_gpu
+    gpu = get_gpu(os.environ.get("TRTLLM_MK_TEST_GPU", "H100-SXM"))
+    cases = [(n, b, 5.0) for n in TINY for b in (1, 4)] + [(n, b, 10.0) for n in REAL for b in (1, 4)]
+    for name, batch, budget in cases:
+        spec = _spec(name)
+        sch, _ = search(spec, batch, gpu, context_len=256, budget_s=budget, seed=0)
+        scheds = [sch]
+        if name == "tiny-llama" and batch == 1:
+            scheds.append(naive_schedule(spec, build_step_graph(spec, 1, sch.plan), gpu))
+        for s in scheds:
+            src, _ = generate_source(s, TPB, MAX_SEQ, use_bulk_copy=gpu.has_tma)
+            path, _ = compile_cubin(src, gpu.nvcc_arch)
+            print(name, batch, path, flush=True)
+
+
+if __name__ == "__main__":
+    _prebuild()

@@ -98,9 +98,11 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
     return (probs @ v).transpose(1, 2)
 
 
-def mlp(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    """SwiGLU: down(silu(gate x) * up x)."""
-    return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
+def mlp(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
+        stage=lambda t: t) -> torch.Tensor:
+    """SwiGLU: down(silu(gate x) * up x); ``stage`` rounds the input of each GEMV (see ReferenceDecoder)."""
+    x = stage(x)
+    return F.linear(stage(F.silu(F.linear(x, gate)) * F.linear(x, up)), down)
 
 
 # ---- the decoder --------------------------------------------------------------------------------
@@ -108,7 +110,12 @@ def mlp(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tenso
 class ReferenceDecoder:
     """Greedy prefill/decode of a Llama-family model over a ``PagedKVCache``; fp32 logits out."""
 
-    def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], compute_dtype: torch.dtype | None = None):
+    def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], compute_dtype: torch.dtype | None = None,
+                 gemv_input_dtype: torch.dtype | None = None):
+        """``gemv_input_dtype`` (e.g. torch.bfloat16 with fp32 compute) rounds the input of every
+        linear layer to that dtype, exactly where the megakernel stages its activations in shared
+        memory, and nowhere else: the kernel's numerics up to fp32 summation order, for comparisons
+        that must not flip near-tied argmaxes."""
         expected = spec.expected_tensors()
         missing = [n for n in expected if n not in weights]
         if missing:
@@ -126,12 +133,18 @@ class ReferenceDecoder:
         # tied embeddings (Llama-3.2, small Qwens): the checkpoint has no lm_head.weight
         self.lm_head = self.w.get("lm_head.weight", self.w["model.embed_tokens.weight"])
         self.inv_freq = rope_inv_freq(spec).to(self.device)
+        self.gemv_input_dtype = gemv_input_dtype
+
+    def _stage(self, x: torch.Tensor) -> torch.Tensor:
+        g = self.gemv_input_dtype
+        return x if g is None or g == x.dtype else x.to(g).to(x.dtype)
 
     # -- one layer -------------------------------------------------------------------------------
     def _attention(self, i: int, h: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor,
                    cache: PagedKVCache) -> torch.Tensor:
         s, w, p = self.spec, self.w, f"model.layers.{i}.self_attn."
         N, T, _ = h.shape
+        h = self._stage(h)
         q = F.linear(h, w[p + "q_proj.weight"], w.get(p + "q_proj.bias")).view(N, T, s.num_heads, s.head_dim)
         k = F.linear(h, w[p + "k_proj.weight"], w.get(p + "k_proj.bias")).view(N, T, s.num_kv_heads, s.head_dim)
         v = F.linear(h, w[p + "v_proj.weight"], w.get(p + "v_proj.bias")).view(N, T, s.num_kv_heads, s.head_dim)
@@ -144,14 +157,15 @@ class ReferenceDecoder:
         write_kv(cache, i, rows, pos, k, v)
         k_all, v_all = read_kv(cache, i, rows)
         o = attend(q, k_all, v_all, pos, s.sliding_window)
-        return F.linear(o.reshape(N, T, s.q_size), w[p + "o_proj.weight"])
+        return F.linear(self._stage(o.reshape(N, T, s.q_size)), w[p + "o_proj.weight"])
 
     def _layer(self, i: int, x: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor,
                cache: PagedKVCache) -> torch.Tensor:
         s, w, p = self.spec, self.w, f"model.layers.{i}."
         x = x + self._attention(i, rmsnorm(x, w[p + "input_layernorm.weight"], s.rms_norm_eps), pos, rows, cache)
         h = rmsnorm(x, w[p + "post_attention_layernorm.weight"], s.rms_norm_eps)
-        return x + mlp(h, w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"], w[p + "mlp.down_proj.weight"])
+        return x + mlp(h, w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"], w[p + "mlp.down_proj.weight"],
+                       self._stage)
 
     def _forward(self, ids: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor, cache: PagedKVCache) -> torch.Tensor:
         """Tokens ``ids [N, T]`` at positions ``pos [N, T]`` of cache sequences ``rows [N]``: append
@@ -160,7 +174,7 @@ class ReferenceDecoder:
         for i in range(self.spec.num_layers):
             x = self._layer(i, x, pos, rows, cache)
         h = rmsnorm(x[:, -1], self.w["model.norm.weight"], self.spec.rms_norm_eps)
-        return F.linear(h, self.lm_head).float()
+        return F.linear(self._stage(h), self.lm_head).float()
 
     # -- public API ------------------------------------------------------------------------------
     @torch.inference_mode()
