@@ -42,6 +42,13 @@ def runtime_extension():
         return []
     libdirs = [str(p) for p in (home / "lib64", home / "lib64" / "stubs", home / "targets" / "x86_64-linux" / "lib",
                                 home / "targets" / "x86_64-linux" / "lib" / "stubs") if p.exists()]
+    # The runtime links the CUDA driver library (or the toolkit's link stub); a toolkit without either
+    # (compiler-only images) cannot link it, so the package installs without the runtime there.
+    system = ["/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib/aarch64-linux-gnu"]
+    if not any(Path(d, "libcuda.so").exists() for d in libdirs + system):
+        print("trtllm_mk: no libcuda.so (driver or toolkit stub) found; building without the megakernel runtime",
+              file=sys.stderr)
+        return []
     return [Pybind11Extension(
         "trtllm_mk._mkrt",
         ["plugin_src/runtime/megakernel_module.cpp", "plugin_src/runtime/bindings.cpp"],

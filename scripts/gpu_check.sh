@@ -27,7 +27,8 @@ if has smoke; then
   done
 fi
 if has tests; then
-  timeout ${TESTS_TIMEOUT:-540} python -m pytest -q -m gpu ${TESTS:-tests} -rs 2>&1 | tail -40 | tee "$OUT/gpu_tests.txt"
+  timeout ${TESTS_TIMEOUT:-540} python -m pytest -q -s -m gpu ${TESTS:-tests} -rs > "$OUT/gpu_tests.log" 2>&1
+  grep -E "rel err|passed|failed|FAILED|Error" "$OUT/gpu_tests.log" | tail -40
 fi
 if has sanitize; then
   for tool in memcheck racecheck; do

@@ -37,6 +37,7 @@ def kernel_json(schedule: Schedule, layout: KernelLayout, target: str) -> dict:
         "num_counters": layout.num_counters, "n_lm_tiles": layout.n_lm_tiles, "history_len": layout.history_len,
         "tokens_per_block": layout.tokens_per_block, "batch": schedule.batch, "attn_splits": schedule.plan.attn_splits,
         "event_offsets": layout.event_offsets, "target": target,
+        "qk_norm": schedule.spec.qk_norm, "qkv_bias": schedule.spec.qkv_bias,
         "dims": {"L": d["L"], "H": d["H"], "I": d["I"], "V": d["V"], "NH": d["nh"], "NKV": d["nkv"], "D": d["d"],
                  "G": d["G"], "QKVR": d["QKVR"]},
     }

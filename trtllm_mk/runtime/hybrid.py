@@ -76,7 +76,11 @@ class HybridEngine:
                                            dtype=kv_dtype, device=self.device)
         from ..backends import make_prefill, resolve_backend
         self.prefill_name = resolve_backend(prefill_backend or cfg.get("prefill", {}).get("backend", "torch"))
-        self.prefill = make_prefill(self.prefill_name, self.spec, self.weights)
+        if self.prefill_name == "tensorrt_llm" and (simulate or not isinstance(weights, (str, Path))
+                                                   or str(weights) == "random"):
+            self.prefill_name = "torch"   # TensorRT-LLM needs a GPU and a checkpoint directory
+        self.prefill = make_prefill(self.prefill_name, self.spec, self.weights, engine_dir=self.engine.path,
+                                    weights_dir=None if isinstance(weights, dict) else weights)
         if simulate:
             from ..executor import CpuExecutor
             self.decoder = CpuExecutor(self.spec, self.weights, self.schedule, self.cache)
@@ -113,8 +117,7 @@ class HybridEngine:
         sync = torch.cuda.synchronize if self.device == "cuda" else (lambda: None)
         sync()
         t0 = time.perf_counter()
-        logits = self.prefill.prefill(padded, self.cache)
-        first = logits.argmax(-1).to(torch.int32)
+        first = self.prefill.first_tokens(padded, self.cache).to(torch.int32)
         sync()
         ttft = (time.perf_counter() - t0) * 1e3
         pos = torch.tensor([len(p) for p in padded], dtype=torch.int32, device=self.device)
