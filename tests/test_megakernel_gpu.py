@@ -11,6 +11,8 @@ so any read beyond a sequence's length shows up as a large error.
 """
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -68,16 +70,18 @@ def _prompts(spec, batch, gen):
 
 
 def run_and_compare(spec, batch, weights, steps, schedule=None, budget_s=5.0):
-    """Free-running megakernel decode, then teacher-forced references over its tokens. Returns
-    (max rel. logit error vs the kernel-numerics reference, vs the plain fp32 reference, number of
-    token flips vs the kernel-numerics reference)."""
+    """Free-running megakernel decode, then teacher-forced references over its tokens *and* its KV
+    history (each reference step starts from exactly the kernel's state, so what is measured is the
+    error of one step, not the drift of two chaotic trajectories). Returns (max rel. logit error vs
+    the kernel-numerics reference, vs the plain fp32 reference, token flips vs the former)."""
     gen = torch.Generator().manual_seed(1)
     prompts = _prompts(spec, batch, gen)
     dec, cache = _decoder(spec, batch, weights, schedule, budget_s)
+    w32 = {k: v.float() for k, v in weights.items()}   # one fp32 copy shared by both references
     # kernel numerics: bf16 GEMV inputs where the kernel stages them, fp32 elsewhere
-    ref = ReferenceDecoder(spec, weights, compute_dtype=torch.float32, gemv_input_dtype=torch.bfloat16)
+    ref = ReferenceDecoder(spec, w32, compute_dtype=torch.float32, gemv_input_dtype=torch.bfloat16)
+    plain = ReferenceDecoder(spec, w32, compute_dtype=torch.float32)
     first = ref.prefill(prompts, cache).argmax(-1)             # the reference prefill writes the bf16 cache
-    ref_cache = PagedKVCache(cache.pool.clone(), cache.block_table.clone(), cache.tokens_per_block)
     pos = torch.tensor([len(p) for p in prompts], device="cuda")
     dec.set_state(first, pos)
     mk_tokens, mk_logits = [first.cpu()], []
@@ -86,8 +90,10 @@ def run_and_compare(spec, batch, weights, steps, schedule=None, budget_s=5.0):
         mk_logits.append(dec.logits.clone())
         mk_tokens.append(dec.tokens.cpu().long())
     dec.synchronize()
-    plain = ReferenceDecoder(spec, weights, compute_dtype=torch.float32)
-    plain_cache = PagedKVCache(ref_cache.pool.clone(), ref_cache.block_table.clone(), cache.tokens_per_block)
+    # the kernel's cache now holds every position it decoded; each reference step reads positions
+    # before its own (the kernel's values) and overwrites only its own slot
+    ref_cache = PagedKVCache(cache.pool.clone(), cache.block_table.clone(), cache.tokens_per_block)
+    plain_cache = PagedKVCache(cache.pool.clone(), cache.block_table.clone(), cache.tokens_per_block)
     flips, err_k, err_p = 0, 0.0, 0.0
     for t in range(steps):
         got = mk_logits[t]
@@ -104,6 +110,9 @@ def run_and_compare(spec, batch, weights, steps, schedule=None, budget_s=5.0):
     assert torch.equal(dec.buf.pos.cpu(), (pos + steps).int().cpu())
     print(f"{spec.name} b{batch}: {steps} steps, rel err {err_k:.2e} (kernel numerics) / {err_p:.2e} (fp32), "
           f"{flips} near-tie flips of {steps * batch} tokens")
+    del dec, ref, plain, w32, ref_cache, plain_cache, cache
+    gc.collect()
+    torch.cuda.empty_cache()
     return err_k, err_p, flips
 
 
@@ -113,7 +122,7 @@ def test_tiny_models_match_reference(name, batch):
     spec = _spec(name)
     w = random_weights(spec, device="cuda", seed=0)
     err_k, err_p, flips = run_and_compare(spec, batch, w, steps=128)
-    assert err_k < 5e-3 and err_p < 3e-2
+    assert err_k < 2e-3 and err_p < 3e-2
     assert flips <= max(1, 128 * batch // 100)
 
 
@@ -126,7 +135,7 @@ def test_two_schedules_both_correct_and_differ():
     assert [p.to_dict() for p in naive.programs] != [p.to_dict() for p in searched.programs]
     for sch in (searched, naive):
         err_k, err_p, flips = run_and_compare(spec, 1, w, steps=64, schedule=sch)
-        assert err_k < 5e-3 and err_p < 3e-2 and flips <= 1
+        assert err_k < 2e-3 and err_p < 3e-2 and flips <= 1
 
 
 @pytest.mark.parametrize("batch", [1, 4])
@@ -134,14 +143,14 @@ def test_two_schedules_both_correct_and_differ():
 def test_real_shapes_match_reference(name, batch):
     spec = _spec(name)
     free = torch.cuda.mem_get_info()[0]
-    need = spec.weight_bytes() * 3  # bf16 weights + the fp32 copy the reference makes
+    need = spec.weight_bytes() * 3 + (4 << 30)  # bf16 weights + the references' fp32 copy + caches
     if free < need:
         pytest.skip(f"{name}: needs {need / 1e9:.0f} GB of GPU memory, {free / 1e9:.0f} GB free")
     w = random_weights(spec, device="cuda", seed=0)
     err_k, err_p, flips = run_and_compare(spec, batch, w, steps=128, budget_s=10.0)
     del w
     torch.cuda.empty_cache()
-    assert err_k < 5e-3 and err_p < 3e-2
+    assert err_k < 5e-3 and err_p < 5e-2
     assert flips <= max(1, 128 * batch // 100)
 
 

@@ -9,6 +9,7 @@ namespace mk {
 enum Kind { EMBED = 0, QKV = 1, ATTN = 2, COMBINE = 3, OPROJ = 4, GATEUP = 5, DOWN = 6, LMHEAD = 7, ARGMAX = 8 };
 
 constexpr int CTHREADS = cfg::CWARPS * 32;
+static_assert(cfg::CWARPS * cfg::B <= 256, "scratch holds one partial per consumer warp and batch row");
 
 constexpr int floor_pow2(int v) { return v >= 16 ? 16 : v >= 8 ? 8 : v >= 4 ? 4 : v >= 2 ? 2 : 1; }
 constexpr int min_i(int a, int b) { return a < b ? a : b; }
@@ -97,34 +98,86 @@ __device__ void gemv_load(Ctx& c, const TaskArgs& a) {
 
 // ------------------------------------------------------------------------------- consumer side
 // Stage the task's activation as bf16 in shared memory: rmsnorm(x) * w for the norm-prologue kinds,
-// a slice of attn_out / act for OPROJ / DOWN.
+// a slice of attn_out / act for OPROJ / DOWN. Every load of a pass is independent (16-byte vectors,
+// unrolled), so staging costs about one L2 round trip per pass instead of one per element.
 template <int KIND>
 __device__ void stage_activation(Ctx& c, const TaskArgs& a) {
   constexpr int KT = KindTraits<KIND>::KT;
   const Params& p = *c.p;
   const int tid = threadIdx.x;  // consumer threads are 0 .. CTHREADS-1
   if constexpr (KIND == QKV || KIND == GATEUP || KIND == LMHEAD) {
+    constexpr int H4 = cfg::H / 4, VPT = (H4 + CTHREADS - 1) / CTHREADS;
     const bf16* nw = KIND == QKV ? p.layers[a.layer].ln1 : KIND == GATEUP ? p.layers[a.layer].ln2 : p.final_norm;
+    // pass 1: sum of squares of every batch row (all loads in flight at once)
+    float ss[cfg::B];
+#pragma unroll
     for (int b = 0; b < cfg::B; ++b) {
-      const float* xb = p.x + (size_t)b * cfg::H;
-      float ss = 0.f;
-      for (int k = tid; k < cfg::H; k += CTHREADS) { float v = ld_act(xb + k); ss = fmaf(v, v, ss); }
-      ss = warp_sum(ss);
-      if (c.lane == 0) c.scratch[c.warp] = ss;
-      consumer_sync(CTHREADS);
-      float tot = 0.f;
-      for (int w = 0; w < cfg::CWARPS; ++w) tot += c.scratch[w];
-      const float rstd = rsqrtf(tot / cfg::H + cfg::EPS);
-      for (int k = tid; k < cfg::H; k += CTHREADS)
-        c.act[b * KT + k] = f_to_bf16(ld_act(xb + k) * rstd * bf16_to_f(nw[k]));
-      consumer_sync(CTHREADS);  // scratch is reused by the next batch row
+      ss[b] = 0.f;
+      const float4* xb = reinterpret_cast<const float4*>(p.x + (size_t)b * cfg::H);
+#pragma unroll
+      for (int j = 0; j < VPT; ++j) {
+        const int i = tid + j * CTHREADS;
+        if (H4 % CTHREADS == 0 || i < H4) {
+          const float4 v = __ldcg(xb + i);
+          ss[b] = fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, ss[b]))));
+        }
+      }
     }
+#pragma unroll
+    for (int b = 0; b < cfg::B; ++b) {
+      const float t = warp_sum(ss[b]);
+      if (c.lane == 0) c.scratch[c.warp * cfg::B + b] = t;
+    }
+    consumer_sync(CTHREADS);
+#pragma unroll
+    for (int b = 0; b < cfg::B; ++b) {
+      float tot = 0.f;
+      for (int w = 0; w < cfg::CWARPS; ++w) tot += c.scratch[w * cfg::B + b];
+      ss[b] = rsqrtf(tot / cfg::H + cfg::EPS);
+    }
+    // pass 2: normalise (x is re-read from L2: cheaper than holding B*H/threads values in registers)
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) {
+      const int i = tid + j * CTHREADS;
+      if (H4 % CTHREADS == 0 || i < H4) {
+        const uint2 wraw = __ldg(reinterpret_cast<const uint2*>(nw) + i);
+        const float2 w01 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&wraw.x));
+        const float2 w23 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&wraw.y));
+#pragma unroll
+        for (int b = 0; b < cfg::B; ++b) {
+          const float4 v = __ldcg(reinterpret_cast<const float4*>(p.x + (size_t)b * cfg::H) + i);
+          __nv_bfloat162 lo = __floats2bfloat162_rn(v.x * ss[b] * w01.x, v.y * ss[b] * w01.y);
+          __nv_bfloat162 hi = __floats2bfloat162_rn(v.z * ss[b] * w23.x, v.w * ss[b] * w23.y);
+          uint2 out;
+          out.x = *reinterpret_cast<uint32_t*>(&lo);
+          out.y = *reinterpret_cast<uint32_t*>(&hi);
+          reinterpret_cast<uint2*>(c.act + b * KT)[i] = out;
+        }
+      }
+    }
+    consumer_sync(CTHREADS);   // act complete; scratch free again
   } else {
     const float* src = KIND == OPROJ ? p.attn_out : p.act;
     constexpr int ROW = KIND == OPROJ ? cfg::QD : cfg::I;
-    for (int i = tid; i < cfg::B * KT; i += CTHREADS) {
-      int b = i / KT, k = i % KT;
-      c.act[i] = f_to_bf16(ld_act(src + (size_t)b * ROW + a.k0 + k));
+    constexpr int K4 = KT / 4, N4 = cfg::B * K4, U = 4;
+    for (int base = tid; base < N4; base += CTHREADS * U) {
+      float4 v[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int i = base + u * CTHREADS;
+        if (i < N4) v[u] = __ldcg(reinterpret_cast<const float4*>(src + (size_t)(i / K4) * ROW + a.k0) + i % K4);
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int i = base + u * CTHREADS;
+        if (i < N4) {
+          __nv_bfloat162 lo = __floats2bfloat162_rn(v[u].x, v[u].y), hi = __floats2bfloat162_rn(v[u].z, v[u].w);
+          uint2 out;
+          out.x = *reinterpret_cast<uint32_t*>(&lo);
+          out.y = *reinterpret_cast<uint32_t*>(&hi);
+          reinterpret_cast<uint2*>(c.act)[i] = out;   // [b][k] with k contiguous, as i = b*K4 + k/4
+        }
+      }
     }
     consumer_sync(CTHREADS);
   }
@@ -144,10 +197,9 @@ __device__ __forceinline__ void gemv_epilogue(const Params& p, const TaskArgs& a
     }
     p.qkv[(size_t)b * cfg::QKVR + r] = v;
   } else if constexpr (KIND == OPROJ || KIND == DOWN) {
-    constexpr int KS = KIND == OPROJ ? cfg::O_KSPLIT : cfg::DOWN_KSPLIT;
-    float* dst = p.x + (size_t)b * cfg::H + r;
-    if constexpr (KS > 1) atomicAdd(dst, v);   // K-split partials accumulate in place
-    else *dst = ld_act(dst) + v;
+    // A fire-and-forget reduction at L2: no round trip stalls the warp (a load-add-store would), and
+    // K-split partials accumulate in place. With one writer per element the result is deterministic.
+    atomicAdd(p.x + (size_t)b * cfg::H + r, v);
   } else if constexpr (KIND == GATEUP) {
     p.act[(size_t)b * cfg::I + r] = silu(v) * v_up;
   } else {

@@ -11,7 +11,7 @@ namespace mk {
 constexpr size_t SMEM_RING = (size_t)cfg::STAGES * cfg::SLOT_BYTES;
 constexpr size_t SMEM_ACT = ((size_t)cfg::ACT_SMEM_BYTES + 127) / 128 * 128;
 constexpr size_t SMEM_RED = (size_t)2 * cfg::CWARPS * cfg::B * sizeof(float);
-constexpr size_t SMEM_SCRATCH = 64 * sizeof(float);
+constexpr size_t SMEM_SCRATCH = 256 * sizeof(float);   // >= CWARPS * B and 64
 constexpr size_t SMEM_BARS = 2 * cfg::STAGES * sizeof(uint64_t);
 constexpr size_t SMEM_TOTAL = SMEM_RING + SMEM_ACT + SMEM_RED + SMEM_SCRATCH + SMEM_BARS;
 

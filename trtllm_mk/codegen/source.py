@@ -63,7 +63,7 @@ def kernel_smem_bytes(graph: StepGraph) -> int:
     """Mirror of SMEM_TOTAL in mk_kernel.cuh."""
     p, B = graph.plan, graph.dims["B"]
     act = (act_smem_bytes(graph) + 127) // 128 * 128
-    return p.stages * p.slot_bytes + act + 2 * p.consumer_warps * B * 4 + 64 * 4 + 2 * p.stages * 8
+    return p.stages * p.slot_bytes + act + 2 * p.consumer_warps * B * 4 + 256 * 4 + 2 * p.stages * 8
 
 
 def _ref_expr(graph: StepGraph, task: Task, ref, offsets: dict[str, int]) -> str:
