@@ -207,6 +207,30 @@ __device__ __forceinline__ void gemv_epilogue(const Params& p, const TaskArgs& a
   }
 }
 
+// First argmax (highest value, lowest index on ties) over the consumer threads' candidates; the
+// result is valid in consumer thread 0. Used by the LM-head tiles and by the final ARGMAX task.
+__device__ __forceinline__ bool argmax_better(float v, int i, float best, int bi) {
+  return v > best || (v == best && i < bi);
+}
+
+__device__ void block_argmax(Ctx& c, float& best, int& bi) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (argmax_better(ov, oi, best, bi)) { best = ov; bi = oi; }
+  }
+  if (c.lane == 0) { c.scratch[c.warp] = best; reinterpret_cast<int*>(c.scratch)[32 + c.warp] = bi; }
+  consumer_sync(CTHREADS);
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < cfg::CWARPS; ++w) {
+      const float ov = c.scratch[w];
+      const int oi = reinterpret_cast<int*>(c.scratch)[32 + w];
+      if (argmax_better(ov, oi, best, bi)) { best = ov; bi = oi; }
+    }
+  }
+}
+
 // First-argmax of logits[b, r0:r1] for every b -> lm_val / lm_idx[b, tile].
 __device__ void lm_tile_argmax(Ctx& c, const TaskArgs& a) {
   const Params& p = *c.p;
@@ -214,27 +238,15 @@ __device__ void lm_tile_argmax(Ctx& c, const TaskArgs& a) {
     float best = -INFINITY;
     int bi = 0x7fffffff;
     for (int r = a.r0 + threadIdx.x; r < a.r1; r += CTHREADS) {
-      float v = ld_act(p.logits + (size_t)b * cfg::V + r);
-      if (v > best || (v == best && r < bi)) { best = v; bi = r; }
+      const float v = ld_act(p.logits + (size_t)b * cfg::V + r);
+      if (argmax_better(v, r, best, bi)) { best = v; bi = r; }
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      float ov = __shfl_xor_sync(0xffffffffu, best, o);
-      int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
-    }
-    if (c.lane == 0) { c.scratch[c.warp] = best; reinterpret_cast<int*>(c.scratch)[32 + c.warp] = bi; }
-    consumer_sync(CTHREADS);
+    block_argmax(c, best, bi);
     if (threadIdx.x == 0) {
-      for (int w = 1; w < cfg::CWARPS; ++w) {
-        float ov = c.scratch[w];
-        int oi = reinterpret_cast<int*>(c.scratch)[32 + w];
-        if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
-      }
       p.lm_val[b * cfg::N_LM_TILES + a.tile] = best;
       p.lm_idx[b * cfg::N_LM_TILES + a.tile] = bi;
     }
-    consumer_sync(CTHREADS);
+    consumer_sync(CTHREADS);   // scratch is reused by the next batch row
   }
 }
 

@@ -23,22 +23,10 @@ __device__ void argmax_compute(Ctx& c, const TaskArgs& a) {
     for (int t = threadIdx.x; t < cfg::N_LM_TILES; t += CTHREADS) {
       const float v = ld_act(p.lm_val + b * cfg::N_LM_TILES + t);
       const int idx = ld_act(p.lm_idx + b * cfg::N_LM_TILES + t);
-      if (v > best || (v == best && idx < bi)) { best = v; bi = idx; }
+      if (argmax_better(v, idx, best, bi)) { best = v; bi = idx; }
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
-    }
-    if (c.lane == 0) { c.scratch[c.warp] = best; reinterpret_cast<int*>(c.scratch)[32 + c.warp] = bi; }
-    consumer_sync(CTHREADS);
+    block_argmax(c, best, bi);
     if (threadIdx.x == 0) {
-      for (int w = 1; w < cfg::CWARPS; ++w) {
-        const float ov = c.scratch[w];
-        const int oi = reinterpret_cast<int*>(c.scratch)[32 + w];
-        if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
-      }
       p.tokens[b] = bi;
       const int pos = ld_act(p.pos + b);
       if (pos + 1 < cfg::HISTORY_LEN) p.history[(size_t)b * cfg::HISTORY_LEN + pos + 1] = bi;
