@@ -40,6 +40,8 @@ if has calibrate; then
   timeout 540 python benchmarks/calibrate.py --out "$OUT/calibration" 2>&1 | tail -20 | tee "$OUT/calibrate.txt"
 fi
 if has bench; then
+  eval "bench_args=(${BENCH_ARGS:---models llama-3.2-1b --batch 1 --context 512})"   # may hold quoted names
   timeout ${BENCH_TIMEOUT:-540} python -m benchmarks.decode_latency --out "$OUT/bench" --plugin benchmarks.megakernel_system \
-    ${BENCH_ARGS:---models llama-3.2-1b --batch 1 --context 512} 2>&1 | tail -30 | tee "$OUT/bench.txt"
+    "${bench_args[@]}" 2>&1 | tail -30 > "$OUT/bench.txt"
+  grep "|" "$OUT/bench/report.md" 2>/dev/null || tail -5 "$OUT/bench.txt"
 fi

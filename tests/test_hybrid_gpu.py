@@ -50,6 +50,7 @@ def test_generate_matches_reference_and_reports_latency(tmp_path, checkpoint, ba
     first_ref = ref.prefill(prompts, PagedKVCache.allocate(eng.spec, batch, 512, eng.tokens_per_block, device="cuda"))
     assert first_ref.argmax(-1).tolist() == [t[0] for t in res.tokens]
     for t in range(NEW - 1):
+        cache.pool.copy_(eng.cache.pool)   # each reference step starts from the engine's own state
         tok = torch.tensor([res.tokens[b][t] for b in range(batch)], device="cuda")
         want = ref.decode(tok, lens + t, cache).argmax(-1).tolist()
         flips += sum(int(want[b] != res.tokens[b][t + 1]) for b in range(batch))

@@ -72,7 +72,8 @@ def _prompts(spec, batch, gen):
 def run_and_compare(spec, batch, weights, steps, schedule=None, budget_s=5.0):
     """Free-running megakernel decode, then teacher-forced references over its tokens *and* its KV
     history (each reference step starts from exactly the kernel's state, so what is measured is the
-    error of one step, not the drift of two chaotic trajectories). Returns (max rel. logit error vs
+    error of one step, not the drift of two trajectories: a single bf16 ulp that summation order flips
+    in a cached K moves later logits by ~1e-3 in these random models). Returns (max rel. logit error vs
     the kernel-numerics reference, vs the plain fp32 reference, token flips vs the former)."""
     gen = torch.Generator().manual_seed(1)
     prompts = _prompts(spec, batch, gen)
@@ -90,12 +91,14 @@ def run_and_compare(spec, batch, weights, steps, schedule=None, budget_s=5.0):
         mk_logits.append(dec.logits.clone())
         mk_tokens.append(dec.tokens.cpu().long())
     dec.synchronize()
-    # the kernel's cache now holds every position it decoded; each reference step reads positions
-    # before its own (the kernel's values) and overwrites only its own slot
+    # the kernel's cache now holds every position it decoded; before each reference step the
+    # reference caches are reset to it, so step t reads exactly the kernel's K/V of positions < t
     ref_cache = PagedKVCache(cache.pool.clone(), cache.block_table.clone(), cache.tokens_per_block)
     plain_cache = PagedKVCache(cache.pool.clone(), cache.block_table.clone(), cache.tokens_per_block)
     flips, err_k, err_p = 0, 0.0, 0.0
     for t in range(steps):
+        ref_cache.pool.copy_(cache.pool)
+        plain_cache.pool.copy_(cache.pool)
         got = mk_logits[t]
         # the kernel's two-level argmax is exactly the first argmax of its own logits
         assert torch.equal(got.argmax(-1).cpu(), mk_tokens[t + 1]), f"step {t}: argmax of own logits differs"
@@ -122,7 +125,7 @@ def test_tiny_models_match_reference(name, batch):
     spec = _spec(name)
     w = random_weights(spec, device="cuda", seed=0)
     err_k, err_p, flips = run_and_compare(spec, batch, w, steps=128)
-    assert err_k < 2e-3 and err_p < 3e-2
+    assert err_k < 1e-3 and err_p < 3e-2
     assert flips <= max(1, 128 * batch // 100)
 
 
@@ -135,7 +138,7 @@ def test_two_schedules_both_correct_and_differ():
     assert [p.to_dict() for p in naive.programs] != [p.to_dict() for p in searched.programs]
     for sch in (searched, naive):
         err_k, err_p, flips = run_and_compare(spec, 1, w, steps=64, schedule=sch)
-        assert err_k < 2e-3 and err_p < 3e-2 and flips <= 1
+        assert err_k < 1e-3 and err_p < 3e-2 and flips <= 1
 
 
 @pytest.mark.parametrize("batch", [1, 4])
@@ -150,7 +153,7 @@ def test_real_shapes_match_reference(name, batch):
     err_k, err_p, flips = run_and_compare(spec, batch, w, steps=128, budget_s=10.0)
     del w
     torch.cuda.empty_cache()
-    assert err_k < 5e-3 and err_p < 5e-2
+    assert err_k < 1e-3 and err_p < 5e-2
     assert flips <= max(1, 128 * batch // 100)
 
 

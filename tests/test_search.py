@@ -1,0 +1,317 @@
+"""Cost model, simulator, naive baseline, search and report (all on CPU, small budgets)."""
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from trtllm_mk import verify
+from trtllm_mk.errors import ConfigError
+from trtllm_mk.gpus import get_gpu
+from trtllm_mk.graph import Event, EventRef, Kind, StepGraph, Task, TilePlan, build_step_graph
+from trtllm_mk.graph.tasks import LAYER
+from trtllm_mk.model.spec import load_spec
+from trtllm_mk.report import write_report
+from trtllm_mk.schedule import Schedule, SMProgram
+from trtllm_mk.search import (Calibration, SimulationError, Simulator, load_calibration, naive_plan,
+                              naive_programs, naive_schedule, search)
+from trtllm_mk.search.cost import CostTable, TaskCost, cost_table, default_streaming, sm_rates, task_cost
+from trtllm_mk.search.improve import improve
+from trtllm_mk.search.listsched import list_schedule
+from trtllm_mk.search.simulate import streaming_sms
+from trtllm_mk.smem import fits
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = ROOT / "configs" / "models"
+H100 = get_gpu("H100-SXM")
+L20 = get_gpu("L20")
+
+
+def spec_of(name):
+    return load_spec(MODELS / f"{name}.json")
+
+
+# ------------------------------------------------------------------------------ calibration
+def test_calibration_defaults_and_file(tmp_path):
+    assert load_calibration(H100, directory=tmp_path) == Calibration()
+    (tmp_path / "H100-SXM.json").write_text(json.dumps({"sync_us": 0.7, "launch_us": 3, "_measured_on": "x"}))
+    cal = load_calibration(H100, directory=tmp_path)
+    assert cal.sync_us == 0.7 and cal.launch_us == 3.0 and cal.task_overhead_us == Calibration().task_overhead_us
+    assert cal.source.endswith("H100-SXM.json")
+    r = cal.resolved(H100)
+    assert r.fp32_lanes == 128 and r.sm_clock_ghz == 1.98 and r.read_bandwidth == H100.read_bandwidth
+    (tmp_path / "H100-SXM.json").write_text(json.dumps({"sink_us": 1.0}))
+    with pytest.raises(ConfigError, match="unknown calibration key 'sink_us'"):
+        load_calibration(H100, directory=tmp_path)
+    (tmp_path / "H100-SXM.json").write_text(json.dumps({"sync_us": -1}))
+    with pytest.raises(ConfigError, match="non-negative"):
+        load_calibration(H100, directory=tmp_path)
+
+
+# ------------------------------------------------------------------------------ cost model
+def test_rates_share_bandwidth():
+    cal = Calibration()
+    fair = H100.read_bandwidth / 1e6 / H100.sm_count
+    last = None
+    for n in (1, 8, 33, 66, 132):
+        r = sm_rates(H100, cal, 1, ((int(Kind.QKV), n),)).stream_rate(Kind.QKV)
+        assert fair * (1 - 1e-9) <= r <= cal.sm_bw_cap * fair * (1 + 1e-9)
+        assert last is None or r <= last
+        last = r
+    assert last == pytest.approx(fair)
+    # the consumer's FLOP rate per weight byte drops as the batch grows: batch 16 is compute-bound
+    assert sm_rates(H100, cal, 16).gemv > sm_rates(H100, cal, 1).gemv
+    # fewer consumer warps than full_rate_warps run slower
+    assert sm_rates(H100, cal, 1, consumer_warps=4).gemv == pytest.approx(sm_rates(H100, cal, 1).gemv / 2)
+
+
+def _single_task_time(task: Task, graph: StepGraph, cal: Calibration) -> float:
+    """Step time of a one-SM, one-task schedule of ``task`` (costed by the real cost model)."""
+    g = StepGraph(1, graph.batch, graph.plan, [], [replace(task, waits=(), signals=(), index=0)], [], {},
+                  graph.dims)
+    progs = [SMProgram(layer=[0])]
+    key = streaming_sms(progs, g)
+    rates = sm_rates(H100, cal, graph.batch, key, graph.plan.consumer_warps)
+    ct = CostTable([], [task_cost(g.layer[0], g, rates, cal.resolved(H100))], [], rates, key)
+    return Simulator(g, H100, cal, costs=ct).run(progs).step_us
+
+
+def test_cost_monotonic_in_bytes():
+    spec = spec_of("qwen3-8b")
+    cal = Calibration(sm_bw_cap=1.0)      # a lone SM gets only its fair share: bandwidth-bound
+    times = []
+    for rows in (8, 32, 128, 512):
+        g = build_step_graph(spec, 1, TilePlan(qkv_rows=rows), 512)
+        qkv = g.layer[0]
+        assert qkv.kind == Kind.QKV and qkv.weight_bytes == rows * spec.hidden_size * 2
+        times.append(_single_task_time(qkv, g, cal))
+    assert all(a < b for a, b in zip(times, times[1:]))
+    # past the fixed costs, each extra byte costs 1 / (the SM's share of the read bandwidth)
+    per_byte = (times[3] - times[2]) / ((512 - 128) * spec.hidden_size * 2)
+    assert per_byte == pytest.approx(H100.sm_count * 1e6 / H100.read_bandwidth, rel=1e-6)
+    # a slower sync or a larger task overhead can only make a real schedule slower
+    g = build_step_graph(spec_of("tiny-llama"), 1, TilePlan(qkv_rows=32, o_rows=32, gateup_rows=32,
+                                                           down_rows=32, lm_rows=64), 64)
+    progs = naive_programs(g, 4)
+    cal = Calibration()
+    base = Simulator(g, H100, cal).run(progs).step_us
+    assert Simulator(g, H100, replace(cal, sync_us=3.0)).run(progs).step_us > base
+    assert Simulator(g, H100, replace(cal, task_overhead_us=1.0)).run(progs).step_us > base
+
+
+# ------------------------------------------------------------------------------ simulator, by hand
+CAL = Calibration(sync_us=1.0, mem_latency_us=0.8, launch_us=4.0)
+
+
+def _hand(tasks, costs, programs, events):
+    """A one-layer graph of hand-made tasks with hand-given costs."""
+    g = StepGraph(1, 1, TilePlan(), [], tasks, [], events, {"context_len": 16, "S": 1, "B": 1, "d": 32})
+    ct = CostTable([], costs, [], None, streaming_sms(programs, g))
+    return Simulator(g, H100, CAL, costs=ct).run(programs, record=True)
+
+
+EV = {"e": Event("e", 1, 1, ((1,),), True)}
+SIG = (EventRef("e", 0, 0),)
+
+
+def _attn(i, dur, signals=(), waits=()):
+    return Task(Kind.ATTN, LAYER, i, waits=waits, signals=signals), TaskCost(False, dur=dur)
+
+
+def _gemv(i, weight, ring, waits=(), signals=()):
+    t = Task(Kind.QKV, LAYER, i, r0=0, r1=8, k0=0, k1=64, waits=waits, signals=signals, weight_bytes=weight)
+    return t, TaskCost(True, weight=weight, pre=1.0, comp=2.0, slot_t=0.5, fill=ring / 4, ring=ring, rate=10.0)
+
+
+def test_simulation_hand_computed_event_and_prefetch():
+    # SM0: X (10 us) signals e. SM1: a GEMV of 100 B at 10 B/us waits e, ring 40 B.
+    (x, cx), (y, cy) = _attn(0, 10.0, signals=SIG), _gemv(1, 100.0, 40.0, waits=SIG)
+    r = _hand([x, y], [cx, cy], [SMProgram(layer=[0]), SMProgram(layer=[1])], EV)
+    # loader prefetches 40 B by t=4; consumer starts at 10 + sync 1 + pre 1 = 12; the other 60 B
+    # need ring space the consumer frees from t=12: issued by 18, land at 18.8, last slot done 19.3
+    assert r.start[1] == pytest.approx(11.0) and r.end[1] == pytest.approx(19.3)
+    assert r.step_us == pytest.approx(19.3 + 4.0)
+    # a ring holding the whole task: everything arrived at 10.8 and the math ends at 12 + 2 = 14
+    (y2, cy2) = _gemv(1, 100.0, 200.0, waits=SIG)
+    r = _hand([x, y2], [cx, cy2], [SMProgram(layer=[0]), SMProgram(layer=[1])], EV)
+    assert r.end[1] == pytest.approx(14.0)
+
+
+def test_simulation_hand_computed_ring_across_tasks():
+    # SM1 runs GEMV A (no wait) then GEMV B (waits X = 50 us on SM0); ring 40 B, 100 B each.
+    (x, cx) = _attn(0, 50.0, signals=SIG)
+    (a, ca), (b, cb) = _gemv(1, 100.0, 40.0), _gemv(2, 100.0, 40.0, waits=SIG)
+    r = _hand([x, a, b], [cx, ca, cb], [SMProgram(layer=[0]), SMProgram(layer=[1, 2])], EV)
+    # A: head issued by 4, consumer starts 1, body issued 4..10, lands 10.8, ends 11.3
+    assert r.end[1] == pytest.approx(11.3)
+    # B: its head needs A consumed (11.3) and the loader (10 + 4 = 14); consumer 50+1+1 = 52;
+    # body issued 52..58, ends 58 + 0.8 + 0.5
+    assert r.end[2] == pytest.approx(59.3)
+    # now A waits and B does not: B's head must wait for A's consumption (ends 59.3), so the loader
+    # issues it by max(58 + 4, 59.3) = 62 and B ends 62 + 6 + 0.8 + 0.5
+    (a2, ca2), (b2, cb2) = _gemv(1, 100.0, 40.0, waits=SIG), _gemv(2, 100.0, 40.0)
+    r = _hand([x, a2, b2], [cx, ca2, cb2], [SMProgram(layer=[0]), SMProgram(layer=[1, 2])], EV)
+    assert r.end[1] == pytest.approx(59.3) and r.end[2] == pytest.approx(69.3)
+
+
+def test_simulator_detects_deadlock():
+    (x, cx), (y, cy) = _attn(0, 10.0, signals=SIG), _gemv(1, 100.0, 40.0, waits=SIG)
+    with pytest.raises(SimulationError, match="deadlock"):
+        _hand([x, y], [cx, cy], [SMProgram(layer=[1, 0])], EV)
+
+
+# ------------------------------------------------------------------------------ simulator on real shapes
+@pytest.fixture(scope="module")
+def llama1b_graph():
+    spec = spec_of("llama-3.2-1b")
+    plan = TilePlan(qkv_rows=24, o_rows=16, gateup_rows=64, down_rows=16, lm_rows=1024, attn_splits=8,
+                    stages=8, slot_bytes=16384)
+    return spec, build_step_graph(spec, 1, plan, 512)
+
+
+def test_extrapolated_simulation_matches_exact(llama1b_graph):
+    _, g = llama1b_graph
+    cal = Calibration()
+    progs = list_schedule(g, cost_table(g, H100, cal, default_streaming(g, 132)), 132, cal.resolved(H100),
+                          np.random.default_rng(0))
+    exact = Simulator(g, H100, cal).run(progs)
+    for k in (3, 4):
+        approx = Simulator(g, H100, cal, layers=k).run(progs)
+        assert approx.layers_simulated == k
+        assert approx.step_us == pytest.approx(exact.step_us, rel=2e-3)
+
+
+def test_barrier_and_naive(llama1b_graph):
+    spec, g = llama1b_graph
+    cal = Calibration()
+    progs = naive_programs(g, 132)
+    free = Simulator(g, H100, cal).run(progs).step_us
+    assert Simulator(g, H100, cal, barrier=True).run(progs).step_us >= free
+    sched = naive_schedule(spec, g, H100)
+    assert verify.check(sched, g).ok
+    # the naive plan has no K-split and fits (stages / slot shrink on the 99 KB L20)
+    for gpu in (H100, L20):
+        p = naive_plan(spec_of("qwen3-8b"), 1, gpu)
+        assert p.o_ksplit == p.down_ksplit == 1 and fits(gpu, spec_of("qwen3-8b"), 1, p)
+
+
+def test_improve_repairs_a_bad_assignment():
+    spec = spec_of("tiny-llama")
+    g = build_step_graph(spec, 1, TilePlan(qkv_rows=32, o_rows=32, gateup_rows=32, down_rows=32, lm_rows=64,
+                                           attn_splits=2, stages=4, slot_bytes=8192), 64)
+    cal = Calibration()
+    sim = Simulator(g, H100, cal)
+    lumped = [SMProgram(head=list(range(len(g.head))), layer=list(range(len(g.layer))),
+                      tail=list(range(len(g.tail))))] + [SMProgram() for _ in range(3)]
+    progs, res, st = improve(g, sim, lumped, 4, 60, np.random.default_rng(0))
+    assert st.accepted > 0 and st.end_us < 0.8 * st.start_us
+    assert res.step_us == pytest.approx(sim.run(progs).step_us)
+    assert verify.check(Schedule(spec, 1, g.plan, 4, "H100-SXM", progs, context_len=64), g).ok
+
+
+# ------------------------------------------------------------------------------ search
+PROGRESS: list = []
+
+
+@pytest.fixture(scope="module")
+def tiny_search():
+    spec = spec_of("tiny-llama")
+    return spec, search(spec, 2, H100, context_len=128, budget_s=2.0, seed=3, num_sms=8,
+                        progress=lambda *a: PROGRESS.append(a))
+
+
+def test_search_beats_naive_tiny_and_is_valid(tiny_search):
+    spec, (sched, stats) = tiny_search
+    assert stats.predicted_us < stats.naive_us and stats.improvement_pct > 0
+    assert sched.predicted_step_us == pytest.approx(stats.predicted_us)
+    assert sched.num_sms == 8 and len(sched.programs) == 8
+    assert fits(H100, spec, 2, sched.plan)
+    m = sched.meta["search"]
+    for k in ("plan_evals", "improve_steps", "naive_us", "improvement_pct", "seed", "budget_s", "ksplit"):
+        assert k in m
+    verify.check(sched)
+    # progress: (stage, done, total) with done non-decreasing and bounded by the work budget
+    stages = [p[0] for p in PROGRESS]
+    assert stages[0] == "plans" and "improve" in stages and "references" in stages
+    done = [p[1] for p in PROGRESS]
+    assert done == sorted(done) and all(p[2] == stats.work_budget for p in PROGRESS)
+
+
+def test_search_is_deterministic(tiny_search):
+    spec, (sched, _) = tiny_search
+    again, _ = search(spec, 2, H100, context_len=128, budget_s=2.0, seed=3, num_sms=8)
+    assert again.to_json() == sched.to_json()
+    assert Schedule.from_json(sched.to_json()).programs == sched.programs
+
+
+def test_search_real_shape_l20_within_budget():
+    spec = spec_of("qwen3-8b")
+    import time
+    t0 = time.perf_counter()
+    sched, stats = search(spec, 1, L20, context_len=512, budget_s=4.0, seed=0)
+    wall = time.perf_counter() - t0
+    assert stats.predicted_us < stats.naive_us
+    assert fits(L20, spec, 1, sched.plan)
+    assert wall < 4.0 * 2.5       # work counts come from a nominal speed, 2.5x margin for a busy CPU
+    # prediction is at most the ideal: weights over the read bandwidth, plus the launch
+    assert stats.predicted_us >= stats.floor_us
+    verify.check(sched)
+
+
+def test_ksplit_comparison_arithmetic():
+    """smemref.compare on a hand-filled memo: families, iso-time and at-chosen-time cuts."""
+    from trtllm_mk.search.planeval import Evaluator, PlanEval, least_smem
+    from trtllm_mk.search.smemref import compare
+    spec = spec_of("qwen3-8b")
+    ev = Evaluator(spec, 1, L20, Calibration(), 92, 512, 0)
+    split = TilePlan(o_ksplit=2, down_ksplit=6, stages=8, slot_bytes=4096)
+    whole = TilePlan(o_ksplit=1, down_ksplit=1, stages=2, slot_bytes=32768)    # rows fit one slot
+    pieces = TilePlan(o_ksplit=1, down_ksplit=1, stages=12, slot_bytes=4096)   # rows in pieces
+    evals = {"A": PlanEval(split, 100.0, 50_000, []), "B": PlanEval(whole, 100.1, 90_000, []),
+             "C": PlanEval(pieces, 99.0, 80_000, []), "D": PlanEval(replace(split, stages=12), 99.1, 60_000, [])}
+    for e in evals.values():
+        ev.cache[e.plan] = e
+    chosen = least_smem(list(evals.values()), 99.0, 0.0025)
+    assert chosen is evals["D"]                      # 0.1% slower than C, 20 KB less
+    cmp = compare(ev, chosen, {"no_ksplit": evals["C"], "no_k_tiling": evals["B"]}, 0.0025)
+    ns, nt = cmp["no_ksplit"], cmp["no_k_tiling"]
+    assert ns["best_us"] == 99.0 and ns["peak_smem"] == 80_000
+    assert ns["iso_time"]["peak_smem"] == 60_000 and ns["iso_time"]["cut_pct"] == 25.0
+    assert ns["at_chosen_time"]["cut_pct"] == 25.0
+    assert nt["best_us"] == 100.1 and nt["peak_smem"] == 90_000 and not nt["reaches_chosen_time"]
+    assert nt["iso_time"]["peak_smem"] == 50_000 and nt["iso_time"]["cut_pct"] == pytest.approx(44.44)
+
+
+SHIPPED = sorted((ROOT / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SHIPPED or [None], ids=[p.stem for p in SHIPPED] or ["none"])
+def test_search_beats_naive_on_shipped_configs(path):
+    if path is None:
+        pytest.skip("no deployment YAMLs in configs/ yet")
+    from trtllm_mk.config import load_config
+    from trtllm_mk.search import search_deployment
+    cfg = load_config(path)
+    sched, stats = search_deployment(cfg, budget_s=3.0)
+    assert stats.predicted_us < stats.naive_us, path.name
+    assert fits(cfg.gpu_spec, cfg.model_spec, cfg.max_batch_size, sched.plan)
+
+
+# ------------------------------------------------------------------------------ report
+def test_report_files(tiny_search, tmp_path):
+    spec, (sched, stats) = tiny_search
+    rep = write_report(tmp_path, sched, stats)
+    body = json.loads((tmp_path / "report.json").read_text())
+    assert body == json.loads(json.dumps(rep))
+    assert body["predicted_step_us"] == pytest.approx(sched.predicted_step_us, abs=0.01)
+    assert 0 < body["bandwidth_utilization"] <= 1.0
+    assert body["naive_step_us"] == pytest.approx(stats.naive_us)
+    sm = body["smem"]
+    assert sm["chosen"]["peak"] <= sm["limit"]
+    assert set(sm["chosen"]["per_kind"]) >= {"QKV", "ATTN", "OPROJ", "GATEUP", "DOWN", "LMHEAD"}
+    assert sm["same_plan_without_ksplit"]["o_ksplit"] == sm["same_plan_without_ksplit"]["down_ksplit"] == 1
+    md = (tmp_path / "report.md").read_text()
+    assert "predicted per-token latency" in md and "What K-splitting saves" in md and "gantt.png" in md
+    png = (tmp_path / "gantt.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
