@@ -1,17 +1,18 @@
 """Megakernel correctness on the GPU against the PyTorch reference decoder (fp32 compute).
 
-Greedy decoding is compared with teacher forcing: the megakernel runs free for N steps, then two
-references decode the same token sequence: the plain fp32 reference (logits within bf16 tolerance)
-and the same reference with bf16-staged GEMV inputs, which models the kernel's rounding points and
-differs from it by fp32 summation order only. Random weights at real shapes give near-tied logits
-(top-2 gaps of a few percent of the logit scale), so even that reference may flip a rare argmax;
-flips are counted and bounded (<= 1% of tokens), logits must match closely, and the kernel's
-chosen token must be exactly the first argmax of its own logits. Unused KV slots hold large noise,
-so any read beyond a sequence's length shows up as a large error.
+The megakernel runs free for 128 steps; then two references decode step by step over the kernel's
+own tokens, each step starting from the kernel's own KV cache: the plain fp32 reference (logits
+within bf16 tolerance) and the same reference with bf16-staged GEMV inputs, which computes the
+kernel's rounding points and differs from it by fp32 summation order only. Typical steps must agree
+with the latter to 1e-4; in the rare step where an activation crosses a bf16 rounding boundary
+differently, random-weight logits move by 1e-3..1e-2 and a near-tied argmax may flip, so token
+disagreements are allowed only in such steps. The kernel's token must be exactly the first argmax
+of its own logits. Unused KV slots hold large noise, so a read beyond a length shows up as an error.
 """
 from __future__ import annotations
 
 import gc
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -42,6 +43,20 @@ TINY = {
 REAL = ["llama-3.2-1b", "llama-3.1-8b", "qwen3-8b"]
 MAX_SEQ = 1024
 TPB = 32
+# Below this relative logit error a step computed exactly the reference's rounding (fp32 summation
+# order only); above it some activation crossed a bf16 rounding boundary differently, which moves
+# these random models' logits by 1e-3 .. 1e-2 and may flip a near-tied argmax.
+EXACT = 1e-4
+
+
+@dataclass
+class Agreement:
+    median_k: float
+    max_k: float
+    max_p: float
+    rounding_steps: int
+    flips: int
+    unexplained: int
 
 
 def _spec(name):
@@ -95,7 +110,7 @@ def run_and_compare(spec, batch, weights, steps, schedule=None, budget_s=5.0):
     # reference caches are reset to it, so step t reads exactly the kernel's K/V of positions < t
     ref_cache = PagedKVCache(cache.pool.clone(), cache.block_table.clone(), cache.tokens_per_block)
     plain_cache = PagedKVCache(cache.pool.clone(), cache.block_table.clone(), cache.tokens_per_block)
-    flips, err_k, err_p = 0, 0.0, 0.0
+    errs_k, errs_p, flips, unexplained = [], [], 0, 0
     for t in range(steps):
         ref_cache.pool.copy_(cache.pool)
         plain_cache.pool.copy_(cache.pool)
@@ -104,19 +119,33 @@ def run_and_compare(spec, batch, weights, steps, schedule=None, budget_s=5.0):
         assert torch.equal(got.argmax(-1).cpu(), mk_tokens[t + 1]), f"step {t}: argmax of own logits differs"
         want = ref.decode(mk_tokens[t].cuda(), pos + t, ref_cache)
         loose = plain.decode(mk_tokens[t].cuda(), pos + t, plain_cache)
-        err_k = max(err_k, ((got - want).norm(dim=-1) / want.norm(dim=-1)).max().item())
-        err_p = max(err_p, ((got - loose).norm(dim=-1) / loose.norm(dim=-1)).max().item())
-        flips += int((want.argmax(-1).cpu() != mk_tokens[t + 1]).sum())
+        e_k = ((got - want).norm(dim=-1) / want.norm(dim=-1)).max().item()
+        errs_k.append(e_k)
+        errs_p.append(((got - loose).norm(dim=-1) / loose.norm(dim=-1)).max().item())
+        f = int((want.argmax(-1).cpu() != mk_tokens[t + 1]).sum())
+        flips += f
+        if e_k < EXACT:
+            unexplained += f   # identical rounding in this step, so the tokens must be identical
     hist = dec.buf.history.cpu()
     for b in range(batch):   # the kernel's token history agrees with what the host read each step
         assert hist[b, pos[b] + 1: pos[b] + 1 + steps].tolist() == [int(mk_tokens[t + 1][b]) for t in range(steps)]
     assert torch.equal(dec.buf.pos.cpu(), (pos + steps).int().cpu())
-    print(f"{spec.name} b{batch}: {steps} steps, rel err {err_k:.2e} (kernel numerics) / {err_p:.2e} (fp32), "
-          f"{flips} near-tie flips of {steps * batch} tokens")
+    errs_k.sort()
+    res = Agreement(median_k=errs_k[steps // 2], max_k=errs_k[-1], max_p=max(errs_p),
+                    rounding_steps=sum(e >= EXACT for e in errs_k), flips=flips, unexplained=unexplained)
+    print(f"{spec.name} b{batch}: {steps} steps; rel err vs kernel-numerics reference median {res.median_k:.1e} "
+          f"max {res.max_k:.1e} ({res.rounding_steps} steps with a bf16 rounding event); vs fp32 max "
+          f"{res.max_p:.1e}; {flips} of {steps * batch} tokens differ, {unexplained} outside rounding events")
     del dec, ref, plain, w32, ref_cache, plain_cache, cache
     gc.collect()
     torch.cuda.empty_cache()
-    return err_k, err_p, flips
+    return res
+
+
+def check(res, max_fp32_err):
+    assert res.median_k < EXACT, "typical steps must agree with the kernel-numerics reference to fp32 order"
+    assert res.unexplained == 0, "tokens differ in a step whose rounding agrees with the reference"
+    assert res.max_k < max_fp32_err and res.max_p < max_fp32_err
 
 
 @pytest.mark.parametrize("batch", [1, 4])
@@ -124,9 +153,7 @@ def run_and_compare(spec, batch, weights, steps, schedule=None, budget_s=5.0):
 def test_tiny_models_match_reference(name, batch):
     spec = _spec(name)
     w = random_weights(spec, device="cuda", seed=0)
-    err_k, err_p, flips = run_and_compare(spec, batch, w, steps=128)
-    assert err_k < 1e-3 and err_p < 3e-2
-    assert flips <= max(1, 128 * batch // 100)
+    check(run_and_compare(spec, batch, w, steps=128), 3e-2)
 
 
 def test_two_schedules_both_correct_and_differ():
@@ -137,8 +164,7 @@ def test_two_schedules_both_correct_and_differ():
     naive = naive_schedule(spec, build_step_graph(spec, 1, searched.plan), gpu)
     assert [p.to_dict() for p in naive.programs] != [p.to_dict() for p in searched.programs]
     for sch in (searched, naive):
-        err_k, err_p, flips = run_and_compare(spec, 1, w, steps=64, schedule=sch)
-        assert err_k < 1e-3 and err_p < 3e-2 and flips <= 1
+        check(run_and_compare(spec, 1, w, steps=64, schedule=sch), 3e-2)
 
 
 @pytest.mark.parametrize("batch", [1, 4])
@@ -150,11 +176,10 @@ def test_real_shapes_match_reference(name, batch):
     if free < need:
         pytest.skip(f"{name}: needs {need / 1e9:.0f} GB of GPU memory, {free / 1e9:.0f} GB free")
     w = random_weights(spec, device="cuda", seed=0)
-    err_k, err_p, flips = run_and_compare(spec, batch, w, steps=128, budget_s=10.0)
+    res = run_and_compare(spec, batch, w, steps=128, budget_s=10.0)
     del w
     torch.cuda.empty_cache()
-    assert err_k < 1e-3 and err_p < 5e-2
-    assert flips <= max(1, 128 * batch // 100)
+    check(res, 5e-2)
 
 
 def _prebuild() -> None:
