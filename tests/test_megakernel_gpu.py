@@ -65,6 +65,19 @@ def _spec(name):
     return resolve_model(name).spec
 
 
+def _weights(spec):
+    """Random bf16 weights with GPT-2's residual scaling (o_proj, down_proj std / sqrt(2 L)): at a
+    plain std of 0.02 every layer's output outgrows the residual stream, so a 16-36 layer random
+    network amplifies a single-ulp rounding difference geometrically with depth and no two
+    implementations can agree; trained models (and this init) keep the stream well-conditioned."""
+    w = random_weights(spec, device="cuda", seed=0)
+    scale = (2 * spec.num_layers) ** -0.5
+    for name, t in w.items():
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            t.mul_(scale)
+    return w
+
+
 def _gpu():
     from trtllm_mk.gpus import detect_gpu
     return detect_gpu()
@@ -152,13 +165,13 @@ def check(res, max_fp32_err):
 @pytest.mark.parametrize("name", list(TINY))
 def test_tiny_models_match_reference(name, batch):
     spec = _spec(name)
-    w = random_weights(spec, device="cuda", seed=0)
+    w = _weights(spec)
     check(run_and_compare(spec, batch, w, steps=128), 3e-2)
 
 
 def test_two_schedules_both_correct_and_differ():
     spec = _spec("tiny-llama")
-    w = random_weights(spec, device="cuda", seed=0)
+    w = _weights(spec)
     gpu = _gpu()
     searched, _ = search(spec, 1, gpu, context_len=256, budget_s=5.0, seed=0)
     naive = naive_schedule(spec, build_step_graph(spec, 1, searched.plan), gpu)
@@ -175,7 +188,7 @@ def test_real_shapes_match_reference(name, batch):
     need = spec.weight_bytes() * 3 + (4 << 30)  # bf16 weights + the references' fp32 copy + caches
     if free < need:
         pytest.skip(f"{name}: needs {need / 1e9:.0f} GB of GPU memory, {free / 1e9:.0f} GB free")
-    w = random_weights(spec, device="cuda", seed=0)
+    w = _weights(spec)
     res = run_and_compare(spec, batch, w, steps=128, budget_s=10.0)
     del w
     torch.cuda.empty_cache()
