@@ -1,0 +1,94 @@
+"""Constants of the cost model that are not datasheet facts, with defaults and an optional measured file.
+
+``load_calibration(gpu)`` starts from the defaults below and overrides any field found in
+``benchmarks/calibration/<gpu name>.json`` (written by the calibration benchmark on a real GPU). A
+file with an unknown key or a negative value is rejected: a silently ignored typo would make every
+prediction quietly wrong.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+
+from ..errors import ConfigError
+from ..gpus import GpuSpec
+
+CALIBRATION_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "calibration"
+
+# Boost clocks (GHz) from the datasheets; the cost model needs them for the per-SM FMA and
+# shared-memory rates, which GpuSpec does not carry.
+SM_CLOCK_GHZ = {"L20": 2.52, "L40S": 2.52, "A100-80GB": 1.41, "H100-SXM": 1.98, "H200": 1.98}
+
+
+@dataclass(frozen=True)
+class Calibration:
+    # Time from a producer's release atomicAdd until a consumer spinning with acquire loads on
+    # another SM sees the new count and its block is released (global-memory round trip + barrier).
+    sync_us: float = 1.0
+    # Fixed consumer cost of every task: argument decode, block barriers, output epilogue, signal.
+    task_overhead_us: float = 0.3
+    # One kernel launch (from a CUDA graph): added once per decode step.
+    launch_us: float = 4.0
+    # DRAM latency seen by the loader: a ring slot is reusable only after its bytes landed and were
+    # consumed, so a ring of C bytes sustains at most C / (latency + ...) bytes/us (Little's law).
+    mem_latency_us: float = 0.8
+    # Activations live in L2; a consumer reads them at this multiple of its HBM share.
+    l2_bw_factor: float = 3.0
+    # A single SM cannot pull more than this multiple of its fair share (read_bandwidth / sm_count)
+    # even when few SMs stream.
+    sm_bw_cap: float = 4.0
+    # Fraction of the per-SM fp32 FMA / shared-memory peak a GEMV or attention consumer reaches
+    # (bf16 -> fp32 conversions, address arithmetic, warp reductions).
+    consumer_efficiency: float = 0.6
+    # Consumer warps needed to reach that fraction (two per SM sub-partition hide the latency of
+    # shared-memory loads and FMA chains); with fewer, the consumer rates scale down linearly.
+    full_rate_warps: int = 8
+    # Per ring slot: mbarrier wait on 'full', arrive on 'empty'.
+    slot_overhead_us: float = 0.02
+    # Shared-memory bandwidth per SM per clock (bytes); the same on sm_80, sm_89 and sm_90.
+    smem_bytes_per_clk: float = 128.0
+    # fp32 lanes per SM (sm_80: 64, sm_89/sm_90: 128); 0 takes the value of the GPU's architecture.
+    fp32_lanes: int = 0
+    # SM clock (GHz); 0 takes SM_CLOCK_GHZ[gpu].
+    sm_clock_ghz: float = 0.0
+    # Streaming read bandwidth (bytes/s); 0 takes gpu.read_bandwidth (datasheet x measured fraction).
+    read_bandwidth: float = 0.0
+    source: str = "defaults"
+
+    def resolved(self, gpu: GpuSpec) -> "Calibration":
+        """Fill the GPU-dependent zero fields from the catalog."""
+        lanes = self.fp32_lanes or (64 if gpu.compute_capability == (8, 0) else 128)
+        clock = self.sm_clock_ghz or SM_CLOCK_GHZ.get(gpu.name, 1.5)
+        bw = self.read_bandwidth or gpu.read_bandwidth
+        return replace(self, fp32_lanes=lanes, sm_clock_ghz=clock, read_bandwidth=bw)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def load_calibration(gpu: GpuSpec | str, directory: Path | None = None) -> Calibration:
+    """Defaults overridden by ``<directory>/<gpu>.json`` when it exists (directory defaults to
+    benchmarks/calibration of the source tree)."""
+    name = gpu.name if isinstance(gpu, GpuSpec) else str(gpu)
+    path = (directory or CALIBRATION_DIR) / f"{name}.json"
+    cal = Calibration()
+    if not path.exists():
+        return cal
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a JSON object of calibration constants")
+    known = {f.name for f in fields(Calibration) if f.name != "source"}
+    values = {}
+    for k, v in data.items():
+        if k.startswith("_"):          # comments / provenance (e.g. "_measured_on")
+            continue
+        if k not in known:
+            raise ConfigError(f"{path}: unknown calibration key '{k}'; known: {', '.join(sorted(known))}")
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
+            raise ConfigError(f"{path}: '{k}' must be a non-negative number, got {v!r}")
+        values[k] = type(getattr(cal, k))(v)
+    return replace(cal, source=str(path), **values)

@@ -1,0 +1,150 @@
+"""Roofline cost of every task of a step graph, in the terms the simulator needs.
+
+Per SM rates (bytes or FLOPs per microsecond):
+  stream weight streaming of a GEMV kind: read_bandwidth / (SMs that run tasks of that kind), at
+         most ``sm_bw_cap`` x the fair share read_bandwidth / sm_count and never below it. Phases
+         of one kind mostly run alone (whole-layer events separate them), so the SMs that take part
+         in a phase share the bandwidth; an SM without work in a phase leaves its share to others.
+  hbm    the fair share, for KV-cache and embedding reads (they overlap other SMs' streaming).
+  l2     activations (L2-resident): ``l2_bw_factor`` x the fair HBM share.
+  gemv   consumer FLOP rate: fp32 FMA lanes x clock, or shared-memory bandwidth when each FMA must
+         read (2 + 2/B) bytes of weight and activation from shared memory, whichever is lower, times
+         ``consumer_efficiency``. At batch 1 the loader is the bottleneck; at batch 8+ the consumer.
+  attn   fp32 FMA lanes x clock x efficiency (q in registers, K/V straight from global memory).
+Both consumer rates scale down with fewer consumer warps than ``full_rate_warps``.
+
+A GEMV task has two sides (see simulate.py): the loader streams its ``weight`` bytes through the ring
+at ``rate`` = min(hbm share, ring round-trip bound, consumer pace), where a ring of ``ring`` bytes in
+slots of ``fill`` bytes turns over once per (latency + fill / hbm + per-slot consume time); the
+consumer spends ``pre`` (overhead + staging the activation from L2), then ``comp`` on the math.
+Other kinds take ``dur`` on the consumer (KV cache reads of ATTN at the hbm share).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..gpus import GpuSpec
+from ..graph.tasks import HEAD, LAYER, TAIL, Kind, StepGraph, Task
+from ..smem import SlotGeometry, slot_geometry
+from .calibration import Calibration, load_calibration
+
+__all__ = ["Calibration", "load_calibration", "Rates", "sm_rates", "TaskCost", "CostTable", "task_cost",
+           "cost_table", "default_streaming", "streaming_key", "Streaming"]
+
+
+Streaming = tuple[tuple[int, int], ...]   # ((kind, SMs streaming that kind), ...), sorted: a dict key
+
+
+def streaming_key(counts: dict) -> Streaming:
+    return tuple(sorted((int(k), int(v)) for k, v in counts.items()))
+
+
+@dataclass(frozen=True)
+class Rates:
+    hbm: float     # bytes/us, fair share
+    l2: float      # bytes/us
+    gemv: float    # FLOP/us
+    attn: float    # FLOP/us
+    stream: dict   # kind (int) -> bytes/us while streaming that kind's weights
+
+    def stream_rate(self, kind: Kind) -> float:
+        return self.stream.get(int(kind), self.hbm)
+
+
+def sm_rates(gpu: GpuSpec, cal: Calibration, batch: int, streaming: Streaming = (), consumer_warps: int = 8) -> Rates:
+    """Per-SM rates; ``streaming`` gives how many SMs stream each GEMV kind (absent: all SMs)."""
+    c = cal.resolved(gpu)
+    bw = c.read_bandwidth / 1e6                      # bytes/us
+    fair = bw / gpu.sm_count
+    stream = {k: min(c.sm_bw_cap * fair, max(fair, bw / max(1, n))) for k, n in streaming}
+    clk = c.sm_clock_ghz * 1e3                       # clocks/us
+    fma_smem = c.smem_bytes_per_clk / (2.0 + 2.0 / batch)
+    # fewer warps than full_rate_warps cannot hide shared-memory and FMA latency
+    eff = c.consumer_efficiency * min(1.0, consumer_warps / c.full_rate_warps)
+    gemv = 2.0 * eff * clk * min(c.fp32_lanes, fma_smem)
+    attn = 2.0 * eff * clk * c.fp32_lanes
+    return Rates(hbm=fair, l2=c.l2_bw_factor * fair, gemv=gemv, attn=attn, stream=stream)
+
+
+@dataclass(frozen=True)
+class TaskCost:
+    gemv: bool
+    weight: float = 0.0    # bytes streamed through the ring
+    pre: float = 0.0       # us: consumer overhead + activation staging
+    comp: float = 0.0      # us: consumer math over all slots
+    slot_t: float = 0.0    # us: consumer time per slot
+    fill: float = 0.0      # bytes per slot
+    ring: float = 0.0      # bytes the ring holds for this kind (stages x fill)
+    rate: float = 0.0      # bytes/us the loader sustains on this task
+    dur: float = 0.0       # us: whole consumer time of a non-GEMV task
+
+
+def task_cost(task: Task, graph: StepGraph, rates: Rates, cal: Calibration,
+              geo: SlotGeometry | None = None) -> TaskCost:
+    plan, d = graph.plan, graph.dims
+    if task.kind.streams_weights:
+        if geo is None:
+            geo = slot_geometry(task.k1 - task.k0, 2 if task.kind == Kind.GATEUP else 1, plan.slot_bytes,
+                                plan.consumer_warps)
+        nslots = geo.slots_for(task.rows)
+        comp = task.flops / rates.gemv + nslots * cal.slot_overhead_us
+        slot_t = comp / nslots
+        fill = float(geo.fill_bytes)
+        ring = plan.stages * fill
+        bw = rates.stream_rate(task.kind)
+        turnover = cal.mem_latency_us + fill / bw + slot_t
+        rate = min(bw, ring / turnover, task.weight_bytes / comp)
+        return TaskCost(True, float(task.weight_bytes), cal.task_overhead_us + task.act_bytes / rates.l2, comp,
+                        slot_t, fill, ring, rate)
+    if task.kind == Kind.ATTN:
+        chunk = -(-d["context_len"] // d["S"])
+        kv = d["B"] * chunk * 2 * d["d"] * 2
+        dur = (cal.task_overhead_us + kv / rates.hbm + max(0, task.act_bytes - kv) / rates.l2
+               + task.flops / rates.attn)
+    elif task.kind == Kind.EMBED:
+        rows = task.r1 - task.r0
+        emb = d["B"] * rows * 2                      # bf16 embedding rows come from HBM
+        dur = cal.task_overhead_us + emb / rates.hbm + (task.act_bytes - emb) / rates.l2
+    else:                                            # COMBINE, ARGMAX: L2-resident partials
+        dur = cal.task_overhead_us + task.act_bytes / rates.l2 + task.flops / rates.attn
+    return TaskCost(False, dur=dur)
+
+
+@dataclass(frozen=True)
+class CostTable:
+    """Costs aligned with graph.head / graph.layer / graph.tail."""
+    head: list[TaskCost]
+    layer: list[TaskCost]
+    tail: list[TaskCost]
+    rates: Rates
+    streaming: Streaming
+
+    def phase(self, phase: str) -> list[TaskCost]:
+        return {HEAD: self.head, LAYER: self.layer, TAIL: self.tail}[phase]
+
+
+def default_streaming(graph: StepGraph, num_sms: int) -> Streaming:
+    """Before an assignment exists: each kind spread over as many SMs as it has tasks."""
+    tasks: dict[int, int] = {}
+    for t in graph.head + graph.layer + graph.tail:
+        if t.kind.streams_weights:
+            tasks[int(t.kind)] = tasks.get(int(t.kind), 0) + 1
+    return streaming_key({k: min(num_sms, n) for k, n in tasks.items()})
+
+
+def cost_table(graph: StepGraph, gpu: GpuSpec, cal: Calibration, streaming: Streaming | None = None) -> CostTable:
+    """Costs of every task; ``streaming`` as in sm_rates (default: default_streaming over all SMs)."""
+    c = cal.resolved(gpu)
+    key = default_streaming(graph, gpu.sm_count) if streaming is None else streaming
+    rates = sm_rates(gpu, c, graph.batch, key, graph.plan.consumer_warps)
+    memo: dict[tuple, TaskCost] = {}
+
+    def cost(t: Task) -> TaskCost:
+        # tasks of one kind and shape cost the same: a layer has thousands of them, a few shapes
+        key = (t.kind, t.r1 - t.r0, t.k1 - t.k0, t.weight_bytes, t.act_bytes, t.flops)
+        if key not in memo:
+            memo[key] = task_cost(t, graph, rates, c)
+        return memo[key]
+
+    return CostTable([cost(t) for t in graph.head], [cost(t) for t in graph.layer], [cost(t) for t in graph.tail],
+                     rates, key)

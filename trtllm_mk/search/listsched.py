@@ -1,0 +1,87 @@
+"""List scheduling: the initial task -> SM assignment of the search.
+
+Tasks are taken in template order (a topological order: head, then per layer QKV by KV group, ATTN,
+COMBINE, OPROJ, GATEUP, DOWN, then tail) and each goes to the SM where it would *finish* first
+(earliest finish time, HEFT without insertion). The finish estimate uses a per-SM state of the same
+loader / consumer model the simulator uses, vectorized over SMs with numpy:
+  consumer  start = max(consumer free, ready + sync) + pre; end >= start + math
+  loader    may run one ring (C bytes) ahead of the consumer: the task's first min(W, C) bytes issue
+            at max(loader free + head / rate, consumer free - (C - head) / rate), the rest after the
+            consumer started the task; end >= last issue + latency + one slot's math.
+Because GEMV tiles of one kind are equal, "finishes first" balances each phase's bytes across SMs
+while letting the SMs that end a phase early take the attention work; the loader's run-ahead makes
+it prefer SMs whose ring is not yet full. Ties go to the SM first in a seeded permutation, so
+different seeds give different (equally good) starting points and one seed always the same one.
+
+Each SM's program keeps template order, which is one global topological order, so the programs can
+never deadlock (the earliest unfinished task in that order is always runnable).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..graph.tasks import StepGraph
+from ..schedule import SMProgram
+from .calibration import Calibration
+from .cost import CostTable, TaskCost
+
+
+class _State:
+    """Per SM: when its consumer is free, and when its loader issued its last byte."""
+
+    def __init__(self, nsm: int):
+        self.cons = np.zeros(nsm)
+        self.ld = np.zeros(nsm)
+
+
+def _place(state: _State, c: TaskCost, ready: float, cal: Calibration, order: np.ndarray) -> tuple[int, float]:
+    """Put one task on the SM (scanned in ``order``) where it ends first; returns (sm, end)."""
+    cons = state.cons[order]
+    st = np.maximum(cons, ready + cal.sync_us) if ready >= 0.0 else cons
+    if c.gemv:
+        ld = state.ld[order]
+        head = min(c.weight, c.ring)
+        t_head = np.maximum(ld + head / c.rate, cons - (c.ring - head) / c.rate)
+        cs = st + c.pre
+        body = c.weight - head
+        t_issue = np.maximum(t_head, cs) + body / c.rate if body > 0 else t_head
+        end = np.maximum(t_issue + cal.mem_latency_us + c.slot_t, cs + c.comp)
+        j = int(np.argmin(end))
+        s = int(order[j])
+        state.ld[s] = t_issue[j] if body > 0 else t_head[j]
+    else:
+        end = st + c.dur
+        j = int(np.argmin(end))
+        s = int(order[j])
+    state.cons[s] = end[j]
+    return s, float(end[j])
+
+
+def list_schedule(graph: StepGraph, costs: CostTable, num_sms: int, cal: Calibration,
+                  rng: np.random.Generator) -> list[SMProgram]:
+    """Earliest-finish-time assignment of head, one layer template and tail (see module doc)."""
+    order = rng.permutation(num_sms)
+    state = _State(num_sms)
+    progs = [SMProgram() for _ in range(num_sms)]
+    done: dict[tuple[str, int, int], float] = {}   # (event, relative row, slot) -> latest signal time
+
+    shift = graph.num_layers - 1   # one layer is laid out: tail rows of per-layer events move back
+
+    def key(r, tail: bool) -> tuple[str, int, int]:
+        row = r.index - shift if tail and graph.events[r.event].per_layer else r.index
+        return r.event, row, r.slot
+
+    def run(tasks, tcosts, attr: str) -> None:
+        tail = attr == "tail"
+        for i, (t, c) in enumerate(zip(tasks, tcosts)):
+            ready = max((done.get(key(r, tail), 0.0) for r in t.waits), default=-1.0)
+            s, end = _place(state, c, ready, cal, order)
+            getattr(progs[s], attr).append(i)
+            for r in t.signals:
+                k = key(r, tail)
+                done[k] = max(done.get(k, 0.0), end)
+
+    run(graph.head, costs.head, "head")
+    run(graph.layer, costs.layer, "layer")
+    run(graph.tail, costs.tail, "tail")
+    return progs

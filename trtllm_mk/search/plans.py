@@ -1,0 +1,174 @@
+"""The tile-plan space the search walks: candidate values per TilePlan field, and a starting plan.
+
+Rows per GEMV task are proposed by *waves*: for m = 1, 2, ... the smallest multiple of 8 rows whose
+task count (tiles x K-split) is at most m x num_sms, so every SM gets at most m equal tasks of the
+kind and the per-SM byte imbalance of the phase is at most one tile. Finer tiles balance better and
+cost consumer time the loader usually hides; the simulator decides.
+
+Limits that keep plans executable and code generation bounded:
+  * QKV tiles at most one KV group of rows (a tile then signals at most two groups; the kernel's
+    task arguments hold three).
+  * at most MAX_WAVES tasks per SM per kind, so a layer template stays < ~5 x 16 tasks per SM.
+  * every plan must pass graph.check_plan and fit shared memory (smem.fits).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..gpus import GpuSpec
+from ..graph.builder import check_plan
+from ..graph.tasks import TilePlan
+from ..model.spec import ModelSpec
+from ..smem import fits, geometries, plan_smem
+
+MAX_WAVES = 16
+LM_MAX_WAVES = 24
+SLOT_SIZES = (4096, 8192, 12288, 16384, 24576, 32768, 49152, 65536)
+STAGES = (2, 3, 4, 6, 8, 12, 16)
+CONSUMER_WARPS = (4, 8)
+MIN_ATTN_CHUNK = 16      # tokens per KV split at the deployment context
+
+
+def _ceil8(x: int) -> int:
+    return max(8, -(-x // 8) * 8)
+
+
+def wave_rows(n: int, ksplit: int, num_sms: int, max_waves: int = MAX_WAVES, cap: int | None = None) -> list[int]:
+    """Rows per task for 1..max_waves waves of tasks over num_sms SMs (deduplicated, descending)."""
+    out: list[int] = []
+    for m in range(1, max_waves + 1):
+        rows = _ceil8(-(-n * ksplit // (m * num_sms)))
+        rows = min(rows, _ceil8(n))
+        if cap is not None:
+            rows = min(rows, cap // 8 * 8)
+        if rows not in out:
+            out.append(rows)
+    return out
+
+
+def ksplit_candidates(spec: ModelSpec) -> tuple[list[int], list[int]]:
+    o = [k for k in range(1, spec.num_kv_heads + 1) if spec.num_kv_heads % k == 0 and k <= 8]
+    d = [k for k in range(1, 9) if spec.intermediate_size % (64 * k) == 0]
+    return o, d
+
+
+def smallest_fitting_ksplit(spec: ModelSpec, batch: int, gpu: GpuSpec) -> tuple[int, int]:
+    """(o_ksplit, down_ksplit) with the smallest product that fits with the smallest ring; (1, 1)
+    unless the whole-K activations alone overflow (large batch on a 99 KB GPU)."""
+    o_ks = [k for k in range(1, spec.num_kv_heads + 1) if spec.num_kv_heads % k == 0]
+    d_ks = [k for k in range(1, 17) if spec.intermediate_size % (64 * k) == 0]
+    for o, d in sorted(((o, d) for o in o_ks for d in d_ks), key=lambda od: (od[0] * od[1], od)):
+        if fits(gpu, spec, batch, TilePlan(o_ksplit=o, down_ksplit=d, stages=2, slot_bytes=4096)):
+            return o, d
+    raise ValueError(f"no tile plan fits {gpu.name}'s {gpu.smem_per_block_optin} B of shared memory at batch {batch}")
+
+
+def attn_split_candidates(spec: ModelSpec, num_sms: int, context_len: int) -> list[int]:
+    out = [1]
+    s = 2
+    while s <= 64 and spec.num_kv_heads * s <= 2 * num_sms and -(-context_len // s) >= MIN_ATTN_CHUNK:
+        out.append(s)
+        s *= 2
+    return out
+
+
+def field_candidates(field: str, plan: TilePlan, spec: ModelSpec, num_sms: int, context_len: int) -> list:
+    """Values the coordinate search tries for one field, given the rest of ``plan``."""
+    H, I, V = spec.hidden_size, spec.intermediate_size, spec.vocab_size
+    gr = (spec.group_size + 2) * spec.head_dim
+    if field == "qkv_rows":
+        return wave_rows(spec.num_kv_heads * gr, 1, num_sms, cap=gr)
+    if field == "o_rows":
+        return wave_rows(H, plan.o_ksplit, num_sms)
+    if field == "gateup_rows":
+        return wave_rows(I, 1, num_sms)
+    if field == "down_rows":
+        return wave_rows(H, plan.down_ksplit, num_sms)
+    if field == "lm_rows":
+        return wave_rows(V, 1, num_sms, max_waves=LM_MAX_WAVES)
+    if field == "attn_splits":
+        return attn_split_candidates(spec, num_sms, context_len)
+    if field == "consumer_warps":
+        return list(CONSUMER_WARPS)
+    raise KeyError(field)
+
+
+def valid(plan: TilePlan, spec: ModelSpec, batch: int, gpu: GpuSpec) -> bool:
+    try:
+        check_plan(spec, plan)
+    except ValueError:
+        return False
+    return fits(gpu, spec, batch, plan)
+
+
+def ring_candidates(plan: TilePlan, spec: ModelSpec, batch: int, gpu: GpuSpec) -> list[TilePlan]:
+    """Every (stages, slot_bytes) that fits with the rest of ``plan``."""
+    out = []
+    for slot in SLOT_SIZES:
+        for st in STAGES:
+            p = replace(plan, stages=st, slot_bytes=slot)
+            if valid(p, spec, batch, gpu):
+                out.append(p)
+    return out
+
+
+# Plan families the report compares (Ada-MK's K-split claim): a predicate per family.
+def no_ksplit(plan: TilePlan, spec: ModelSpec) -> bool:
+    """No task is split along K (each GEMV task reduces over its whole K range)."""
+    return plan.o_ksplit == 1 and plan.down_ksplit == 1
+
+
+def no_k_tiling(plan: TilePlan, spec: ModelSpec) -> bool:
+    """No K-splitting of any kind: no task K-split and every weight row fits one ring slot (the
+    kernel never streams a row in pieces), i.e. K tile = K for every GEMV kind."""
+    if not no_ksplit(plan, spec):
+        return False
+    try:
+        return all(g.pieces == 1 for g in geometries(spec, plan).values())
+    except ValueError:
+        return False
+
+
+def largest_ring(plan: TilePlan, spec: ModelSpec, batch: int, gpu: GpuSpec, admit=None) -> TilePlan | None:
+    """The fitting (stages, slot) with the most ring bytes (then the smaller slot) that ``admit`` accepts."""
+    cands = [p for p in ring_candidates(plan, spec, batch, gpu) if admit is None or admit(p, spec)]
+    if not cands:
+        return None
+    return max(cands, key=lambda p: (p.stages * p.slot_bytes, -p.slot_bytes))
+
+
+def with_ksplit(plan: TilePlan, field: str, k: int, spec: ModelSpec, num_sms: int) -> TilePlan:
+    """Change a K-split factor and rescale that kind's rows to keep the same number of waves."""
+    H = spec.hidden_size
+    if field == "o_ksplit":
+        waves = max(1, round(-(-H // plan.o_rows) * plan.o_ksplit / num_sms))
+        rows = min(wave_rows(H, k, num_sms), key=lambda r: abs(-(-H // r) * k / num_sms - waves))
+        return replace(plan, o_ksplit=k, o_rows=rows)
+    waves = max(1, round(-(-H // plan.down_rows) * plan.down_ksplit / num_sms))
+    rows = min(wave_rows(H, k, num_sms), key=lambda r: abs(-(-H // r) * k / num_sms - waves))
+    return replace(plan, down_ksplit=k, down_rows=rows)
+
+
+def initial_plan(spec: ModelSpec, batch: int, gpu: GpuSpec, num_sms: int, context_len: int) -> TilePlan:
+    """About four tasks per SM per GEMV kind, enough KV splits to give attention half the SMs, and
+    the largest ring that leaves half of shared memory free (the search moves from here)."""
+    def pick(cands: list[int], waves: int) -> int:
+        return cands[min(waves, len(cands)) - 1]
+
+    gr = (spec.group_size + 2) * spec.head_dim
+    splits = attn_split_candidates(spec, num_sms, context_len)
+    s = next((x for x in splits if spec.num_kv_heads * x >= num_sms // 2), splits[-1])
+    o_ks, d_ks = smallest_fitting_ksplit(spec, batch, gpu)
+    plan = TilePlan(qkv_rows=pick(wave_rows(spec.num_kv_heads * gr, 1, num_sms, cap=gr), 4),
+                    o_rows=pick(wave_rows(spec.hidden_size, o_ks, num_sms), 4), o_ksplit=o_ks,
+                    gateup_rows=pick(wave_rows(spec.intermediate_size, 1, num_sms), 4),
+                    down_rows=pick(wave_rows(spec.hidden_size, d_ks, num_sms), 4), down_ksplit=d_ks,
+                    lm_rows=pick(wave_rows(spec.vocab_size, 1, num_sms, max_waves=LM_MAX_WAVES), 8),
+                    attn_splits=s, stages=2, slot_bytes=4096, consumer_warps=8)
+    rings = ring_candidates(plan, spec, batch, gpu)
+    if not rings:
+        raise ValueError(f"no tile plan fits {gpu.name}'s shared memory at batch {batch}")
+    roomy = [p for p in rings if plan_smem(spec, batch, p).peak <= gpu.smem_per_block_optin // 2]
+    if not roomy:
+        return min(rings, key=lambda p: plan_smem(spec, batch, p).peak)
+    return max(roomy, key=lambda p: (p.stages * p.slot_bytes, -p.slot_bytes))

@@ -1,0 +1,173 @@
+"""The offline schedule search: tile plan, task -> SM assignment and per-SM order for one deployment.
+
+Stages (every decision is a function of the inputs and the seed; see "Budget" for time):
+  1. naive      the baseline (naive.py), simulated exactly with phase barriers.
+  2. plans      coordinate descent over the TilePlan fields from plans.initial_plan (planeval.py),
+                then the same descent restricted to the plan families without K-splitting that the
+                report compares against (smemref.py); all share one memo of evaluated plans.
+  3. smem trim  from the fastest plan, K-split, consumer warps and ring are walked again keeping
+                plans within SMEM_TOLERANCE of the best time that need less shared memory; of all
+                evaluated plans within the tolerance, the one with the least peak shared memory is
+                chosen (K-split frees shared memory at equal time: Ada-MK's trade).
+  4. improve    local search over the chosen plan's assignment (improve.py).
+  5. final      exact simulation of all layers gives Schedule.predicted_step_us.
+
+Budget: decisions never read the clock. ``budget_s`` becomes a work budget with a nominal speed
+(NOMINAL_SIM_RATE simulated task instances per second, about 60% of what one development core
+reaches, so a busy machine still finishes in time). Each plan evaluation costs its graph's size in
+instances (planeval.Evaluator.work_of), each improvement step one simulation; the stages get fixed
+shares of the work budget. So one seed always gives byte-identical schedules, and the wall time is
+reported, not used. Small problems converge before their budget is spent.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import numpy as np
+from tqdm import tqdm
+
+from ..gpus import GpuSpec
+from ..graph import build_step_graph
+from ..model.spec import ModelSpec
+from ..schedule import Schedule
+from .calibration import Calibration, load_calibration
+from .improve import improve
+from .naive import naive_plan, naive_programs
+from .planeval import SIM_LAYERS, Evaluator, descend, least_smem, trim
+from .plans import initial_plan
+from .simulate import SimResult, Simulator
+from .smemref import compare, search_families
+
+SMEM_TOLERANCE = 0.0025          # plans within 0.25% of the best predicted time count as "equal"
+NOMINAL_SIM_RATE = 120_000       # simulated task instances per second (nominal, see module doc)
+# shares of the work budget; the rest covers the exact simulations of the naive and final schedules
+PLAN_SHARE, FAMILY_SHARE, TRIM_SHARE, IMPROVE_SHARE = 0.5, 0.2, 0.05, 0.15
+
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass
+class SearchStats:
+    predicted_us: float = 0.0
+    naive_us: float = 0.0
+    naive_plan: dict = field(default_factory=dict)
+    improvement_pct: float = 0.0
+    list_schedule_us: float = 0.0      # chosen plan before local improvement (extrapolated)
+    improved_us: float = 0.0           # after local improvement (extrapolated)
+    floor_us: float = 0.0              # weight bytes / read bandwidth + launch
+    plan_evals: int = 0
+    work_budget: int = 0               # simulated task instances budget_s allows (see module doc)
+    work_spent: int = 0
+    sweeps: int = 0
+    improve_steps: int = 0
+    improve_accepted: int = 0
+    sim_layers: int = SIM_LAYERS
+    seed: int = 0
+    budget_s: float = 0.0
+    search_time_s: float = 0.0         # wall clock, reported only
+    calibration: str = "defaults"
+    smem_chosen: int = 0
+    ksplit: dict = field(default_factory=dict)    # smemref.compare: chosen vs plans without K-split
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def meta(self) -> dict:
+        """What goes into Schedule.meta: everything but the wall clock (meta is part of the
+        schedule's bytes, which must not depend on how fast the machine was)."""
+        d = self.to_dict()
+        d.pop("search_time_s")
+        return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in d.items()}
+
+
+def search(spec: ModelSpec, batch: int, gpu: GpuSpec, context_len: int = 512, budget_s: float = 60.0,
+           seed: int = 0, progress: Progress | None = None, calibration: Calibration | None = None,
+           num_sms: int | None = None, show_progress: bool = False) -> tuple[Schedule, SearchStats]:
+    """Search the decode-step schedule of ``spec`` at ``batch`` on ``gpu`` (see module doc).
+
+    ``progress(stage, done, total)`` is called after every plan evaluation and improvement step;
+    ``show_progress`` draws a tqdm bar on stderr."""
+    t_start = time.perf_counter()
+    cal = (calibration or load_calibration(gpu)).resolved(gpu)
+    nsm = num_sms or gpu.sm_count
+    stats = SearchStats(seed=seed, budget_s=budget_s, calibration=cal.source)
+
+    # 1. naive baseline (exact)
+    nplan = naive_plan(spec, batch, gpu)
+    ngraph = build_step_graph(spec, batch, nplan, context_len)
+    stats.naive_us = Simulator(ngraph, gpu, cal, barrier=True).run(naive_programs(ngraph, nsm)).step_us
+    stats.naive_plan = nplan.to_dict()
+    stats.floor_us = spec.decode_weight_bytes() / cal.read_bandwidth * 1e6 + cal.launch_us
+
+    # work budgets (simulated task instances) from budget_s and a nominal speed, never the clock
+    ev = Evaluator(spec, batch, gpu, cal, nsm, context_len, seed)
+    work = budget_s * NOMINAL_SIM_RATE
+    # each of the two reference families: a descent (w_family) and a trim (w_family / 2)
+    w_plans, w_family = work * PLAN_SHARE, work * FAMILY_SHARE / 3
+    w_trim, w_improve = work * TRIM_SHARE, work * IMPROVE_SHARE
+    stats.work_budget = round(work * (PLAN_SHARE + FAMILY_SHARE + TRIM_SHARE + IMPROVE_SHARE))
+    bar = tqdm(total=stats.work_budget, desc=f"search {spec.name} b{batch} {gpu.name}", unit="inst",
+               unit_scale=True, disable=not show_progress, leave=False)
+    shown = [0.0]
+
+    def report(stage: str, done: float) -> None:
+        bar.update(max(0, int(done) - int(shown[0])))
+        shown[0] = done
+        if progress is not None:
+            progress(stage, int(done), stats.work_budget)
+
+    # 2. plan search, then the families without K-split from the best plan found
+    start = initial_plan(spec, batch, gpu, nsm, context_len)
+    best, stats.sweeps = descend(ev, start, w_plans, tick=lambda: report("plans", ev.work))
+    fastest = search_families(ev, best.plan, w_family, SMEM_TOLERANCE,
+                              tick=lambda: report("references", ev.work))
+
+    # 3. least shared memory at (nearly) the best time over everything evaluated
+    top = min(ev.cache.values(), key=lambda e: (e.step_us, e.peak_smem))
+    trim(ev, top.plan, top.step_us, SMEM_TOLERANCE, ev.work + w_trim, tick=lambda: report("trim", ev.work))
+    chosen = least_smem(list(ev.cache.values()), top.step_us, SMEM_TOLERANCE)
+    stats.plan_evals = ev.evals
+    stats.smem_chosen = chosen.peak_smem
+    stats.ksplit = compare(ev, chosen, fastest, SMEM_TOLERANCE)
+
+    # 4. local improvement of the chosen plan's assignment
+    graph = ev.graph(chosen.plan)
+    sim = Simulator(graph, gpu, cal, layers=SIM_LAYERS)
+    stats.list_schedule_us = chosen.step_us
+    step_work = 1.3 * sim.n                   # one simulation plus the bookkeeping of a move
+    steps = int(w_improve / step_work)
+    base = ev.work
+    programs, _, istats = improve(graph, sim, chosen.programs, nsm, steps, np.random.default_rng(seed),
+                                  progress=lambda i, n: report("improve", base + i * step_work))
+    stats.improve_steps, stats.improve_accepted, stats.improved_us = istats.steps, istats.accepted, istats.end_us
+    stats.work_spent = round(ev.work + steps * step_work)
+    bar.close()
+
+    # 5. exact prediction
+    final = Simulator(graph, gpu, cal).run(programs)
+    stats.predicted_us = final.step_us
+    stats.improvement_pct = 100.0 * (stats.naive_us - final.step_us) / stats.naive_us
+    stats.search_time_s = time.perf_counter() - t_start
+    sched = Schedule(spec=spec, batch=batch, plan=chosen.plan, num_sms=nsm, gpu=gpu.name, programs=programs,
+                     context_len=context_len, predicted_step_us=final.step_us,
+                     meta={"search": stats.meta()})
+    return sched, stats
+
+
+def search_deployment(cfg, budget_s: float | None = None, progress: Progress | None = None,
+                      show_progress: bool = False) -> tuple[Schedule, SearchStats]:
+    """``search`` for a resolved DeploymentConfig: its model, GPU, max_batch_size and megakernel section
+    (context_len, search_budget_s unless ``budget_s`` is given, seed)."""
+    mk = cfg.megakernel
+    return search(cfg.model_spec, cfg.max_batch_size, cfg.gpu_spec, context_len=mk.context_len,
+                  budget_s=mk.search_budget_s if budget_s is None else budget_s, seed=mk.seed,
+                  progress=progress, show_progress=show_progress)
+
+
+def predict(schedule: Schedule, gpu: GpuSpec, calibration: Calibration | None = None, barrier: bool = False,
+            record: bool = False) -> SimResult:
+    """Exact simulation of a schedule (all layers)."""
+    cal = (calibration or load_calibration(gpu)).resolved(gpu)
+    return Simulator(schedule.graph(), gpu, cal, barrier=barrier).run(schedule.programs, record=record)

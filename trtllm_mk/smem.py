@@ -1,0 +1,157 @@
+"""Shared-memory model of the megakernel: what one CTA needs per task kind, and whether a plan fits.
+
+One persistent CTA per SM holds, in dynamic shared memory:
+  ring        ``stages x slot_bytes``: the weight ring the loader warp fills for GEMV tasks. A slot
+              holds ``RS`` weight rows of ``KC`` columns (the 3-D tile: output rows per slot x K tile,
+              times the batch through the activation below); a row of the task's K range that does
+              not fit one slot travels in ``NKC`` pieces (the geometry mirrors ``Geometry`` in
+              plugin_src/megakernel/mk_gemv.cuh, so the ring the model fills is the ring that runs).
+  activation  the task's input, resident for the whole task: ``batch x K_range`` bf16 for a GEMV kind,
+              where K-splitting (TilePlan.o_ksplit, down_ksplit) shrinks K_range; ATTN uses the same
+              region as fp32 scratch (q/k/v of one KV group plus one merge buffer per consumer warp).
+              One region serves every kind, so the kernel allocates the largest.
+  scratch     cross-warp reduction: ``consumer_warps x batch x max(RS, 2) x 4`` bytes (covers the
+              kernel's double-buffered ``2 x CWARPS x B`` floats).
+  fixed       4 KB: mbarriers, norm / argmax scratch and alignment slack (the kernel uses < 1 KB of it).
+peak = ring + largest activation (128-byte aligned) + largest scratch + fixed <= smem_per_block_optin.
+
+The per-kind view (``KindSmem``) is what a kernel that ran only that kind would need; the report
+lists it with and without K-split to show where K-splitting pays.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+from .gpus import GpuSpec
+from .graph.tasks import Kind, TilePlan
+from .model.spec import ModelSpec
+
+FIXED_BYTES = 4096
+ALIGN = 128
+GEMV_KINDS = (Kind.QKV, Kind.OPROJ, Kind.GATEUP, Kind.DOWN, Kind.LMHEAD)
+
+
+@dataclass(frozen=True)
+class SlotGeometry:
+    """How one GEMV kind uses a ring slot (mirror of ``Geometry<KT, PAIR>`` in mk_gemv.cuh)."""
+    k_range: int        # KT: columns a task of this kind reduces over (after K-split)
+    pair: int           # 2 for GATEUP: gate and up rows of one output row travel together
+    pieces: int         # NKC: slots one row group takes
+    k_chunk: int        # KC: columns per slot
+    rows_per_slot: int  # RS: weight rows per slot (gate + up rows for GATEUP)
+
+    @property
+    def out_rows(self) -> int:
+        """Output rows completed per slot group."""
+        return self.rows_per_slot // self.pair
+
+    @property
+    def fill_bytes(self) -> int:
+        """Bytes of a slot this kind actually fills (<= slot_bytes)."""
+        return self.rows_per_slot * self.k_chunk * 2
+
+    def slots_for(self, rows: int) -> int:
+        """Ring slots a task with ``rows`` output rows streams."""
+        return -(-rows // self.out_rows) * self.pieces
+
+
+def _floor_pow2_le8(v: int) -> int:
+    return 8 if v >= 8 else 4 if v >= 4 else 2 if v >= 2 else 1
+
+
+def slot_geometry(k_range: int, pair: int, slot_bytes: int, consumer_warps: int) -> SlotGeometry:
+    """Pieces: the smallest n with n | KT, (KT/n) % 8 == 0 and pair*(KT/n)*2 <= slot_bytes; then as many
+    rows (a power of two, at most 8 and at most the consumer warps, at least ``pair``) as fit."""
+    if k_range % 8 or pair * 16 > slot_bytes:
+        raise ValueError(f"K range {k_range} (pair {pair}) cannot use {slot_bytes}-byte slots")
+    n = 1
+    while not (k_range % n == 0 and (k_range // n) % 8 == 0 and pair * (k_range // n) * 2 <= slot_bytes):
+        n += 1
+    kc = k_range // n
+    rs = _floor_pow2_le8(min(slot_bytes // (kc * 2), consumer_warps, 8))
+    return SlotGeometry(k_range, pair, n, kc, max(rs, pair))
+
+
+def gemv_k_ranges(spec: ModelSpec, plan: TilePlan) -> dict[Kind, tuple[int, int]]:
+    """(K range after K-split, pair) per GEMV kind."""
+    H, I = spec.hidden_size, spec.intermediate_size
+    return {Kind.QKV: (H, 1), Kind.OPROJ: (spec.q_size // plan.o_ksplit, 1), Kind.GATEUP: (H, 2),
+            Kind.DOWN: (I // plan.down_ksplit, 1), Kind.LMHEAD: (H, 1)}
+
+
+def geometries(spec: ModelSpec, plan: TilePlan) -> dict[Kind, SlotGeometry]:
+    return {k: slot_geometry(kt, pair, plan.slot_bytes, plan.consumer_warps)
+            for k, (kt, pair) in gemv_k_ranges(spec, plan).items()}
+
+
+def attention_scratch_bytes(spec: ModelSpec, plan: TilePlan) -> int:
+    """ATTN's fp32 scratch in the activation region: q heads + k + v of one group, and one
+    [G][head_dim+2] merge buffer per consumer warp (mk_attention.cuh)."""
+    G, d = spec.group_size, spec.head_dim
+    return ((G + 2) * d + plan.consumer_warps * G * (d + 2)) * 4
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+@dataclass(frozen=True)
+class KindSmem:
+    kind: str
+    ring: int
+    activation: int
+    scratch: int
+    fixed: int
+
+    @property
+    def total(self) -> int:
+        return self.ring + _align(self.activation) + self.scratch + self.fixed
+
+
+@dataclass(frozen=True)
+class SmemBreakdown:
+    """Per task kind needs and the CTA's peak (what the kernel allocates)."""
+    per_kind: dict[str, KindSmem]
+    ring: int
+    activation: int       # largest activation region over kinds
+    scratch: int
+    fixed: int
+    o_ksplit: int
+    down_ksplit: int
+
+    @property
+    def peak(self) -> int:
+        return self.ring + _align(self.activation) + self.scratch + self.fixed
+
+    def to_dict(self) -> dict:
+        return {"peak": self.peak, "ring": self.ring, "activation": self.activation, "scratch": self.scratch,
+                "fixed": self.fixed, "o_ksplit": self.o_ksplit, "down_ksplit": self.down_ksplit,
+                "per_kind": {k: {**asdict(v), "total": v.total} for k, v in self.per_kind.items()}}
+
+
+def plan_smem(spec: ModelSpec, batch: int, plan: TilePlan) -> SmemBreakdown:
+    """Shared memory of ``plan`` at batch ``batch``, per task kind and peak."""
+    ring = plan.stages * plan.slot_bytes
+    per: dict[str, KindSmem] = {}
+    for kind, geo in geometries(spec, plan).items():
+        act = batch * geo.k_range * 2
+        scratch = plan.consumer_warps * batch * max(geo.rows_per_slot, 2) * 4
+        per[kind.name] = KindSmem(kind.name, ring, act, scratch, FIXED_BYTES)
+    # Non-GEMV kinds read global memory directly; only ATTN needs scratch of its own.
+    per[Kind.ATTN.name] = KindSmem(Kind.ATTN.name, 0, attention_scratch_bytes(spec, plan), 0, FIXED_BYTES)
+    return SmemBreakdown(per_kind=per, ring=ring, activation=max(v.activation for v in per.values()),
+                         scratch=max(v.scratch for v in per.values()), fixed=FIXED_BYTES,
+                         o_ksplit=plan.o_ksplit, down_ksplit=plan.down_ksplit)
+
+
+def without_ksplit(plan: TilePlan) -> TilePlan:
+    return replace(plan, o_ksplit=1, down_ksplit=1)
+
+
+def fits(gpu: GpuSpec, spec: ModelSpec, batch: int, plan: TilePlan) -> bool:
+    """Whether ``plan`` fits one CTA's opt-in shared memory on ``gpu`` (and its slots can hold the
+    smallest piece of every GEMV kind)."""
+    try:
+        return plan_smem(spec, batch, plan).peak <= gpu.smem_per_block_optin
+    except ValueError:
+        return False
