@@ -18,9 +18,13 @@ from trtllm_mk.search import search
 
 family = sys.argv[1] if len(sys.argv) > 1 else "llama"
 B = int(sys.argv[2]) if len(sys.argv) > 2 else 1
-spec = spec_from_hf_config(tiny_config(family, num_hidden_layers=1), f"tiny1-{family}")
+if family in ("llama", "qwen2", "qwen3", "mistral"):
+    spec = spec_from_hf_config(tiny_config(family, num_hidden_layers=1), f"tiny1-{family}")
+else:  # an architecture from configs/models with one layer: real widths, every kernel path
+    from trtllm_mk.model.registry import resolve_model
+    spec = dataclasses.replace(resolve_model(family).spec, num_layers=1)
 gpu = detect_gpu()
-w = random_weights(spec, device="cuda", seed=2, std=0.1)
+w = random_weights(spec, device="cuda", seed=2, std=0.02 if spec.hidden_size > 512 else 0.1)
 sched, _ = search(spec, B, gpu, context_len=64, budget_s=1.0, seed=0)
 cache = PagedKVCache.allocate(spec, B, 256, 32, device="cuda", fill=1e4)
 ref = ReferenceDecoder(spec, {k: v.float() for k, v in w.items()}, torch.float32, gemv_input_dtype=torch.bfloat16)
