@@ -11,6 +11,7 @@ of its own logits. Unused KV slots hold large noise, so a read beyond a length s
 """
 from __future__ import annotations
 
+import dataclasses
 import gc
 from dataclasses import dataclass
 
@@ -180,9 +181,21 @@ def test_two_schedules_both_correct_and_differ():
         check(run_and_compare(spec, 1, w, steps=64, schedule=sch), 3e-2)
 
 
+@pytest.mark.parametrize("name", REAL)
+def test_real_widths_one_layer_agree_exactly(name):
+    """Every kernel path at real widths (row pieces, several warps per row, K-split, wide LM head)
+    computes the task graph's numerics: with one layer, typical steps agree with the kernel-numerics
+    reference to fp32 summation order and tokens differ only in steps with a rounding event."""
+    spec = dataclasses.replace(_spec(name), num_layers=1)
+    check(run_and_compare(spec, 4, _weights(spec), steps=32, budget_s=5.0), 3e-2)
+
+
 @pytest.mark.parametrize("batch", [1, 4])
 @pytest.mark.parametrize("name", REAL)
 def test_real_shapes_match_reference(name, batch):
+    """Full depth: a rounding event in an early layer is amplified by the later random layers (about
+    1e-2 after 16-36 layers, in every step), so here the check is bf16 tolerance against the fp32
+    reference, the exact argmax of the kernel's own logits, and a bounded share of near-tie flips."""
     spec = _spec(name)
     free = torch.cuda.mem_get_info()[0]
     need = spec.weight_bytes() * 3 + (4 << 30)  # bf16 weights + the references' fp32 copy + caches
@@ -192,7 +205,8 @@ def test_real_shapes_match_reference(name, batch):
     res = run_and_compare(spec, batch, w, steps=128, budget_s=10.0)
     del w
     torch.cuda.empty_cache()
-    check(res, 5e-2)
+    assert res.max_p < 5e-2
+    assert res.flips <= 0.08 * 128 * batch
 
 
 def _prebuild() -> None:
@@ -203,17 +217,18 @@ def _prebuild() -> None:
     from trtllm_mk.codegen import compile_cubin, generate_source
     from trtllm_mk.gpus import get_gpu
     gpu = get_gpu(os.environ.get("TRTLLM_MK_TEST_GPU", "H100-SXM"))
-    cases = [(n, b, 5.0) for n in TINY for b in (1, 4)] + [(n, b, 10.0) for n in REAL for b in (1, 4)]
-    for name, batch, budget in cases:
-        spec = _spec(name)
+    cases = [(_spec(n), b, 5.0) for n in TINY for b in (1, 4)]
+    cases += [(dataclasses.replace(_spec(n), num_layers=1), 4, 5.0) for n in REAL]
+    cases += [(_spec(n), b, 10.0) for n in REAL for b in (1, 4)]
+    for spec, batch, budget in cases:
         sch, _ = search(spec, batch, gpu, context_len=256, budget_s=budget, seed=0)
         scheds = [sch]
-        if name == "tiny-llama" and batch == 1:
+        if spec.name == "tiny-llama" and batch == 1:
             scheds.append(naive_schedule(spec, build_step_graph(spec, 1, sch.plan), gpu))
         for s in scheds:
             src, _ = generate_source(s, TPB, MAX_SEQ, use_bulk_copy=gpu.has_tma)
             path, _ = compile_cubin(src, gpu.nvcc_arch)
-            print(name, batch, path, flush=True)
+            print(spec.name, spec.num_layers, batch, path, flush=True)
 
 
 if __name__ == "__main__":
