@@ -19,6 +19,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.baselines import measure_read_bandwidth  # noqa: E402
+from benchmarks.timing import time_steps  # noqa: E402
 from trtllm_mk.gpus import detect_gpu  # noqa: E402
 from trtllm_mk.kv_cache import PagedKVCache  # noqa: E402
 from trtllm_mk.model.random_weights import random_weights  # noqa: E402
@@ -36,40 +38,13 @@ def tiny_spec(layers: int):
                                     head_dim=32, vocab_size=512, max_position_embeddings=4096), f"tiny-L{layers}")
 
 
-def measure_read_bandwidth(nbytes: int = 4 << 30) -> float:
-    """Bytes/s of a read-only streaming kernel (a sum over a bf16 tensor far larger than L2)."""
-    x = torch.randn(nbytes // 2, device="cuda", dtype=torch.bfloat16)
-    for _ in range(3):
-        x.sum()
-    torch.cuda.synchronize()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    ts = []
-    for _ in range(10):
-        s.record(); x.sum(); e.record(); e.synchronize(); ts.append(s.elapsed_time(e))
-    del x
-    return nbytes / (sorted(ts)[5] / 1e3)
-
-
-def time_steps(dec, n: int = 200, warmup: int = 20) -> float:
-    """Median per-step time (us) of back-to-back launches, each bracketed by CUDA events."""
-    for _ in range(warmup):
-        dec.step()
-    dec.synchronize()
-    evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
-    for a, b in evs:
-        a.record(); dec.step(); b.record()
-    dec.synchronize()
-    ts = sorted(a.elapsed_time(b) for a, b in evs)
-    return ts[n // 2] * 1e3
-
-
 def measure(spec, batch, gpu, context: int, budget_s: float):
     sched, _ = search(spec, batch, gpu, context_len=context, budget_s=budget_s, seed=0)
     w = random_weights(spec, device="cuda", seed=0)
     cache = PagedKVCache.allocate(spec, batch, max(2048, context + 512), 32, device="cuda")
     dec = build_decoder(sched, w, cache, gpu.nvcc_arch, gpu.has_tma)
     dec.set_state(torch.randint(0, spec.vocab_size, (batch,)), torch.full((batch,), context))
-    us = time_steps(dec)
+    us = time_steps(dec.step, steps=200, warmup=20, device=torch.device("cuda")).p50 * 1e3
     del dec, w, cache
     torch.cuda.empty_cache()
     return sched, us
@@ -110,7 +85,7 @@ def main(argv=None) -> int:
         print("error: calibration needs a CUDA GPU", file=sys.stderr)
         return 2
     gpu = detect_gpu()
-    bw = measure_read_bandwidth()
+    bw = measure_read_bandwidth("cuda")["bytes_per_s"]
     cal0 = replace(load_calibration(gpu), read_bandwidth=bw, source="defaults+measured bandwidth")
     workloads, names = [], []
     for layers in (1, 4, 16):

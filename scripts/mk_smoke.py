@@ -12,7 +12,9 @@ from trtllm_mk.kv_cache import PagedKVCache
 from trtllm_mk.model.rope import rope_inv_freq
 from trtllm_mk.model.spec import spec_from_hf_config
 from trtllm_mk.runtime.megakernel import MegakernelDecoder
-from trtllm_mk.schedule import Schedule, SMProgram
+from trtllm_mk.model.random_weights import random_weights
+from trtllm_mk.schedule import Schedule
+from trtllm_mk.search import naive_programs
 
 SHAPES = {
     "tiny-llama": dict(architectures=["LlamaForCausalLM"], hidden_size=256, intermediate_size=512, num_hidden_layers=2,
@@ -32,32 +34,6 @@ SHAPES = {
 }
 
 
-def rand_weights(spec, gen, dev):
-    w = {}
-    for name, shape in spec.expected_tensors().items():
-        if name.endswith("norm.weight") or "layernorm" in name:
-            t = 1.0 + 0.1 * torch.randn(shape, generator=gen, device=dev)
-        elif name.endswith("bias"):
-            t = 0.1 * torch.randn(shape, generator=gen, device=dev)
-        else:
-            t = 0.02 * torch.randn(shape, generator=gen, device=dev)
-            if "embed" in name:
-                t = t * 50  # embeddings of real models are O(1) after the first norm anyway
-        w[name] = t.to(torch.bfloat16).contiguous()
-    return w
-
-
-def round_robin(graph, n, rotate=0):
-    progs = [SMProgram() for _ in range(n)]
-    for i in range(len(graph.head)):
-        progs[(i + rotate) % n].head.append(i)
-    for i in range(len(graph.layer)):
-        progs[(i + rotate) % n].layer.append(i)
-    for i in range(len(graph.tail)):
-        progs[(i + rotate) % n].tail.append(i)
-    return progs
-
-
 def main():
     name = sys.argv[1] if len(sys.argv) > 1 else "tiny-llama"
     B = int(sys.argv[2]) if len(sys.argv) > 2 else 1
@@ -66,13 +42,13 @@ def main():
     dev = torch.device("cuda")
     nsm = torch.cuda.get_device_properties(0).multi_processor_count
     gen = torch.Generator(device=dev).manual_seed(0)
-    w = rand_weights(spec, gen, dev)
+    w = random_weights(spec, device=dev, seed=0)
     big = spec.hidden_size >= 1024
     plan = TilePlan(qkv_rows=32 if big else 8, o_rows=16 if big else 8, gateup_rows=64 if big else 8,
                     down_rows=16 if big else 8, lm_rows=1024 if big else 64, attn_splits=8, stages=6, slot_bytes=32768)
     sch = Schedule(spec=spec, batch=B, plan=plan, num_sms=nsm, gpu="H100-SXM", programs=[])
     g = build_step_graph(spec, B, plan)
-    sch.programs = round_robin(g, nsm)
+    sch.programs = naive_programs(g, nsm)
     max_seq = 1024
     src, layout = generate_source(sch, 32, max_seq, use_bulk_copy=True)
     t0 = time.time()
