@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything the GPU machine does, in stages that each fit one device call; results under $OUT.
-#   bash scripts/gpu_check.sh [build] [smoke] [tests] [sanitize] [calibrate] [bench]   (default: all)
+#   bash scripts/gpu_check.sh [build] [smoke] [tests] [sanitize] [trace] [calibrate] [bench]   (default: all)
+# TRACE_RUNS: one scripts/mk_trace.py argument line per traced step (default: llama-3.2-1b --batch 1).
 # Kernels are content-hash cached in .cubin_cache: precompile them on a CPU machine with
 #   TRTLLM_MK_CACHE=.cubin_cache python tests/test_megakernel_gpu.py
 #   TRTLLM_MK_CACHE=.cubin_cache python benchmarks/megakernel_system.py --prebuild --context 512
@@ -9,7 +10,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
-stages=${*:-build smoke tests sanitize calibrate bench}
+stages=${*:-build smoke tests sanitize trace calibrate bench}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export TRTLLM_MK_CACHE=${TRTLLM_MK_CACHE:-$PWD/.cubin_cache}
 has() { [[ " $stages " == *" $1 "* ]]; }
@@ -32,9 +33,17 @@ if has tests; then
 fi
 if has sanitize; then
   for tool in memcheck racecheck; do
-    timeout 240 compute-sanitizer --tool $tool --print-limit 20 python scripts/mk_smoke.py tiny-llama 2>&1 \
-      | grep -E "SUMMARY|Hazard|Invalid|rel err" | tail -5 | tee -a "$OUT/sanitize.txt"
+    MK_SMOKE_SHORT=1 timeout 240 compute-sanitizer --tool $tool --print-limit 20 python scripts/mk_smoke.py tiny-llama \
+      > "$OUT/sanitize_$tool.log" 2>&1
+    echo "$tool exit $?: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Hazard|Invalid" "$OUT/sanitize_$tool.log" | tail -3)" \
+      | tee -a "$OUT/sanitize.txt"
   done
+fi
+if has trace; then
+  while read -r line; do
+    [[ -n "$line" ]] || continue
+    timeout 300 python scripts/mk_trace.py $line --out "$OUT/trace" 2>&1 | tail -16 | tee -a "$OUT/trace.txt"
+  done <<< "${TRACE_RUNS:-llama-3.2-1b --batch 1}"
 fi
 if has calibrate; then
   timeout 540 python benchmarks/calibrate.py --out "$OUT/calibration" 2>&1 | tail -20 | tee "$OUT/calibrate.txt"

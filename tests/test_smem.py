@@ -8,7 +8,7 @@ from trtllm_mk.gpus import get_gpu
 from trtllm_mk.graph import TilePlan, build_step_graph
 from trtllm_mk.model.spec import load_spec
 from trtllm_mk.search.plans import no_k_tiling, no_ksplit, ring_candidates, valid
-from trtllm_mk.smem import FIXED_BYTES, fits, plan_smem, slot_geometry, without_ksplit
+from trtllm_mk.smem import ACT_PAD, FIXED_BYTES, SLOT_PAD, fits, plan_smem, slot_geometry, without_ksplit
 
 MODELS = Path(__file__).resolve().parents[1] / "configs" / "models"
 
@@ -19,39 +19,44 @@ def qwen8b():
 
 
 def test_slot_geometry_hand_checked():
-    # QKV row of 4096 bf16 = 8 KB: two rows per 16 KB slot, one piece
+    # QKV rows of 4096 bf16: a slot holds one 16-row mma block, so 16 x KC x 2 <= 16 KB -> KC 512, 8 pieces
     g = slot_geometry(4096, 1, 16384, 8)
-    assert (g.pieces, g.k_chunk, g.rows_per_slot, g.out_rows, g.fill_bytes) == (1, 4096, 2, 2, 16384)
-    # DOWN row of 12288 = 24 KB does not fit 16 KB: two pieces of 6144 columns, one row per slot
+    assert (g.pieces, g.k_chunk, g.rows_per_slot, g.out_rows, g.fill_bytes) == (8, 512, 16, 16, 16384)
+    # DOWN rows of 12288: 24 pieces of 512 columns; a group is 16 output rows
     g = slot_geometry(12288, 1, 16384, 8)
-    assert (g.pieces, g.k_chunk, g.rows_per_slot, g.fill_bytes) == (2, 6144, 1, 12288)
-    assert g.slots_for(16) == 32
-    # GATEUP: gate and up rows travel together, so a slot holds at least the pair
+    assert (g.pieces, g.k_chunk, g.rows_per_slot, g.fill_bytes) == (24, 512, 16, 16384)
+    assert g.slots_for(16) == 24 and g.slots_for(40) == 72
+    assert g.bytes_for(40) == 40 * 12288 * 2          # a partial last group loads only its rows
+    # GATEUP: a gate block and an up block travel together (32 rows, 16 outputs per group)
     g = slot_geometry(4096, 2, 16384, 8)
-    assert (g.pieces, g.rows_per_slot, g.out_rows) == (1, 2, 1)
+    assert (g.pieces, g.k_chunk, g.rows_per_slot, g.out_rows) == (16, 256, 32, 16)
     g = slot_geometry(4096, 2, 8192, 8)
-    assert (g.pieces, g.k_chunk, g.rows_per_slot) == (2, 2048, 2)
-    # rows per slot never exceed the consumer warps (the kernel gives each row >= 1 warp)
-    assert slot_geometry(1024, 1, 65536, 4).rows_per_slot == 4
+    assert (g.pieces, g.k_chunk, g.rows_per_slot) == (32, 128, 32)
+    # short rows: several blocks per slot, at most 4 (the kernel's slot padding covers 64 rows)
+    assert slot_geometry(1024, 1, 65536, 4).rows_per_slot == 32
+    assert slot_geometry(256, 1, 65536, 8).rows_per_slot == 64
     with pytest.raises(ValueError):
         slot_geometry(4096, 2, 16, 8)
+    with pytest.raises(ValueError):
+        slot_geometry(40, 1, 16384, 8)     # K must be a multiple of the mma's 16
 
 
 def test_plan_smem_hand_checked(qwen8b):
     plan = TilePlan(stages=4, slot_bytes=16384, consumer_warps=8, o_ksplit=1, down_ksplit=1)
     sm = plan_smem(qwen8b, 1, plan)
-    # ring 4 x 16 KB; activation: DOWN's whole K range 12288 x 2 B; ATTN scratch ((4+2)*128 + 8*4*130)*4
-    assert sm.ring == 65536
-    assert sm.per_kind["DOWN"].activation == 24576
+    # ring 4 x (16 KB + 1 KB row skew); activation: DOWN's whole K range (12288 + 8 skew) x 2 B;
+    # ATTN scratch ((4+2)*128 + 8*4*130)*4
+    assert sm.ring == 4 * (16384 + SLOT_PAD) == 69632
+    assert sm.per_kind["DOWN"].activation == (12288 + ACT_PAD) * 2 == 24592
     assert sm.per_kind["ATTN"].activation == 19712
-    assert sm.activation == 24576
-    # reduction scratch: 8 warps x batch 1 x max(rows per slot, 2) x 4 B
-    assert sm.scratch == 64
-    assert sm.peak == 65536 + 24576 + 64 + FIXED_BYTES == 94272
-    # DOWN split in 3: K range 4096 -> 8 KB, now ATTN's scratch is the largest activation
+    assert sm.activation == 24592
+    # reduction scratch: 2 buffers x 8 warps x 16 rows x batch 1 x 4 B
+    assert sm.scratch == 1024
+    assert sm.peak == 69632 + 24704 + 1024 + FIXED_BYTES == 99456    # activation 128-byte aligned
+    # DOWN split in 3: K range 4096, now ATTN's scratch is the largest activation
     split = plan_smem(qwen8b, 1, replace(plan, down_ksplit=3))
-    assert split.per_kind["DOWN"].activation == 8192
-    assert split.peak == 65536 + 19712 + 64 + FIXED_BYTES == 89408
+    assert split.per_kind["DOWN"].activation == (4096 + ACT_PAD) * 2
+    assert split.peak == 69632 + 19712 + 1024 + FIXED_BYTES == 94464
 
 
 def test_ksplit_shrinks_activation_and_peak(qwen8b):
@@ -59,8 +64,9 @@ def test_ksplit_shrinks_activation_and_peak(qwen8b):
     for batch in (1, 4):
         a = plan_smem(qwen8b, batch, base)
         b = plan_smem(qwen8b, batch, replace(base, o_ksplit=4, down_ksplit=6))
-        assert b.per_kind["DOWN"].activation * 6 == a.per_kind["DOWN"].activation
-        assert b.per_kind["OPROJ"].activation * 4 == a.per_kind["OPROJ"].activation
+        assert a.per_kind["DOWN"].activation == batch * (12288 + ACT_PAD) * 2
+        assert b.per_kind["DOWN"].activation == batch * (12288 // 6 + ACT_PAD) * 2
+        assert b.per_kind["OPROJ"].activation == batch * (4096 // 4 + ACT_PAD) * 2
         assert b.per_kind["DOWN"].total < a.per_kind["DOWN"].total
         assert b.peak < a.peak
     # the larger the batch, the more of the peak K-split saves (the activation grows with B)
@@ -72,7 +78,7 @@ def test_ksplit_shrinks_activation_and_peak(qwen8b):
 
 def test_overflowing_plans_rejected(qwen8b):
     l20, h100 = get_gpu("L20"), get_gpu("H100-SXM")
-    big = TilePlan(stages=16, slot_bytes=8192, o_ksplit=1, down_ksplit=1)       # 128 KB ring
+    big = TilePlan(stages=16, slot_bytes=8192, o_ksplit=1, down_ksplit=1)       # 144 KB ring
     assert plan_smem(qwen8b, 1, big).peak > l20.smem_per_block_optin
     assert not fits(l20, qwen8b, 1, big) and not valid(big, qwen8b, 1, l20)
     assert fits(h100, qwen8b, 1, big)
@@ -84,10 +90,10 @@ def test_overflowing_plans_rejected(qwen8b):
 
 
 def test_plan_families(qwen8b):
-    p = TilePlan(stages=2, slot_bytes=32768, o_ksplit=1, down_ksplit=1)
-    assert no_ksplit(p, qwen8b) and no_k_tiling(p, qwen8b)           # 24 KB DOWN rows fit a slot
-    assert no_ksplit(replace(p, slot_bytes=16384), qwen8b)
-    assert not no_k_tiling(replace(p, slot_bytes=16384), qwen8b)     # DOWN rows now stream in pieces
+    tiny = load_spec(MODELS / "tiny-llama.json")
+    p = TilePlan(stages=2, slot_bytes=65536, o_ksplit=1, down_ksplit=1)
+    assert no_ksplit(p, tiny) and no_k_tiling(p, tiny)                # 16 whole rows of every kind fit a slot
+    assert no_ksplit(p, qwen8b) and not no_k_tiling(p, qwen8b)        # 16 DOWN rows of 24 KB do not
     assert not no_ksplit(replace(p, down_ksplit=2), qwen8b)
 
 

@@ -35,7 +35,7 @@ def kernel_json(schedule: Schedule, layout: KernelLayout, target: str) -> dict:
     return {
         "kernel": KERNEL_NAME, "grid": layout.grid, "block": layout.block, "smem_bytes": layout.smem_bytes,
         "num_counters": layout.num_counters, "n_lm_tiles": layout.n_lm_tiles, "history_len": layout.history_len,
-        "tokens_per_block": layout.tokens_per_block, "batch": schedule.batch, "attn_splits": schedule.plan.attn_splits,
+        "tokens_per_block": layout.tokens_per_block, "trace_tasks": layout.trace_tasks, "batch": schedule.batch, "attn_splits": schedule.plan.attn_splits,
         "event_offsets": layout.event_offsets, "target": target,
         "qk_norm": schedule.spec.qk_norm, "qkv_bias": schedule.spec.qkv_bias,
         "dims": {"L": d["L"], "H": d["H"], "I": d["I"], "V": d["V"], "NH": d["nh"], "NKV": d["nkv"], "D": d["d"],
@@ -47,7 +47,7 @@ def layout_from_kernel_json(k: dict) -> KernelLayout:
     return KernelLayout(grid=k["grid"], block=k["block"], smem_bytes=k["smem_bytes"],
                         event_offsets=dict(k["event_offsets"]), num_counters=k["num_counters"],
                         n_lm_tiles=k["n_lm_tiles"], history_len=k["history_len"],
-                        tokens_per_block=k["tokens_per_block"])
+                        tokens_per_block=k["tokens_per_block"], trace_tasks=k.get("trace_tasks", 0))
 
 
 def write_kernel(engine_dir: Path, schedule: Schedule, tokens_per_block: int, max_seq_len: int, target: str,

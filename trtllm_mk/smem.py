@@ -1,18 +1,21 @@
 """Shared-memory model of the megakernel: what one CTA needs per task kind, and whether a plan fits.
 
 One persistent CTA per SM holds, in dynamic shared memory:
-  ring        ``stages x slot_bytes``: the weight ring the loader warp fills for GEMV tasks. A slot
-              holds ``RS`` weight rows of ``KC`` columns (the 3-D tile: output rows per slot x K tile,
-              times the batch through the activation below); a row of the task's K range that does
-              not fit one slot travels in ``NKC`` pieces (the geometry mirrors ``Geometry`` in
-              plugin_src/megakernel/mk_gemv.cuh, so the ring the model fills is the ring that runs).
-  activation  the task's input, resident for the whole task: ``batch x K_range`` bf16 for a GEMV kind,
-              where K-splitting (TilePlan.o_ksplit, down_ksplit) shrinks K_range; ATTN uses the same
-              region as fp32 scratch (q/k/v of one KV group plus one merge buffer per consumer warp).
-              One region serves every kind, so the kernel allocates the largest.
-  scratch     cross-warp reduction: ``consumer_warps x batch x max(RS, 2) x 4`` bytes (covers the
-              kernel's double-buffered ``2 x CWARPS x B`` floats).
-  fixed       4 KB: mbarriers, norm / argmax scratch and alignment slack (the kernel uses < 1 KB of it).
+  ring        ``stages x (slot_bytes + SLOT_PAD)``: the weight ring the loader warp fills for GEMV
+              tasks. A slot holds ``RS`` = 16 x NB weight rows (NB blocks of the tensor-core mma's
+              16 rows) of ``KC`` columns (the 3-D tile: output rows per slot x K tile, times the batch
+              through the activation below); a row of the task's K range that does not fit one slot
+              travels in ``NKC`` pieces. Rows sit 16 bytes further apart than their length (bank skew
+              for ldmatrix); SLOT_PAD holds that skew. The geometry mirrors ``Geometry`` in
+              plugin_src/megakernel/mk_gemv.cuh, so the ring the model fills is the ring that runs.
+  activation  the task's input, resident for the whole task: ``batch x (K_range + 8)`` bf16 for a GEMV
+              kind (8 elements of bank skew per row), where K-splitting (TilePlan.o_ksplit,
+              down_ksplit) shrinks K_range; ATTN uses the same region as fp32 scratch (q/k/v of one KV
+              group plus one merge buffer per consumer warp). One region serves every kind, so the
+              kernel allocates the largest.
+  scratch     cross-warp reduction of the mma partial sums: ``2 x consumer_warps x 16 x batch x 4``
+              bytes (double-buffered by row group).
+  fixed       4 KB: mbarriers, norm / argmax scratch and alignment slack (the kernel uses < 1.2 KB of it).
 peak = ring + largest activation (128-byte aligned) + largest scratch + fixed <= smem_per_block_optin.
 
 The per-kind view (``KindSmem``) is what a kernel that ran only that kind would need; the report
@@ -31,6 +34,13 @@ ALIGN = 128
 GEMV_KINDS = (Kind.QKV, Kind.OPROJ, Kind.GATEUP, Kind.DOWN, Kind.LMHEAD)
 
 
+SLOT_PAD = 1024       # bytes of row skew per slot: 16 bytes x up to MAX_BLOCKS x 16 rows
+ROW_PAD = 16
+ACT_PAD = 8           # bf16 elements of skew after each staged activation row
+MMA_ROWS = 16         # rows of one tensor-core block (mma.m16n8k16)
+MAX_BLOCKS = 4
+
+
 @dataclass(frozen=True)
 class SlotGeometry:
     """How one GEMV kind uses a ring slot (mirror of ``Geometry<KT, PAIR>`` in mk_gemv.cuh)."""
@@ -38,7 +48,7 @@ class SlotGeometry:
     pair: int           # 2 for GATEUP: gate and up rows of one output row travel together
     pieces: int         # NKC: slots one row group takes
     k_chunk: int        # KC: columns per slot
-    rows_per_slot: int  # RS: weight rows per slot (gate + up rows for GATEUP)
+    rows_per_slot: int  # RS: weight rows per slot (gate + up rows for GATEUP), 16 x blocks
 
     @property
     def out_rows(self) -> int:
@@ -47,29 +57,30 @@ class SlotGeometry:
 
     @property
     def fill_bytes(self) -> int:
-        """Bytes of a slot this kind actually fills (<= slot_bytes)."""
+        """Weight bytes of a full slot (<= slot_bytes)."""
         return self.rows_per_slot * self.k_chunk * 2
 
     def slots_for(self, rows: int) -> int:
         """Ring slots a task with ``rows`` output rows streams."""
         return -(-rows // self.out_rows) * self.pieces
 
-
-def _floor_pow2_le8(v: int) -> int:
-    return 8 if v >= 8 else 4 if v >= 4 else 2 if v >= 2 else 1
+    def bytes_for(self, rows: int) -> int:
+        """Weight bytes a task with ``rows`` output rows streams (partial last groups load only their rows)."""
+        return rows * self.pair * self.k_range * 2
 
 
 def slot_geometry(k_range: int, pair: int, slot_bytes: int, consumer_warps: int) -> SlotGeometry:
-    """Pieces: the smallest n with n | KT, (KT/n) % 8 == 0 and pair*(KT/n)*2 <= slot_bytes; then as many
-    rows (a power of two, at most 8 and at most the consumer warps, at least ``pair``) as fit."""
-    if k_range % 8 or pair * 16 > slot_bytes:
+    """Pieces: the smallest n with n | KT, (KT/n) % 16 == 0 and 16*pair*(KT/n)*2 <= slot_bytes; then as
+    many 16-row blocks as fit (1, 2 or 4, at most the consumer warps, at least ``pair``)."""
+    if k_range % MMA_ROWS or MMA_ROWS * pair * MMA_ROWS * 2 > slot_bytes:
         raise ValueError(f"K range {k_range} (pair {pair}) cannot use {slot_bytes}-byte slots")
     n = 1
-    while not (k_range % n == 0 and (k_range // n) % 8 == 0 and pair * (k_range // n) * 2 <= slot_bytes):
+    while not (k_range % n == 0 and (k_range // n) % 16 == 0 and MMA_ROWS * pair * (k_range // n) * 2 <= slot_bytes):
         n += 1
     kc = k_range // n
-    rs = _floor_pow2_le8(min(slot_bytes // (kc * 2), consumer_warps, 8))
-    return SlotGeometry(k_range, pair, n, kc, max(rs, pair))
+    nb = slot_bytes // (MMA_ROWS * kc * 2)
+    nb = min(MAX_BLOCKS if nb >= MAX_BLOCKS else 2 if nb >= 2 else 1, consumer_warps)
+    return SlotGeometry(k_range, pair, n, kc, MMA_ROWS * max(nb, pair))
 
 
 def gemv_k_ranges(spec: ModelSpec, plan: TilePlan) -> dict[Kind, tuple[int, int]]:
@@ -131,11 +142,11 @@ class SmemBreakdown:
 
 def plan_smem(spec: ModelSpec, batch: int, plan: TilePlan) -> SmemBreakdown:
     """Shared memory of ``plan`` at batch ``batch``, per task kind and peak."""
-    ring = plan.stages * plan.slot_bytes
+    ring = plan.stages * (plan.slot_bytes + SLOT_PAD)
     per: dict[str, KindSmem] = {}
     for kind, geo in geometries(spec, plan).items():
-        act = batch * geo.k_range * 2
-        scratch = plan.consumer_warps * batch * max(geo.rows_per_slot, 2) * 4
+        act = batch * (geo.k_range + ACT_PAD) * 2
+        scratch = 2 * plan.consumer_warps * MMA_ROWS * batch * 4
         per[kind.name] = KindSmem(kind.name, ring, act, scratch, FIXED_BYTES)
     # Non-GEMV kinds read global memory directly; only ATTN needs scratch of its own.
     per[Kind.ATTN.name] = KindSmem(Kind.ATTN.name, 0, attention_scratch_bytes(spec, plan), 0, FIXED_BYTES)

@@ -56,6 +56,26 @@ __device__ __forceinline__ uint64_t globaltimer() {
   return t;
 }
 
+// ---------------------------------------------------------------- tensor-core GEMV fragments
+// The GEMV consumers run on mma.sync m16n8k16 (sm_80+): A = 16 weight rows x 16 k (bf16, from the
+// ring via ldmatrix), B = 16 k x 8 batch columns (bf16 activation; columns >= B are zero), fp32 C.
+// One mma covers 512 bytes of weights for every batch row at once, so the consumer's cost per byte
+// no longer grows with the batch (the fp32-FMA consumer it replaced was the bound at batch 4).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                               uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
 // ---------------------------------------------------------------- named barrier of consumer warps
 // Barrier 0 is __syncthreads (all warps, loader included); barrier 1 syncs only the consumer warps
 // so the loader can keep streaming weights while consumers wait on each other.

@@ -1,5 +1,6 @@
 // GEMV tasks (QKV, OPROJ, GATEUP, DOWN, LMHEAD): the loader streams weight rows through the
-// shared-memory ring; consumers stage the bf16 activation once, then reduce each slot against it.
+// shared-memory ring; consumers stage the bf16 activation once, then reduce each slot against it
+// with tensor-core mma (batch rows are the mma's N columns).
 // Requires the generated namespace cfg (shapes, tile constants) to be defined before inclusion.
 #pragma once
 #include "mk_params.cuh"
@@ -9,31 +10,46 @@ namespace mk {
 enum Kind { EMBED = 0, QKV = 1, ATTN = 2, COMBINE = 3, OPROJ = 4, GATEUP = 5, DOWN = 6, LMHEAD = 7, ARGMAX = 8 };
 
 constexpr int CTHREADS = cfg::CWARPS * 32;
-static_assert(cfg::CWARPS * cfg::B <= 256, "scratch holds one partial per consumer warp and batch row");
+static_assert(cfg::CWARPS * cfg::B <= 128, "scratch holds one partial (and one index) per consumer warp and batch row");
 
-constexpr int floor_pow2(int v) { return v >= 16 ? 16 : v >= 8 ? 8 : v >= 4 ? 4 : v >= 2 ? 2 : 1; }
-constexpr int min_i(int a, int b) { return a < b ? a : b; }
+__host__ __device__ constexpr int min_i(int a, int b) { return a < b ? a : b; }
 
-// Ring geometry of a GEMV kind with K range KT: a slot holds RS weight rows of KC columns; a row
-// of KT columns takes NKC slots when it does not fit one. PAIR=2 for GATEUP (gate and up rows of the
-// same output row travel together: slot rows [0, RS/2) are gate, [RS/2, RS) are up).
+// Ring geometry of a GEMV kind with K range KT (mirror: trtllm_mk/smem.py slot_geometry). A slot
+// holds NB blocks of 16 weight rows (the mma M dimension) x KC columns; a row of KT columns takes NKC
+// slots when it does not fit one. Rows sit ROW_STRIDE = 2*KC + 16 bytes apart: the 16-byte skew puts
+// the 8 rows an ldmatrix phase reads in 8 different bank groups. The skew lives in SLOT_PAD, the
+// bytes each slot has beyond SLOT_BYTES of weights. PAIR=2 for GATEUP: gate and up rows of the same
+// output rows travel together (slot rows [0, RS/2) are gate, [RS/2, RS) are up).
+constexpr int ROW_PAD = 16;
+constexpr int ACT_PAD = 8;                 // bf16 after each staged activation row (same bank skew)
+constexpr int SLOT_STRIDE = cfg::SLOT_BYTES + cfg::SLOT_PAD;
+constexpr int MAX_BLOCKS = 4;              // 16-row blocks per slot (SLOT_PAD covers 64 rows of skew)
+static_assert(cfg::SLOT_PAD >= 16 * MAX_BLOCKS * ROW_PAD, "slot padding must cover the row skew");
+
 constexpr int pieces_for(int kt, int pair) {
   int n = 1;
-  while (!(kt % n == 0 && (kt / n) % 8 == 0 && pair * (kt / n) * 2 <= cfg::SLOT_BYTES)) ++n;
+  while (!(kt % n == 0 && (kt / n) % 16 == 0 && 16 * pair * (kt / n) * 2 <= cfg::SLOT_BYTES)) ++n;
   return n;
+}
+constexpr int blocks_for(int kc, int pair) {
+  int nb = cfg::SLOT_BYTES / (16 * kc * 2);
+  nb = nb >= MAX_BLOCKS ? MAX_BLOCKS : nb >= 2 ? 2 : 1;
+  nb = min_i(nb, cfg::CWARPS);
+  return nb < pair ? pair : nb;
 }
 template <int KT, int PAIR>
 struct Geometry {
   static constexpr int NKC = pieces_for(KT, PAIR);
   static constexpr int KC = KT / NKC;
-  static constexpr int RS_FIT = cfg::SLOT_BYTES / (KC * 2);
-  static constexpr int RS = floor_pow2(min_i(min_i(RS_FIT, cfg::CWARPS), 8)) < PAIR ? PAIR
-                                                                                    : floor_pow2(min_i(min_i(RS_FIT, cfg::CWARPS), 8));
-  static constexpr int OUT_ROWS = RS / PAIR;     // output rows per slot
-  static constexpr int WPR = cfg::CWARPS / RS;   // warps per weight row
-  static constexpr int NVEC = KC / 8;            // 16-byte vectors per row piece
-  static_assert(cfg::CWARPS % RS == 0, "rows per slot must divide the consumer warps");
-  static_assert(KT % 8 == 0, "K range must be a multiple of 8");
+  static constexpr int NB = blocks_for(KC, PAIR);      // 16-row mma blocks per slot
+  static constexpr int RS = 16 * NB;                   // weight rows per slot
+  static constexpr int OUT_ROWS = RS / PAIR;           // output rows per slot group
+  static constexpr int ROW_STRIDE = KC * 2 + ROW_PAD;  // bytes between rows in a slot
+  static constexpr int NK16 = KC / 16;                 // mma k-steps per slot
+  static constexpr int WPB = cfg::CWARPS / NB;         // warps per block: they split the k-steps
+  static_assert(KT % 16 == 0, "K range must be a multiple of 16");
+  static_assert(cfg::CWARPS % NB == 0, "blocks per slot must divide the consumer warps");
+  static_assert(RS * ROW_STRIDE <= SLOT_STRIDE, "slot overflow");
 };
 
 template <int KIND> struct KindTraits;
@@ -72,23 +88,27 @@ __device__ __forceinline__ const bf16* weight_row(const Params& p, const TaskArg
 template <int KIND>
 __device__ void gemv_load(Ctx& c, const TaskArgs& a) {
   using G = Geometry<KindTraits<KIND>::KT, KindTraits<KIND>::PAIR>;
-  const int groups = (a.r1 - a.r0) / G::OUT_ROWS;
+  const int groups = (a.r1 - a.r0 + G::OUT_ROWS - 1) / G::OUT_ROWS;
   for (int grp = 0; grp < groups; ++grp) {
+    const int valid = min_i(G::OUT_ROWS, a.r1 - a.r0 - grp * G::OUT_ROWS);   // output rows in this group
     for (int kc = 0; kc < G::NKC; ++kc, ++c.ring_n) {
       const uint32_t slot = c.ring_n % cfg::STAGES, use = c.ring_n / cfg::STAGES;
-      mbar_wait(&c.empty[slot], (use & 1) ^ 1);  // first use of a slot passes at once
-      unsigned char* dst = c.ring + (size_t)slot * cfg::SLOT_BYTES;
+      c.loader_wait(&c.empty[slot], (use & 1) ^ 1);  // first use of a slot passes at once
+      unsigned char* dst = c.ring + (size_t)slot * SLOT_STRIDE;
 #if defined(MK_USE_BULK_COPY)
-      if (c.lane == 0) {
-        mbar_expect_tx(&c.full[slot], G::RS * G::KC * 2);
-        for (int j = 0; j < G::RS; ++j)
-          bulk_copy_g2s(dst + j * G::KC * 2, weight_row<KIND>(*c.p, a, grp, j) + kc * G::KC, G::KC * 2, &c.full[slot]);
+      // lane 0 announces the bytes, then the lanes issue one bulk copy per weight row each
+      if (c.lane == 0) mbar_expect_tx(&c.full[slot], valid * KindTraits<KIND>::PAIR * G::KC * 2);
+      __syncwarp();
+      for (int j = c.lane; j < G::RS; j += 32) {
+        if (j % G::OUT_ROWS < valid)
+          bulk_copy_g2s(dst + j * G::ROW_STRIDE, weight_row<KIND>(*c.p, a, grp, j) + kc * G::KC, G::KC * 2, &c.full[slot]);
       }
 #else
       for (int j = 0; j < G::RS; ++j) {
+        if (j % G::OUT_ROWS >= valid) continue;
         const bf16x8* src = reinterpret_cast<const bf16x8*>(weight_row<KIND>(*c.p, a, grp, j) + kc * G::KC);
-        bf16x8* d = reinterpret_cast<bf16x8*>(dst + j * G::KC * 2);
-        for (int v = c.lane; v < G::NVEC; v += 32) cp_async16(d + v, src + v);
+        bf16x8* d = reinterpret_cast<bf16x8*>(dst + j * G::ROW_STRIDE);
+        for (int v = c.lane; v < G::KC / 8; v += 32) cp_async16(d + v, src + v);
       }
       cp_async_arrive(&c.full[slot]);
 #endif
@@ -97,9 +117,47 @@ __device__ void gemv_load(Ctx& c, const TaskArgs& a) {
 }
 
 // ------------------------------------------------------------------------------- consumer side
-// Stage the task's activation as bf16 in shared memory: rmsnorm(x) * w for the norm-prologue kinds,
-// a slice of attn_out / act for OPROJ / DOWN. Every load of a pass is independent (16-byte vectors,
-// unrolled), so staging costs about one L2 round trip per pass instead of one per element.
+// Stage the task's activation as bf16 in shared memory, rows ACT_STRIDE apart: rmsnorm(x) * w for
+// the norm-prologue kinds, a slice of attn_out / act for OPROJ / DOWN. Every load of a pass is
+// independent (16-byte vectors, unrolled), so a pass costs about one L2 round trip; when the
+// batch's rows fit in registers (B * H / threads <= 64 floats) the norm takes a single pass.
+template <int KIND>
+__device__ __forceinline__ void store_act4(Ctx& c, int b, int i, float4 v) {
+  constexpr int AS = KindTraits<KIND>::KT + ACT_PAD;
+  __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+  uint2 out;
+  out.x = *reinterpret_cast<uint32_t*>(&lo);
+  out.y = *reinterpret_cast<uint32_t*>(&hi);
+  *reinterpret_cast<uint2*>(c.act + b * AS + 4 * i) = out;
+}
+
+__device__ __forceinline__ float4 load_norm_w4(const bf16* nw, int i) {
+  const uint2 wraw = __ldg(reinterpret_cast<const uint2*>(nw) + i);
+  const float2 w01 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&wraw.x));
+  const float2 w23 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&wraw.y));
+  return make_float4(w01.x, w01.y, w23.x, w23.y);
+}
+
+__device__ __forceinline__ float4 norm4(float4 v, float s, float4 w) {
+  return make_float4(v.x * s * w.x, v.y * s * w.y, v.z * s * w.z, v.w * s * w.w);
+}
+
+// Block-wide sum of squares of every batch row -> 1 / rms per row (one consumer barrier).
+__device__ __forceinline__ void rms_scales(Ctx& c, float (&ss)[cfg::B]) {
+#pragma unroll
+  for (int b = 0; b < cfg::B; ++b) {
+    const float t = warp_sum(ss[b]);
+    if (c.lane == 0) c.scratch[c.warp * cfg::B + b] = t;
+  }
+  consumer_sync(CTHREADS);
+#pragma unroll
+  for (int b = 0; b < cfg::B; ++b) {
+    float tot = 0.f;
+    for (int w = 0; w < cfg::CWARPS; ++w) tot += c.scratch[w * cfg::B + b];
+    ss[b] = rsqrtf(tot / cfg::H + cfg::EPS);
+  }
+}
+
 template <int KIND>
 __device__ void stage_activation(Ctx& c, const TaskArgs& a) {
   constexpr int KT = KindTraits<KIND>::KT;
@@ -107,51 +165,58 @@ __device__ void stage_activation(Ctx& c, const TaskArgs& a) {
   const int tid = threadIdx.x;  // consumer threads are 0 .. CTHREADS-1
   if constexpr (KIND == QKV || KIND == GATEUP || KIND == LMHEAD) {
     constexpr int H4 = cfg::H / 4, VPT = (H4 + CTHREADS - 1) / CTHREADS;
+    constexpr bool FULL = H4 % CTHREADS == 0;
     const bf16* nw = KIND == QKV ? p.layers[a.layer].ln1 : KIND == GATEUP ? p.layers[a.layer].ln2 : p.final_norm;
-    // pass 1: sum of squares of every batch row (all loads in flight at once)
     float ss[cfg::B];
+    if constexpr (VPT * cfg::B <= 16) {
+      // one pass: x stays in registers between the sum of squares and the scaling
+      float4 xv[cfg::B][VPT];
 #pragma unroll
-    for (int b = 0; b < cfg::B; ++b) {
-      ss[b] = 0.f;
-      const float4* xb = reinterpret_cast<const float4*>(p.x + (size_t)b * cfg::H);
+      for (int b = 0; b < cfg::B; ++b) {
+        ss[b] = 0.f;
+        const float4* xb = reinterpret_cast<const float4*>(p.x + (size_t)b * cfg::H);
 #pragma unroll
-      for (int j = 0; j < VPT; ++j) {
-        const int i = tid + j * CTHREADS;
-        if (H4 % CTHREADS == 0 || i < H4) {
-          const float4 v = __ldcg(xb + i);
+        for (int j = 0; j < VPT; ++j) {
+          const int i = tid + j * CTHREADS;
+          xv[b][j] = (FULL || i < H4) ? __ldcg(xb + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+          const float4 v = xv[b][j];
           ss[b] = fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, ss[b]))));
         }
       }
-    }
+      rms_scales(c, ss);
 #pragma unroll
-    for (int b = 0; b < cfg::B; ++b) {
-      const float t = warp_sum(ss[b]);
-      if (c.lane == 0) c.scratch[c.warp * cfg::B + b] = t;
-    }
-    consumer_sync(CTHREADS);
+      for (int j = 0; j < VPT; ++j) {
+        const int i = tid + j * CTHREADS;
+        if (FULL || i < H4) {
+          const float4 w = load_norm_w4(nw, i);
 #pragma unroll
-    for (int b = 0; b < cfg::B; ++b) {
-      float tot = 0.f;
-      for (int w = 0; w < cfg::CWARPS; ++w) tot += c.scratch[w * cfg::B + b];
-      ss[b] = rsqrtf(tot / cfg::H + cfg::EPS);
-    }
-    // pass 2: normalise (x is re-read from L2: cheaper than holding B*H/threads values in registers)
+          for (int b = 0; b < cfg::B; ++b) store_act4<KIND>(c, b, i, norm4(xv[b][j], ss[b], w));
+        }
+      }
+    } else {
+      // two passes: x is re-read from L2 (cheaper than holding B*H/threads values in registers)
 #pragma unroll
-    for (int j = 0; j < VPT; ++j) {
-      const int i = tid + j * CTHREADS;
-      if (H4 % CTHREADS == 0 || i < H4) {
-        const uint2 wraw = __ldg(reinterpret_cast<const uint2*>(nw) + i);
-        const float2 w01 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&wraw.x));
-        const float2 w23 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&wraw.y));
+      for (int b = 0; b < cfg::B; ++b) {
+        ss[b] = 0.f;
+        const float4* xb = reinterpret_cast<const float4*>(p.x + (size_t)b * cfg::H);
 #pragma unroll
-        for (int b = 0; b < cfg::B; ++b) {
-          const float4 v = __ldcg(reinterpret_cast<const float4*>(p.x + (size_t)b * cfg::H) + i);
-          __nv_bfloat162 lo = __floats2bfloat162_rn(v.x * ss[b] * w01.x, v.y * ss[b] * w01.y);
-          __nv_bfloat162 hi = __floats2bfloat162_rn(v.z * ss[b] * w23.x, v.w * ss[b] * w23.y);
-          uint2 out;
-          out.x = *reinterpret_cast<uint32_t*>(&lo);
-          out.y = *reinterpret_cast<uint32_t*>(&hi);
-          reinterpret_cast<uint2*>(c.act + b * KT)[i] = out;
+        for (int j = 0; j < VPT; ++j) {
+          const int i = tid + j * CTHREADS;
+          if (FULL || i < H4) {
+            const float4 v = __ldcg(xb + i);
+            ss[b] = fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, ss[b]))));
+          }
+        }
+      }
+      rms_scales(c, ss);
+#pragma unroll
+      for (int j = 0; j < VPT; ++j) {
+        const int i = tid + j * CTHREADS;
+        if (FULL || i < H4) {
+          const float4 w = load_norm_w4(nw, i);
+#pragma unroll
+          for (int b = 0; b < cfg::B; ++b)
+            store_act4<KIND>(c, b, i, norm4(__ldcg(reinterpret_cast<const float4*>(p.x + (size_t)b * cfg::H) + i), ss[b], w));
         }
       }
     }
@@ -170,13 +235,7 @@ __device__ void stage_activation(Ctx& c, const TaskArgs& a) {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int i = base + u * CTHREADS;
-        if (i < N4) {
-          __nv_bfloat162 lo = __floats2bfloat162_rn(v[u].x, v[u].y), hi = __floats2bfloat162_rn(v[u].z, v[u].w);
-          uint2 out;
-          out.x = *reinterpret_cast<uint32_t*>(&lo);
-          out.y = *reinterpret_cast<uint32_t*>(&hi);
-          reinterpret_cast<uint2*>(c.act)[i] = out;   // [b][k] with k contiguous, as i = b*K4 + k/4
-        }
+        if (i < N4) store_act4<KIND>(c, i / K4, i % K4, v[u]);
       }
     }
     consumer_sync(CTHREADS);
@@ -208,102 +267,131 @@ __device__ __forceinline__ void gemv_epilogue(const Params& p, const TaskArgs& a
 }
 
 // First argmax (highest value, lowest index on ties) over the consumer threads' candidates; the
-// result is valid in consumer thread 0. Used by the LM-head tiles and by the final ARGMAX task.
+// result is valid in consumer thread 0. Used by the final ARGMAX task.
 __device__ __forceinline__ bool argmax_better(float v, int i, float best, int bi) {
   return v > best || (v == best && i < bi);
 }
 
-__device__ void block_argmax(Ctx& c, float& best, int& bi) {
+__device__ __forceinline__ void warp_argmax(float& best, int& bi) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     const float ov = __shfl_xor_sync(0xffffffffu, best, o);
     const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
     if (argmax_better(ov, oi, best, bi)) { best = ov; bi = oi; }
   }
-  if (c.lane == 0) { c.scratch[c.warp] = best; reinterpret_cast<int*>(c.scratch)[32 + c.warp] = bi; }
+}
+
+__device__ void block_argmax(Ctx& c, float& best, int& bi) {
+  warp_argmax(best, bi);
+  if (c.lane == 0) { c.scratch[c.warp] = best; reinterpret_cast<int*>(c.scratch)[128 + c.warp] = bi; }
   consumer_sync(CTHREADS);
   if (threadIdx.x == 0) {
     for (int w = 1; w < cfg::CWARPS; ++w) {
       const float ov = c.scratch[w];
-      const int oi = reinterpret_cast<int*>(c.scratch)[32 + w];
+      const int oi = reinterpret_cast<int*>(c.scratch)[128 + w];
       if (argmax_better(ov, oi, best, bi)) { best = ov; bi = oi; }
     }
   }
 }
 
-// First-argmax of logits[b, r0:r1] for every b -> lm_val / lm_idx[b, tile].
-__device__ void lm_tile_argmax(Ctx& c, const TaskArgs& a) {
-  const Params& p = *c.p;
-  for (int b = 0; b < cfg::B; ++b) {
-    float best = -INFINITY;
-    int bi = 0x7fffffff;
-    for (int r = a.r0 + threadIdx.x; r < a.r1; r += CTHREADS) {
-      const float v = ld_act(p.logits + (size_t)b * cfg::V + r);
-      if (argmax_better(v, r, best, bi)) { best = v; bi = r; }
-    }
-    block_argmax(c, best, bi);
-    if (threadIdx.x == 0) {
-      p.lm_val[b * cfg::N_LM_TILES + a.tile] = best;
-      p.lm_idx[b * cfg::N_LM_TILES + a.tile] = bi;
-    }
-    consumer_sync(CTHREADS);   // scratch is reused by the next batch row
-  }
-}
-
+// GEMV consumer. Per slot, warp w takes 16-row block w % NB and every WPB-th k-step from w / NB:
+// one ldmatrix (weights) + two 32-bit loads (activation) + one mma per 16x16 weight tile. A group's
+// partial sums meet in red[] ([warp][16][B], double-buffered by group) behind one consumer barrier;
+// the epilogue threads then add the WPB partials of each (output row, batch row) in a fixed order,
+// so results are deterministic. LMHEAD keeps each thread's best logit per batch row in registers and
+// reduces the tile's argmax once at the end (no second pass over the logits).
 template <int KIND>
 __device__ void gemv_compute(Ctx& c, const TaskArgs& a) {
   using G = Geometry<KindTraits<KIND>::KT, KindTraits<KIND>::PAIR>;
-  constexpr int KT = KindTraits<KIND>::KT;
+  constexpr int AS = KindTraits<KIND>::KT + ACT_PAD;
+  constexpr int B = cfg::B;
   const Params& p = *c.p;
   stage_activation<KIND>(c, a);
-  const int row_in_slot = c.warp / G::WPR, seg = c.warp % G::WPR;
-  const int vbeg = seg * G::NVEC / G::WPR, vend = (seg + 1) * G::NVEC / G::WPR;
-  const bf16x8* actv = reinterpret_cast<const bf16x8*>(c.act);
-  const int groups = (a.r1 - a.r0) / G::OUT_ROWS;
-  for (int grp = 0; grp < groups; ++grp) {
-    float acc[cfg::B];
+  c.mark();
+  const int blk = c.warp % G::NB, kw = c.warp / G::NB;
+  const int g = c.lane >> 2, t = c.lane & 3;
+  const int lrow = (c.lane & 7) + ((c.lane >> 3) & 1) * 8, lcol = (c.lane >> 4) * 8;
+  const uint32_t a_lane = (uint32_t)((blk * 16 + lrow) * G::ROW_STRIDE + lcol * 2);
+  const bool bvalid = g < B;
+  const bf16* act_lane = c.act + (bvalid ? g : 0) * AS + t * 2;
+  const uint32_t ring0 = smem_addr(c.ring);
+  const int groups = (a.r1 - a.r0 + G::OUT_ROWS - 1) / G::OUT_ROWS;
+  float best[B];
+  int bidx[B];
 #pragma unroll
-    for (int b = 0; b < cfg::B; ++b) acc[b] = 0.f;
+  for (int b = 0; b < B; ++b) { best[b] = -INFINITY; bidx[b] = 0x7fffffff; }
+
+  for (int grp = 0; grp < groups; ++grp) {
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
     for (int kc = 0; kc < G::NKC; ++kc, ++c.ring_n) {
       const uint32_t slot = c.ring_n % cfg::STAGES, use = c.ring_n / cfg::STAGES;
       mbar_wait(&c.full[slot], use & 1);
-      const bf16x8* wrow = reinterpret_cast<const bf16x8*>(c.ring + (size_t)slot * cfg::SLOT_BYTES + row_in_slot * G::KC * 2);
+      const uint32_t wbase = ring0 + slot * SLOT_STRIDE + a_lane;
+      const bf16* ak = act_lane + kc * G::KC;
 #pragma unroll 4
-      for (int v = vbeg + c.lane; v < vend; v += 32) {
-        const bf16x8 w = wrow[v];
-#pragma unroll
-        for (int b = 0; b < cfg::B; ++b) acc[b] += dot8(w, actv[(b * KT + kc * G::KC) / 8 + v]);
+      for (int s = kw; s < G::NK16; s += G::WPB) {
+        uint32_t b0 = 0u, b1 = 0u;
+        if (bvalid) {
+          b0 = *reinterpret_cast<const uint32_t*>(ak + s * 16);
+          b1 = *reinterpret_cast<const uint32_t*>(ak + s * 16 + 8);
+        }
+        uint32_t a0, a1, a2, a3;
+        ldmatrix_x4(wbase + s * 32, a0, a1, a2, a3);
+        mma_bf16_16816(acc, a0, a1, a2, a3, b0, b1);
       }
       __syncwarp();
       if (c.lane == 0) mbar_arrive(&c.empty[slot]);
     }
+    // C fragment: acc[0], acc[1] = (row g, batch 2t, 2t+1); acc[2], acc[3] = (row g + 8, same batch)
+    float* red = c.red + (grp & 1) * cfg::CWARPS * 16 * B;
+    float* mine = red + c.warp * 16 * B;
+    if (2 * t < B) { mine[g * B + 2 * t] = acc[0]; mine[(g + 8) * B + 2 * t] = acc[2]; }
+    if (2 * t + 1 < B) { mine[g * B + 2 * t + 1] = acc[1]; mine[(g + 8) * B + 2 * t + 1] = acc[3]; }
+    consumer_sync(CTHREADS);
+    for (int i = threadIdx.x; i < G::OUT_ROWS * B; i += CTHREADS) {
+      const int orow = i / B, b = i % B;
+      const int r = a.r0 + grp * G::OUT_ROWS + orow;
+      if (r >= a.r1) continue;
+      float v = 0.f, vu = 0.f;
 #pragma unroll
-    for (int b = 0; b < cfg::B; ++b) acc[b] = warp_sum(acc[b]);
-    if constexpr (G::WPR == 1 && KindTraits<KIND>::PAIR == 1) {
-      if (c.lane == 0) {
-        const int r = a.r0 + grp * G::OUT_ROWS + row_in_slot;
+      for (int s = 0; s < G::WPB; ++s) v += red[((s * G::NB + orow / 16) * 16 + orow % 16) * B + b];
+      if constexpr (KindTraits<KIND>::PAIR == 2) {
+        const int urow = G::OUT_ROWS + orow;
 #pragma unroll
-        for (int b = 0; b < cfg::B; ++b) gemv_epilogue<KIND>(p, a, r, b, acc[b], 0.f);
+        for (int s = 0; s < G::WPB; ++s) vu += red[((s * G::NB + urow / 16) * 16 + urow % 16) * B + b];
       }
-    } else {
-      float* red = c.red + (grp & 1) * cfg::CWARPS * cfg::B;   // [RS][WPR][B]
-      if (c.lane == 0) {
+      gemv_epilogue<KIND>(p, a, r, b, v, vu);
+      if constexpr (KIND == LMHEAD) {
+        // rows only grow within a thread, so '>' keeps the first index of a tie
 #pragma unroll
-        for (int b = 0; b < cfg::B; ++b) red[c.warp * cfg::B + b] = acc[b];
-      }
-      consumer_sync(CTHREADS);
-      for (int i = threadIdx.x; i < G::OUT_ROWS * cfg::B; i += CTHREADS) {
-        const int orow = i / cfg::B, b = i % cfg::B;
-        float v = 0.f, vu = 0.f;
-        for (int s = 0; s < G::WPR; ++s) v += red[(orow * G::WPR + s) * cfg::B + b];
-        if constexpr (KindTraits<KIND>::PAIR == 2)
-          for (int s = 0; s < G::WPR; ++s) vu += red[((orow + G::OUT_ROWS) * G::WPR + s) * cfg::B + b];
-        gemv_epilogue<KIND>(p, a, a.r0 + grp * G::OUT_ROWS + orow, b, v, vu);
+        for (int bb = 0; bb < B; ++bb)
+          if (bb == b && v > best[bb]) { best[bb] = v; bidx[bb] = r; }
       }
     }
   }
+  if constexpr (KIND == LMHEAD) {
+#pragma unroll
+    for (int b = 0; b < B; ++b) {
+      warp_argmax(best[b], bidx[b]);
+      if (c.lane == 0) { c.scratch[c.warp * B + b] = best[b]; reinterpret_cast<int*>(c.scratch)[128 + c.warp * B + b] = bidx[b]; }
+    }
+  }
   consumer_sync(CTHREADS);  // all outputs stored before the task signals (and act/red reuse)
-  if constexpr (KIND == LMHEAD) lm_tile_argmax(c, a);
+  if constexpr (KIND == LMHEAD) {
+    if (threadIdx.x == 0) {
+      for (int b = 0; b < B; ++b) {
+        float bv = c.scratch[b];
+        int bi = reinterpret_cast<int*>(c.scratch)[128 + b];
+        for (int w = 1; w < cfg::CWARPS; ++w) {
+          const float ov = c.scratch[w * B + b];
+          const int oi = reinterpret_cast<int*>(c.scratch)[128 + w * B + b];
+          if (argmax_better(ov, oi, bv, bi)) { bv = ov; bi = oi; }
+        }
+        p.lm_val[b * cfg::N_LM_TILES + a.tile] = bv;
+        p.lm_idx[b * cfg::N_LM_TILES + a.tile] = bi;
+      }
+    }
+  }
 }
 
 }  // namespace mk

@@ -8,10 +8,10 @@
 namespace mk {
 
 // Shared-memory layout (dynamic): [ring][activation / attention scratch][red][scratch][mbarriers]
-constexpr size_t SMEM_RING = (size_t)cfg::STAGES * cfg::SLOT_BYTES;
+constexpr size_t SMEM_RING = (size_t)cfg::STAGES * SLOT_STRIDE;
 constexpr size_t SMEM_ACT = ((size_t)cfg::ACT_SMEM_BYTES + 127) / 128 * 128;
-constexpr size_t SMEM_RED = (size_t)2 * cfg::CWARPS * cfg::B * sizeof(float);
-constexpr size_t SMEM_SCRATCH = 256 * sizeof(float);   // >= CWARPS * B and 64
+constexpr size_t SMEM_RED = (size_t)2 * cfg::CWARPS * 16 * cfg::B * sizeof(float);
+constexpr size_t SMEM_SCRATCH = 256 * sizeof(float);   // values [0, 128) and indices [128, 256)
 constexpr size_t SMEM_BARS = 2 * cfg::STAGES * sizeof(uint64_t);
 constexpr size_t SMEM_TOTAL = SMEM_RING + SMEM_ACT + SMEM_RED + SMEM_SCRATCH + SMEM_BARS;
 
@@ -36,13 +36,20 @@ __device__ __noinline__ void run_task(Ctx& c, TaskArgs a) {
     if constexpr (KIND == QKV || KIND == OPROJ || KIND == GATEUP || KIND == DOWN || KIND == LMHEAD) gemv_load<KIND>(c, a);
     return;
   }
+  uint64_t t0 = 0, t1 = 0;
+  if (c.tracing && threadIdx.x == 0) t0 = globaltimer();
   wait_all(c, a);
+  if (c.tracing && threadIdx.x == 0) c.t_mark = t1 = globaltimer();
   if constexpr (KIND == EMBED) embed_compute(c, a);
   else if constexpr (KIND == ATTN) attn_compute(c, a);
   else if constexpr (KIND == COMBINE) combine_compute(c, a);
   else if constexpr (KIND == ARGMAX) argmax_compute(c, a);
   else gemv_compute<KIND>(c, a);
   signal_all(c, a);
+  if (c.tracing && threadIdx.x == 0) {
+    uint64_t* r = c.p->trace + ((size_t)blockIdx.x * cfg::TRACE_TASKS + c.task_no) * 4;
+    r[0] = t0; r[1] = t1; r[2] = c.t_mark; r[3] = globaltimer();
+  }
   ++c.task_no;
 }
 
@@ -67,6 +74,9 @@ mk_decode_step(const __grid_constant__ mk::Params p) {
   c.ring_n = 0;
   c.task_no = 0;
   c.step = *reinterpret_cast<volatile uint32_t*>(&p.control[0]);
+  c.tracing = p.trace != nullptr;
+  c.t_mark = 0;
+  c.loader_blocked = 0;
   if (threadIdx.x == 0) {
     for (int s = 0; s < cfg::STAGES; ++s) {
 #if defined(MK_USE_BULK_COPY)
@@ -82,6 +92,11 @@ mk_decode_step(const __grid_constant__ mk::Params p) {
   }
   __syncthreads();
   run_program(c);
+  if (c.tracing && (threadIdx.x == 0 || (c.loader && c.lane == 0))) {
+    uint64_t* r = p.trace + ((size_t)gridDim.x * cfg::TRACE_TASKS + blockIdx.x) * 4;
+    if (c.loader) { r[0] = c.loader_blocked; r[1] = mk::globaltimer(); }
+    else { r[2] = mk::globaltimer(); r[3] = 0; }
+  }
   __syncthreads();
   if (threadIdx.x == 0) {
     // The last CTA to finish advances the step state; every CTA has read pos/step by then.

@@ -38,6 +38,11 @@ struct Params {
   ErrorInfo* error;
   int64_t num_blocks;          // blocks per layer in kv_pool
   int64_t block_table_stride;
+  // Optional per-task timeline (null: off). Consumer thread 0 writes, per SM and task of the step,
+  // globaltimer ns at [task start, waits satisfied, activation staged, signalled]; after the
+  // TRACE_TASKS x 4 words of every SM, one row per SM holds [loader ns blocked on a full ring,
+  // loader done, consumers done, 0]. Read by trtllm_mk/runtime/trace.py.
+  uint64_t* trace;
 };
 
 struct TaskArgs {
@@ -60,7 +65,21 @@ struct Ctx {
   bf16* act;         // resident bf16 activation of the current GEMV (also attention scratch)
   float* red;        // [2][CWARPS][B] cross-warp partial sums (double-buffered by row group)
   float* scratch;    // small reductions
-  int task_no;       // running task number (diagnostics)
+  int task_no;       // running task number (diagnostics, trace row)
+  bool tracing;      // p->trace != nullptr
+  uint64_t t_mark;   // trace: when the current task's activation was staged
+  uint64_t loader_blocked;  // trace: ns the loader waited for a free ring slot
+
+  // Loader wait for a free slot; with tracing on, the time the ring was full is accumulated.
+  __device__ __forceinline__ void loader_wait(uint64_t* bar, uint32_t parity) {
+    if (mbar_try_wait(bar, parity)) return;
+    const uint64_t t0 = tracing ? globaltimer() : 0;
+    mbar_wait(bar, parity);
+    if (tracing) loader_blocked += globaltimer() - t0;
+  }
+  __device__ __forceinline__ void mark() {
+    if (tracing && threadIdx.x == 0) t_mark = globaltimer();
+  }
 };
 
 }  // namespace mk

@@ -157,8 +157,9 @@ struct HostParams {
   CUdeviceptr layers, embed, final_norm, lm_head, inv_freq, x, qkv, part_o, part_ml, attn_out, act, logits, lm_val,
       lm_idx, tokens, pos, history, kv_pool, block_table, counters, control, error;
   int64_t num_blocks, block_table_stride;
+  CUdeviceptr trace;  // per-task timeline: always off (0) inside TensorRT
 };
-static_assert(sizeof(HostParams) == 24 * 8, "HostParams must mirror mk::Params: 22 pointers + 2 int64");
+static_assert(sizeof(HostParams) == 25 * 8, "HostParams must mirror mk::Params: 22 pointers + 2 int64 + trace");
 constexpr int kErrorWords = 8;  // mk::ErrorInfo
 
 }  // namespace

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from ..errors import ModelError
 from ..model.spec import ModelSpec
-from .tasks import HEAD, LAYER, TAIL, Access, Event, EventRef, Kind, StepGraph, Task, TilePlan
+from .tasks import HEAD, LAYER, MAX_BATCH, TAIL, Access, Event, EventRef, Kind, StepGraph, Task, TilePlan
 
 
 def _tiles(n: int, size: int) -> list[tuple[int, int]]:
@@ -52,6 +52,8 @@ def build_step_graph(spec: ModelSpec, batch: int, plan: TilePlan, context_len: i
     """The task graph of one decode step. ``context_len`` only feeds the cost estimates of ATTN."""
     check_model_supported(spec)
     check_plan(spec, plan)
+    if not 1 <= batch <= MAX_BATCH:
+        raise ValueError(f"batch {batch}: the megakernel decodes 1 to {MAX_BATCH} sequences per step")
     B, L = batch, spec.num_layers
     H, I, V = spec.hidden_size, spec.intermediate_size, spec.vocab_size
     nh, nkv, d, G = spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.group_size

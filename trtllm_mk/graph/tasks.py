@@ -32,6 +32,11 @@ from dataclasses import asdict, dataclass, field
 from enum import IntEnum
 
 
+# The GEMV consumers multiply weight tiles by the batch on tensor cores (mma.m16n8k16): the batch
+# rows are the mma's 8 N columns, so one step decodes at most 8 sequences.
+MAX_BATCH = 8
+
+
 class Kind(IntEnum):
     EMBED = 0
     QKV = 1

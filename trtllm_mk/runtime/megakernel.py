@@ -22,7 +22,7 @@ from ..schedule import Schedule
 PARAM_FIELDS = [
     "layers", "embed", "final_norm", "lm_head", "inv_freq", "x", "qkv", "part_o", "part_ml", "attn_out", "act",
     "logits", "lm_val", "lm_idx", "tokens", "pos", "history", "kv_pool", "block_table", "counters", "control",
-    "error", "num_blocks", "block_table_stride",
+    "error", "num_blocks", "block_table_stride", "trace",
 ]
 # Order of the pointers of mk::LayerWeights.
 LAYER_FIELDS = [
@@ -115,6 +115,7 @@ class MegakernelDecoder:
         self.weights, self.cache = weights, cache
         self.inv_freq = inv_freq.to(device=dev, dtype=torch.float32).contiguous()
         self.buf = DecodeBuffers.allocate(spec, B, schedule, layout, dev)
+        self._trace: torch.Tensor | None = None
         self._layer_table = self._pack_layer_table(weights)
         self._params = self._pack_params()
         mkrt = load_runtime()
@@ -163,9 +164,31 @@ class MegakernelDecoder:
                 values.append(self.cache.pool.shape[1])
             elif f == "block_table_stride":
                 values.append(self.cache.block_table.shape[1])
+            elif f == "trace":
+                values.append(self._trace.data_ptr() if self._trace is not None else 0)
             else:
                 values.append(ptrs[f].data_ptr())
         return struct.pack(f"<{len(values)}q", *values)
+
+    # ------------------------------------------------------------------ tracing
+    def set_trace(self, on: bool) -> None:
+        """Record a per-task timeline in the following steps (each overwrites the last); see
+        trtllm_mk/runtime/trace.py. Costs a few timer reads per task, so benchmarks leave it off."""
+        if on and self._trace is None:
+            n = (self.layout.grid * self.layout.trace_tasks + self.layout.grid) * 4
+            self._trace = torch.zeros(n, dtype=torch.int64, device=self.device)
+        elif not on:
+            self._trace = None
+        self._params = self._pack_params()
+
+    def read_trace(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(tasks [grid, trace_tasks, 4], per-SM [grid, 4]) int64 ns of the last traced step."""
+        if self._trace is None:
+            raise EngineError("tracing is off: call set_trace(True) before the step")
+        self.synchronize()
+        g, n = self.layout.grid, self.layout.trace_tasks
+        t = self._trace.cpu()
+        return t[: g * n * 4].view(g, n, 4), t[g * n * 4:].view(g, 4)
 
     # ------------------------------------------------------------------ stepping
     def set_state(self, tokens: torch.Tensor, pos: torch.Tensor) -> None:

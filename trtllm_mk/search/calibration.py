@@ -38,14 +38,19 @@ class Calibration:
     # A single SM cannot pull more than this multiple of its fair share (read_bandwidth / sm_count)
     # even when few SMs stream.
     sm_bw_cap: float = 4.0
-    # Fraction of the per-SM fp32 FMA / shared-memory peak a GEMV or attention consumer reaches
-    # (bf16 -> fp32 conversions, address arithmetic, warp reductions).
-    consumer_efficiency: float = 0.6
+    # Fraction of the per-SM shared-memory bandwidth a GEMV consumer turns into weight bytes reduced
+    # (ldmatrix + activation loads + mma issue), and of the fp32 FMA peak attention reaches.
+    consumer_efficiency: float = 0.5
     # Consumer warps needed to reach that fraction (two per SM sub-partition hide the latency of
     # shared-memory loads and FMA chains); with fewer, the consumer rates scale down linearly.
     full_rate_warps: int = 8
     # Per ring slot: mbarrier wait on 'full', arrive on 'empty'.
     slot_overhead_us: float = 0.02
+    # Loader time to issue one weight-row copy (a TMA bulk copy on sm_90, a row of 16-byte cp.async
+    # on sm_80/89): slots of many short rows cap the loader's rate at fill / (rows x this).
+    copy_issue_us: float = 0.01
+    # Per output row group (16 x blocks rows): cross-warp reduction barrier and the epilogue stores.
+    group_overhead_us: float = 0.1
     # Shared-memory bandwidth per SM per clock (bytes); the same on sm_80, sm_89 and sm_90.
     smem_bytes_per_clk: float = 128.0
     # fp32 lanes per SM (sm_80: 64, sm_89/sm_90: 128); 0 takes the value of the GPU's architecture.

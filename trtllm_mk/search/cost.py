@@ -7,14 +7,14 @@ Per SM rates (bytes or FLOPs per microsecond):
          in a phase share the bandwidth; an SM without work in a phase leaves its share to others.
   hbm    the fair share, for KV-cache and embedding reads (they overlap other SMs' streaming).
   l2     activations (L2-resident): ``l2_bw_factor`` x the fair HBM share.
-  gemv   consumer FLOP rate: fp32 FMA lanes x clock, or shared-memory bandwidth when each FMA must
-         read (2 + 2/B) bytes of weight and activation from shared memory, whichever is lower, times
-         ``consumer_efficiency``. At batch 1 the loader is the bottleneck; at batch 8+ the consumer.
+  gemv   consumer rate in weight bytes: the tensor-core consumer (mma.m16n8k16, batch <= 8 as the N
+         columns) is bound by the shared-memory reads of its weight tiles (ldmatrix), not by math, so
+         its rate is shared-memory bytes per clock x clock x ``consumer_efficiency`` at any batch.
   attn   fp32 FMA lanes x clock x efficiency (q in registers, K/V straight from global memory).
 Both consumer rates scale down with fewer consumer warps than ``full_rate_warps``.
 
 A GEMV task has two sides (see simulate.py): the loader streams its ``weight`` bytes through the ring
-at ``rate`` = min(hbm share, ring round-trip bound, consumer pace), where a ring of ``ring`` bytes in
+at ``rate`` = min(hbm share, ring round-trip bound, consumer pace, copy issue rate), where a ring of ``ring`` bytes in
 slots of ``fill`` bytes turns over once per (latency + fill / hbm + per-slot consume time); the
 consumer spends ``pre`` (overhead + staging the activation from L2), then ``comp`` on the math.
 Other kinds take ``dur`` on the consumer (KV cache reads of ATTN at the hbm share).
@@ -43,7 +43,7 @@ def streaming_key(counts: dict) -> Streaming:
 class Rates:
     hbm: float     # bytes/us, fair share
     l2: float      # bytes/us
-    gemv: float    # FLOP/us
+    gemv: float    # weight bytes/us the consumer warps reduce
     attn: float    # FLOP/us
     stream: dict   # kind (int) -> bytes/us while streaming that kind's weights
 
@@ -58,10 +58,9 @@ def sm_rates(gpu: GpuSpec, cal: Calibration, batch: int, streaming: Streaming = 
     fair = bw / gpu.sm_count
     stream = {k: min(c.sm_bw_cap * fair, max(fair, bw / max(1, n))) for k, n in streaming}
     clk = c.sm_clock_ghz * 1e3                       # clocks/us
-    fma_smem = c.smem_bytes_per_clk / (2.0 + 2.0 / batch)
-    # fewer warps than full_rate_warps cannot hide shared-memory and FMA latency
+    # fewer warps than full_rate_warps cannot hide shared-memory and mma latency
     eff = c.consumer_efficiency * min(1.0, consumer_warps / c.full_rate_warps)
-    gemv = 2.0 * eff * clk * min(c.fp32_lanes, fma_smem)
+    gemv = eff * clk * c.smem_bytes_per_clk
     attn = 2.0 * eff * clk * c.fp32_lanes
     return Rates(hbm=fair, l2=c.l2_bw_factor * fair, gemv=gemv, attn=attn, stream=stream)
 
@@ -87,13 +86,15 @@ def task_cost(task: Task, graph: StepGraph, rates: Rates, cal: Calibration,
             geo = slot_geometry(task.k1 - task.k0, 2 if task.kind == Kind.GATEUP else 1, plan.slot_bytes,
                                 plan.consumer_warps)
         nslots = geo.slots_for(task.rows)
-        comp = task.flops / rates.gemv + nslots * cal.slot_overhead_us
+        ngroups = -(-task.rows // geo.out_rows)
+        comp = task.weight_bytes / rates.gemv + nslots * cal.slot_overhead_us + ngroups * cal.group_overhead_us
         slot_t = comp / nslots
         fill = float(geo.fill_bytes)
         ring = plan.stages * fill
         bw = rates.stream_rate(task.kind)
         turnover = cal.mem_latency_us + fill / bw + slot_t
-        rate = min(bw, ring / turnover, task.weight_bytes / comp)
+        issue = fill / (geo.rows_per_slot * cal.copy_issue_us)
+        rate = min(bw, ring / turnover, task.weight_bytes / comp, issue)
         return TaskCost(True, float(task.weight_bytes), cal.task_overhead_us + task.act_bytes / rates.l2, comp,
                         slot_t, fill, ring, rate)
     if task.kind == Kind.ATTN:

@@ -1,0 +1,118 @@
+"""Trace one megakernel decode step on the GPU: where the time goes, per task kind and per SM.
+
+    python scripts/mk_trace.py llama-3.2-1b --batch 1 --context 512 [--set stages=6 --set slot_bytes=32768]
+        [--out DIR]
+    python scripts/mk_trace.py llama-3.2-1b --prebuild --gpu H100-SXM     # compile only (no GPU needed)
+
+The schedule is the one the benchmark uses (benchmarks/megakernel_system.py); ``--set`` replaces tile
+plan fields and list-schedules the changed plan, to measure what the search did not pick. Prints the
+predicted, measured (CUDA-graph replay, median of 100) and traced step, the per-kind table of
+trtllm_mk/runtime/trace.py, and writes trace_<model>_b<B>[_<sets>].json / .png under --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.megakernel_system import HEADROOM, TOKENS_PER_BLOCK, schedule_for  # noqa: E402
+from trtllm_mk.gpus import detect_gpu, get_gpu  # noqa: E402
+from trtllm_mk.model.registry import resolve_model  # noqa: E402
+from trtllm_mk.schedule import Schedule  # noqa: E402
+from trtllm_mk.search import predict  # noqa: E402
+from trtllm_mk.search.calibration import load_calibration  # noqa: E402
+from trtllm_mk.search.planeval import Evaluator  # noqa: E402
+
+
+def parse_sets(items: list[str]) -> dict:
+    out = {}
+    for it in items:
+        k, _, v = it.partition("=")
+        out[k] = int(v)
+    return out
+
+
+def make_schedule(spec, batch: int, context: int, gpu, sets: dict) -> Schedule:
+    sched = schedule_for(spec, batch, context, gpu)
+    if not sets:
+        return sched
+    plan = replace(sched.plan, **sets)
+    ev = Evaluator(spec, batch, gpu, load_calibration(gpu).resolved(gpu), gpu.sm_count, context, 0)
+    pe = ev(plan)
+    s = Schedule(spec=spec, batch=batch, plan=plan, num_sms=gpu.sm_count, gpu=gpu.name, programs=pe.programs,
+                 context_len=context)
+    s.predicted_step_us = predict(s, gpu).step_us
+    return s
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--set", action="append", default=[], help="tile plan field=value")
+    ap.add_argument("--out", default="trace_out")
+    ap.add_argument("--prebuild", action="store_true")
+    ap.add_argument("--gpu", default="H100-SXM", help="with --prebuild: the target GPU")
+    a = ap.parse_args()
+    spec = resolve_model(a.model).spec
+    sets = parse_sets(a.set)
+    tag = f"{a.model}_b{a.batch}" + "".join(f"_{k}{v}" for k, v in sets.items())
+    if a.prebuild:
+        from trtllm_mk.codegen import compile_cubin, generate_source
+        gpu = get_gpu(a.gpu)
+        s = make_schedule(spec, a.batch, a.context, gpu, sets)
+        src, _ = generate_source(s, TOKENS_PER_BLOCK, a.context + HEADROOM, use_bulk_copy=gpu.has_tma)
+        path, _ = compile_cubin(src, gpu.nvcc_arch)
+        print(f"{tag}: predicted {s.predicted_step_us:.1f} us -> {path.name}")
+        return
+
+    import torch
+    from benchmarks.timing import time_steps
+    from trtllm_mk.kv_cache import PagedKVCache
+    from trtllm_mk.model.random_weights import random_weights
+    from trtllm_mk.runtime.megakernel import build_decoder
+    from trtllm_mk.runtime.trace import format_summary, plot_timeline, summarize
+    gpu = detect_gpu()
+    s = make_schedule(spec, a.batch, a.context, gpu, sets)
+    dev = torch.device("cuda")
+    w = random_weights(spec, device=dev, seed=0)
+    max_seq = a.context + HEADROOM
+    cache = PagedKVCache.allocate(spec, a.batch, max_seq, TOKENS_PER_BLOCK, device=dev, fill=1.0)
+    dec = build_decoder(s, w, cache, gpu.nvcc_arch, gpu.has_tma, max_seq_len=max_seq)
+    tokens = torch.randint(0, spec.vocab_size, (a.batch,))
+    dec.set_state(tokens, torch.full((a.batch,), a.context))
+    for _ in range(3):
+        dec.step()
+    dec.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        dec.step()
+    dec.set_state(tokens, torch.full((a.batch,), a.context))
+    stats = time_steps(graph.replay, steps=100, warmup=20)
+    dec.synchronize()
+    dec.set_trace(True)
+    dec.set_state(tokens, torch.full((a.batch,), a.context))
+    for _ in range(3):
+        dec.step()
+    tasks, per_sm = dec.read_trace()
+    summ = summarize(s, tasks.numpy(), per_sm.numpy())
+    print(f"{tag}: plan {s.plan.to_dict()}")
+    print(f"{tag}: predicted {s.predicted_step_us:.1f} us, measured p50 {stats.p50 * 1e3:.1f} us "
+          f"(graph replay), traced {summ['step_us']:.1f} us")
+    print(format_summary(summ))
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    body = {k: v for k, v in summ.items() if k != "records"}
+    body.update(model=a.model, batch=a.batch, context=a.context, plan=s.plan.to_dict(),
+                predicted_us=round(s.predicted_step_us, 2), measured_p50_us=round(stats.p50 * 1e3, 2),
+                device=torch.cuda.get_device_name(0))
+    (out / f"trace_{tag}.json").write_text(json.dumps(body, indent=1) + "\n")
+    plot_timeline(summ, out / f"trace_{tag}.png", title=f"{tag} on {torch.cuda.get_device_name(0)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+"""Read a megakernel step's per-task timeline and say where the time went.
+
+With ``MegakernelDecoder.set_trace(True)`` consumer thread 0 of every SM records, per task, the
+globaltimer (ns) at: task start (previous task done), waits satisfied, activation staged (GEMV kinds;
+= waits satisfied otherwise), signalled; and per SM the loader's time blocked on a full ring. This
+module turns that into:
+
+  * per task kind: tasks, mean blocked (waiting on events), staging and body time;
+  * event latency: for every wait that actually blocked, the time from the last producer's signal to
+    the waiter seeing it (the cost model's ``sync_us``);
+  * per SM: consumer busy fraction and loader ring-full time;
+  * a timeline PNG (one row per SM, one bar per task, blocked time grey).
+
+It is the measurement behind the cost model's ``sync_us`` / ``task_overhead_us`` (scripts/mk_trace.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..graph.tasks import HEAD, LAYER, TAIL, Kind
+from ..schedule import Schedule
+
+
+@dataclass
+class TaskRecord:
+    sm: int
+    kind: Kind
+    layer: int
+    index: int          # template index in its phase
+    phase: str
+    t0: float           # us from the step's first task start
+    t1: float
+    t2: float
+    t3: float
+
+
+def task_records(schedule: Schedule, tasks: np.ndarray) -> list[TaskRecord]:
+    """Align the raw trace ([grid, trace_tasks, 4] ns) with each SM's program."""
+    graph = schedule.graph()
+    L = graph.num_layers
+    used = []
+    for sm, prog in enumerate(schedule.programs):
+        order = [(HEAD, i, -1) for i in prog.head] + [(LAYER, i, l) for l in range(L) for i in prog.layer] + \
+                [(TAIL, i, -1) for i in prog.tail]
+        for n, (phase, i, l) in enumerate(order):
+            used.append((sm, n, phase, i, l))
+    origin = min(int(tasks[sm, n, 0]) for sm, n, *_ in used) if used else 0
+    out = []
+    for sm, n, phase, i, l in used:
+        t = [(int(v) - origin) / 1e3 for v in tasks[sm, n]]
+        task = graph.phase_tasks(phase)[i]
+        out.append(TaskRecord(sm, task.kind, l, i, phase, *t))
+    return out
+
+
+def event_latencies(schedule: Schedule, recs: list[TaskRecord], blocked_min_us: float = 0.05) -> list[float]:
+    """For each task that blocked on its waits: waits satisfied - latest signal among the producers of
+    the event slots it waited on (us)."""
+    graph = schedule.graph()
+    signalled: dict[tuple, float] = {}
+    for r in recs:
+        task = graph.phase_tasks(r.phase)[r.index]
+        for ref in task.signals:
+            key = graph.resolve(task, max(r.layer, 0), ref)
+            signalled[key] = max(signalled.get(key, 0.0), r.t3)
+    out = []
+    for r in recs:
+        if r.t1 - r.t0 < blocked_min_us:
+            continue
+        task = graph.phase_tasks(r.phase)[r.index]
+        last = [signalled.get(graph.resolve(task, max(r.layer, 0), ref)) for ref in task.waits]
+        last = [v for v in last if v is not None]
+        if last:
+            out.append(r.t1 - max(last))
+    return out
+
+
+def summarize(schedule: Schedule, tasks: np.ndarray, per_sm: np.ndarray) -> dict:
+    """JSON-ready summary of one traced step (see module doc)."""
+    recs = task_records(schedule, tasks)
+    kinds: dict[str, dict] = {}
+    for r in recs:
+        k = kinds.setdefault(r.kind.name, {"tasks": 0, "blocked_us": 0.0, "staging_us": 0.0, "body_us": 0.0})
+        k["tasks"] += 1
+        k["blocked_us"] += r.t1 - r.t0
+        k["staging_us"] += r.t2 - r.t1
+        k["body_us"] += r.t3 - r.t2
+    for k in kinds.values():
+        n = k["tasks"]
+        for f in ("blocked_us", "staging_us", "body_us"):
+            k["mean_" + f] = round(k[f] / n, 3)
+            k[f] = round(k[f], 1)
+    start = min(r.t0 for r in recs)
+    end = max(r.t3 for r in recs)
+    span = end - start
+    nsm = len(schedule.programs)
+    busy = np.zeros(nsm)
+    blocked = np.zeros(nsm)
+    for r in recs:
+        busy[r.sm] += r.t3 - r.t1
+        blocked[r.sm] += r.t1 - r.t0
+    lat = event_latencies(schedule, recs)
+    loader_full = per_sm[:, 0] / 1e3
+    # timer granularity: per SM the smallest positive difference between two of its stamps (median)
+    grains = []
+    for sm in range(tasks.shape[0]):
+        d = np.diff(np.sort(tasks[sm][tasks[sm] > 0].astype(np.int64)))
+        if (d > 0).any():
+            grains.append(int(d[d > 0].min()))
+    grain = int(np.median(grains)) if grains else 0
+    return {
+        "step_us": round(span, 2),
+        "tasks": len(recs),
+        "timer_grain_ns": grain,
+        "kinds": kinds,
+        "consumer_busy_frac": {"mean": round(float(busy.mean() / span), 3), "min": round(float(busy.min() / span), 3)},
+        "consumer_blocked_us": {"mean": round(float(blocked.mean()), 1), "max": round(float(blocked.max()), 1)},
+        "loader_ring_full_us": {"mean": round(float(loader_full.mean()), 1), "max": round(float(loader_full.max()), 1)},
+        "event_latency_us": ({"waits": len(lat), "median": round(float(np.median(lat)), 3),
+                              "p10": round(float(np.percentile(lat, 10)), 3),
+                              "p90": round(float(np.percentile(lat, 90)), 3)} if lat else {"waits": 0}),
+        "records": recs,
+    }
+
+
+def format_summary(s: dict) -> str:
+    lines = [f"step {s['step_us']:.1f} us, {s['tasks']} tasks, timer grain {s['timer_grain_ns']} ns",
+             "| kind | tasks | mean blocked us | mean staging us | mean body us |", "|---|---|---|---|---|"]
+    for name, k in sorted(s["kinds"].items(), key=lambda kv: -kv[1]["body_us"]):
+        lines.append(f"| {name} | {k['tasks']} | {k['mean_blocked_us']} | {k['mean_staging_us']} | {k['mean_body_us']} |")
+    e = s["event_latency_us"]
+    lines.append(f"consumer busy {s['consumer_busy_frac']['mean']:.0%} of the step (min SM "
+                 f"{s['consumer_busy_frac']['min']:.0%}); blocked per SM {s['consumer_blocked_us']['mean']} us; "
+                 f"loader ring-full per SM {s['loader_ring_full_us']['mean']} us")
+    if e["waits"]:
+        lines.append(f"event latency (signal -> waiter released) median {e['median']} us, p10 {e['p10']}, "
+                     f"p90 {e['p90']} over {e['waits']} blocking waits")
+    return "\n".join(lines)
+
+
+def plot_timeline(s: dict, path: str | Path, title: str = "") -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    recs: list[TaskRecord] = s["records"]
+    nsm = max(r.sm for r in recs) + 1
+    colors = plt.get_cmap("tab10")
+    fig, ax = plt.subplots(figsize=(16, max(4, nsm * 0.06)))
+    for k in Kind:
+        rs = [r for r in recs if r.kind == k]
+        if not rs:
+            continue
+        ax.broken_barh([(r.t1, max(r.t3 - r.t1, 1e-3)) for r in rs], (0, 0), color=colors(int(k)), label=k.name)
+        for r in rs:
+            ax.broken_barh([(r.t1, max(r.t3 - r.t1, 1e-3))], (r.sm - 0.4, 0.8), color=colors(int(k)), linewidth=0)
+            if r.t1 - r.t0 > 0:
+                ax.broken_barh([(r.t0, r.t1 - r.t0)], (r.sm - 0.4, 0.8), color="0.85", linewidth=0)
+    ax.set_xlabel("us since the step's first task")
+    ax.set_ylabel("SM")
+    ax.set_ylim(-1, nsm)
+    ax.set_title(title or "megakernel step timeline (grey: waiting on events)")
+    ax.legend(loc="upper right", ncol=5, fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
