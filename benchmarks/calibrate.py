@@ -1,11 +1,18 @@
-"""Cost-model calibration on the GPU: measure megakernel steps of several shapes, fit the constants
-the simulator cannot know from datasheets (event-sync latency, per-task overhead, launch cost,
-streaming read bandwidth), write benchmarks/calibration/<gpu>.json, which the search reads.
+"""Cost-model calibration: fit the constants the simulator cannot know from datasheets and write
+benchmarks/calibration/<gpu>.json, which the search reads. Two sources:
 
-    python benchmarks/calibrate.py [--out benchmarks/calibration] [--models llama-3.2-1b ...]
+    python benchmarks/calibrate.py [--out benchmarks/calibration] [--models llama-3.2-1b ...]     # GPU
+    python benchmarks/calibrate.py --from-trace trace_llama-3.2-1b_b1.json [...]               # no GPU
+    python benchmarks/calibrate.py --from-measured benchmarks/results/<run>/measured.json        # no GPU
 
-The fit minimises the squared relative error of predicted vs measured step time over all workloads
-by coordinate descent; the report prints both, before and after, per workload.
+On the GPU it measures megakernel steps of several shapes and fits event-sync latency, per-task
+overhead and launch cost (coordinate descent on the squared relative error of predicted vs measured
+step time; the report prints both per workload). From traces (scripts/mk_trace.py) it reads the
+per-task constants directly: the event latency (signal -> waiter released), the loaded L2 round trip
+(one-pass staging of OPROJ / DOWN), the fixed part of ATTN / COMBINE task bodies (traced body
+minus the model's bandwidth terms) and the time per weight-row copy of the loader (GATEUP body /
+row copies: its short rows make it copy-bound), and merges them into the existing file. From
+measured step times of known plans it fits the remaining per-task overhead.
 """
 from __future__ import annotations
 
@@ -30,6 +37,113 @@ from trtllm_mk.runtime.megakernel import build_decoder  # noqa: E402
 from trtllm_mk.search import Calibration, load_calibration, predict, search  # noqa: E402
 
 FIT_FIELDS = ("sync_us", "task_overhead_us", "launch_us")
+TRACE_FIELDS = ("sync_us", "l2_latency_us", "attn_fixed_us", "combine_fixed_us", "copy_issue_us")
+
+
+def constants_from_trace(summary: dict, gpu, cal: Calibration) -> dict:
+    """Per-task constants read off one trace summary (runtime/trace.py's ``summarize`` output)."""
+    from trtllm_mk.graph import TilePlan, build_step_graph
+    from trtllm_mk.graph.tasks import Kind
+    from trtllm_mk.search.cost import cost_table
+    from trtllm_mk.smem import slot_geometry
+    kinds = summary["kinds"]
+    known = TilePlan.__dataclass_fields__
+    plan = TilePlan.from_dict({k: v for k, v in summary["plan"].items() if k in known})
+    spec = resolve_model(summary["model"]).spec
+    graph = build_step_graph(spec, summary["batch"], plan, summary["context"])
+    # the model's ATTN / COMBINE time without the fixed part: what the traced body has beyond it is the fixed part
+    ct = cost_table(graph, gpu, replace(cal, attn_fixed_us=0.0, combine_fixed_us=0.0).resolved(gpu))
+    base = {}
+    for t, c in zip(graph.layer, ct.layer):
+        base.setdefault(t.kind, c.dur)
+    staged = [kinds[k]["mean_staging_us"] for k in ("OPROJ", "DOWN") if k in kinds]
+    # GATEUP streams the shortest rows (two row sets share a slot), so its loader is bound by the
+    # rate of row copies: traced body / row copies per task is the time per copy
+    gu = next(t for t in graph.layer if t.kind == Kind.GATEUP)
+    geo = slot_geometry(gu.k1 - gu.k0, 2, plan.slot_bytes, plan.consumer_warps)
+    copies = geo.slots_for(gu.rows) * geo.rows_per_slot
+    return {
+        "sync_us": summary["event_latency_us"]["median"],
+        "l2_latency_us": sum(staged) / len(staged),
+        "attn_fixed_us": max(0.0, kinds["ATTN"]["mean_body_us"] - base[Kind.ATTN]),
+        "combine_fixed_us": max(0.0, kinds["COMBINE"]["mean_body_us"] - base[Kind.COMBINE]),
+        "copy_issue_us": kinds["GATEUP"]["mean_body_us"] / copies,
+    }
+
+
+def schedule_of(entry: dict, gpu, cal: Calibration):
+    """The schedule of a measured plan: list-scheduled under ``cal`` as the search would."""
+    from trtllm_mk.graph import TilePlan
+    from trtllm_mk.schedule import Schedule
+    from trtllm_mk.search.planeval import Evaluator
+    spec = resolve_model(entry["model"]).spec
+    known = TilePlan.__dataclass_fields__
+    plan = TilePlan.from_dict({k: v for k, v in entry["plan"].items() if k in known})
+    ev = Evaluator(spec, entry["batch"], gpu, cal.resolved(gpu), gpu.sm_count, entry["context"], 0)
+    return Schedule(spec=spec, batch=entry["batch"], plan=plan, num_sms=gpu.sm_count, gpu=gpu.name,
+                    programs=ev(plan).programs, context_len=entry["context"])
+
+
+def calibrate_from_measured(path: str, out_dir: Path, fit_fields=("task_overhead_us",)) -> int:
+    """Fit ``fit_fields`` to measured step times of known plans (a JSON list of {model, batch,
+    context, plan, measured_us}); print predicted vs measured per workload, before and after."""
+    from trtllm_mk.gpus import get_gpu
+    try:
+        entries = json.loads(Path(path).read_text())
+        gpu = get_gpu(entries[0].get("gpu", "H100-SXM"))
+    except (OSError, json.JSONDecodeError, IndexError, KeyError) as e:
+        print(f"error: {path}: not a readable list of measured workloads ({e})", file=sys.stderr)
+        return 2
+    cal0 = load_calibration(gpu, out_dir)
+    workloads = [(schedule_of(e, gpu, cal0), e["measured_us"]) for e in entries]
+    cal = fit(workloads, gpu, cal0, fit_fields)
+    print(f"{'workload':<38}{'measured us':>12}{'before':>10}{'after':>10}{'error':>8}")
+    for e, (sch, m) in zip(entries, workloads):
+        before = predict(sch, gpu, cal0.resolved(gpu)).step_us
+        after = predict(sch, gpu, cal.resolved(gpu)).step_us
+        ring = f"{sch.plan.stages}x{sch.plan.slot_bytes // 1024}KB"
+        print(f"{e['model'] + ' b' + str(e['batch']) + ' ' + ring:<38}{m:>12.1f}{before:>10.1f}{after:>10.1f}"
+              f"{100 * (after / m - 1):>7.1f}%")
+    path_out = out_dir / f"{gpu.name}.json"
+    data = json.loads(path_out.read_text()) if path_out.exists() else {}
+    data.update({f: round(getattr(cal, f), 4) for f in fit_fields})
+    data["_measured_source"] = f"{', '.join(fit_fields)}: fitted to {path} (benchmarks/calibrate.py --from-measured)"
+    path_out.write_text(json.dumps(data, indent=1) + "\n")
+    print("fitted " + ", ".join(f"{f}={getattr(cal, f):.3f}" for f in fit_fields) + f"; wrote {path_out}")
+    return 0
+
+
+def calibrate_from_traces(paths: list[str], out_dir: Path) -> int:
+    from trtllm_mk.gpus import get_gpu
+    summaries = []
+    for p in paths:
+        try:
+            summaries.append(json.loads(Path(p).read_text()))
+        except (OSError, json.JSONDecodeError) as e:
+            print(f"error: {p}: not a readable trace summary ({e})", file=sys.stderr)
+            return 2
+    gpu_names = {s.get("gpu") or "H100-SXM" for s in summaries}
+    if len(gpu_names) != 1:
+        print(f"error: traces from different GPU types: {sorted(gpu_names)}", file=sys.stderr)
+        return 2
+    gpu = get_gpu(gpu_names.pop())
+    cal = load_calibration(gpu, out_dir)
+    per = [constants_from_trace(s, gpu, cal) for s in summaries]
+    fitted = {f: round(sum(p[f] for p in per) / len(per), 3) for f in TRACE_FIELDS}
+    print(f"{'trace':<34}" + "".join(f"{f:>18}" for f in TRACE_FIELDS))
+    for s, p in zip(summaries, per):
+        print(f"{s['model'] + ' b' + str(s['batch']):<34}" + "".join(f"{p[f]:>18.3f}" for f in TRACE_FIELDS))
+    print(f"{'mean (written)':<34}" + "".join(f"{fitted[f]:>18.3f}" for f in TRACE_FIELDS))
+    path = out_dir / f"{gpu.name}.json"
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data.update(fitted)
+    data["_trace_source"] = (f"{', '.join(TRACE_FIELDS)}: from traces of "
+                             + ", ".join(f"{s['model']} b{s['batch']}" for s in summaries)
+                             + f" on {summaries[0].get('device', gpu.name)} (benchmarks/calibrate.py --from-trace)")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    print(f"wrote {path}")
+    return 0
 
 
 def tiny_spec(layers: int):
@@ -50,15 +164,15 @@ def measure(spec, batch, gpu, context: int, budget_s: float):
     return sched, us
 
 
-def fit(workloads, gpu, cal0: Calibration) -> Calibration:
+def fit(workloads, gpu, cal0: Calibration, fit_fields=FIT_FIELDS) -> Calibration:
     def loss(cal):
         cal = cal.resolved(gpu)
         return sum((predict(s, gpu, cal).step_us / m - 1) ** 2 for s, m in workloads)
 
     best, best_loss = cal0, loss(cal0)
-    step = {f: getattr(cal0, f) * 0.5 for f in FIT_FIELDS}
+    step = {f: getattr(cal0, f) * 0.5 for f in fit_fields}
     for _ in range(6):  # coordinate descent with shrinking steps
-        for f in FIT_FIELDS:
+        for f in fit_fields:
             for sign in (1, -1):
                 while True:
                     v = getattr(best, f) + sign * step[f]
@@ -80,7 +194,15 @@ def main(argv=None) -> int:
     ap.add_argument("--models", nargs="*", default=["llama-3.2-1b"])
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--budget", type=float, default=10.0, help="search budget per workload (s)")
+    ap.add_argument("--from-trace", nargs="+", metavar="TRACE_JSON",
+                    help="read per-task constants from trace summaries (scripts/mk_trace.py); no GPU needed")
+    ap.add_argument("--from-measured", metavar="MEASURED_JSON",
+                    help="fit the per-task overhead to measured step times of known plans; no GPU needed")
     args = ap.parse_args(argv)
+    if args.from_trace:
+        return calibrate_from_traces(args.from_trace, Path(args.out))
+    if args.from_measured:
+        return calibrate_from_measured(args.from_measured, Path(args.out))
     if not torch.cuda.is_available():
         print("error: calibration needs a CUDA GPU", file=sys.stderr)
         return 2

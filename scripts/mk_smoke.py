@@ -51,7 +51,9 @@ def main():
     g = build_step_graph(spec, B, plan)
     sch.programs = naive_programs(g, nsm)
     max_seq = 1024
-    src, layout = generate_source(sch, 32, max_seq, use_bulk_copy=True)
+    # MK_SMOKE_ARRIVE_ALL=1: the sanitizer variant of the ring release (see EMPTY_ARRIVALS in mk_kernel.cuh)
+    src, layout = generate_source(sch, 32, max_seq, use_bulk_copy=True,
+                                  sanitizer_sync=os.environ.get("MK_SMOKE_ARRIVE_ALL") == "1")
     t0 = time.time()
     cubin, rep = compile_cubin(src, "sm_90a")
     print(f"compiled in {time.time() - t0:.1f}s smem={layout.smem_bytes}", [l for l in rep.splitlines() if "Used" in l][:1])

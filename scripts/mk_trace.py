@@ -109,7 +109,7 @@ def main() -> None:
     body = {k: v for k, v in summ.items() if k != "records"}
     body.update(model=a.model, batch=a.batch, context=a.context, plan=s.plan.to_dict(),
                 predicted_us=round(s.predicted_step_us, 2), measured_p50_us=round(stats.p50 * 1e3, 2),
-                device=torch.cuda.get_device_name(0))
+                device=torch.cuda.get_device_name(0), gpu=gpu.name)
     (out / f"trace_{tag}.json").write_text(json.dumps(body, indent=1) + "\n")
     plot_timeline(summ, out / f"trace_{tag}.png", title=f"{tag} on {torch.cuda.get_device_name(0)}")
 

@@ -316,3 +316,22 @@ def test_report_files(tiny_search, tmp_path):
     assert "predicted per-token latency" in md and "What K-splitting saves" in md and "gantt.png" in md
     png = (tmp_path / "gantt.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+def test_simulation_skips_staging_of_a_repeated_input():
+    # two GEMVs of one kind, reduction range and waits on one SM: the second reuses the staged
+    # activation (codegen emits stage = 0), so its consumer starts `stage` earlier; a different
+    # reduction range must stage again. Ring larger than both tasks: the consumer alone sets the end.
+    def gemv(i, k0):
+        t = Task(Kind.GATEUP, LAYER, i, r0=8 * i, r1=8 * i + 8, k0=k0, k1=k0 + 64, weight_bytes=100)
+        return t, TaskCost(True, weight=100.0, pre=1.0, comp=2.0, slot_t=0.5, fill=100.0, ring=400.0, rate=1000.0,
+                           stage=0.6)
+    (a, ca), (b, cb), (c, cc) = gemv(0, 0), gemv(1, 0), gemv(1, 64)
+    assert b.reuses_staged_input(a) and not c.reuses_staged_input(a)
+    assert not replace(b, waits=SIG).reuses_staged_input(a)
+    assert not Task(Kind.ATTN, LAYER, 1).reuses_staged_input(Task(Kind.ATTN, LAYER, 0))
+    progs = [SMProgram(layer=[0, 1])]
+    reused = _hand([a, b], [ca, cb], progs, EV)
+    staged = _hand([a, c], [ca, cc], progs, EV)
+    # A: consumer 0 + pre 1 + comp 2 = 3; B: 3 + (1 - 0.6) + 2 = 5.4 against 3 + 1 + 2 = 6
+    assert reused.end[1] == pytest.approx(5.4) and staged.end[1] == pytest.approx(6.0)

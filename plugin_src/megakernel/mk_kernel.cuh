@@ -13,6 +13,16 @@ constexpr size_t SMEM_ACT = ((size_t)cfg::ACT_SMEM_BYTES + 127) / 128 * 128;
 constexpr size_t SMEM_RED = (size_t)2 * cfg::CWARPS * 16 * cfg::B * sizeof(float);
 constexpr size_t SMEM_SCRATCH = 256 * sizeof(float);   // values [0, 128) and indices [128, 256)
 constexpr size_t SMEM_BARS = 2 * cfg::STAGES * sizeof(uint64_t);
+// Arrivals that free a ring slot: one per consumer warp (lane 0 after __syncwarp, which orders the
+// other lanes' reads before its release). compute-sanitizer's racecheck does not credit __syncwarp to
+// lane 0's mbarrier release and reports the loader's next bulk copy into the slot as a race with
+// the warp's ldmatrix reads; a build with MK_EMPTY_ARRIVE_ALL_LANES (scripts/mk_smoke.py under the
+// sanitizer) has every lane arrive, so racecheck can check the rest of the kernel.
+#if defined(MK_EMPTY_ARRIVE_ALL_LANES)
+constexpr uint32_t EMPTY_ARRIVALS = cfg::CWARPS * 32;
+#else
+constexpr uint32_t EMPTY_ARRIVALS = cfg::CWARPS;
+#endif
 constexpr size_t SMEM_TOTAL = SMEM_RING + SMEM_ACT + SMEM_RED + SMEM_SCRATCH + SMEM_BARS;
 
 __device__ __forceinline__ void wait_all(Ctx& c, const TaskArgs& a) {
@@ -68,7 +78,7 @@ mk_decode_step(const __grid_constant__ mk::Params p) {
   c.ring = smem;
   c.act = reinterpret_cast<mk::bf16*>(smem + mk::SMEM_RING);
   c.red = reinterpret_cast<float*>(smem + mk::SMEM_RING + mk::SMEM_ACT);
-  c.scratch = c.red + 2 * cfg::CWARPS * cfg::B;
+  c.scratch = c.red + 2 * cfg::CWARPS * 16 * cfg::B;   // after both red buffers (SMEM_RED)
   c.full = reinterpret_cast<uint64_t*>(smem + mk::SMEM_RING + mk::SMEM_ACT + mk::SMEM_RED + mk::SMEM_SCRATCH);
   c.empty = c.full + cfg::STAGES;
   c.ring_n = 0;
@@ -84,7 +94,7 @@ mk_decode_step(const __grid_constant__ mk::Params p) {
 #else
       mk::mbar_init(&c.full[s], 32);
 #endif
-      mk::mbar_init(&c.empty[s], cfg::CWARPS);
+      mk::mbar_init(&c.empty[s], mk::EMPTY_ARRIVALS);
     }
 #if __CUDA_ARCH__ >= 900
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");

@@ -47,6 +47,7 @@ struct Params {
 
 struct TaskArgs {
   int layer, r0, r1, k0, k1, group, split, tile;
+  int stage;      // GEMV kinds: 1 = stage the activation, 0 = reuse the previous task's (same input)
   int nw, w[4];   // flat counter indices to wait on (codegen.source.MAX_REFS)
   int ns, s[4];   // flat counter indices to signal
 };

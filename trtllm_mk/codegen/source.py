@@ -78,15 +78,16 @@ def _ref_expr(graph: StepGraph, task: Task, ref, offsets: dict[str, int]) -> str
     return str(offsets[ref.event] + ref.index * ev.slots + ref.slot)
 
 
-def _task_call(graph: StepGraph, task: Task, offsets: dict[str, int]) -> str:
+def _task_call(graph: StepGraph, task: Task, offsets: dict[str, int], prev: Task | None = None) -> str:
     if len(task.waits) > MAX_REFS or len(task.signals) > MAX_REFS:
         raise ValueError(f"{task.label()}: more than {MAX_REFS} waits/signals; use smaller qkv_rows")
     layer = "l" if task.phase == LAYER else "-1"
     w = [_ref_expr(graph, task, r, offsets) for r in task.waits] + ["0"] * (MAX_REFS - len(task.waits))
     s = [_ref_expr(graph, task, r, offsets) for r in task.signals] + ["0"] * (MAX_REFS - len(task.signals))
     tile = task.index if task.kind == Kind.LMHEAD else 0
+    stage = 0 if prev is not None and task.reuses_staged_input(prev) else 1
     return (f"run_task<mk::{task.kind.name}>(c, mk::TaskArgs{{{layer}, {task.r0}, {task.r1}, {task.k0}, {task.k1}, "
-            f"{task.group}, {task.split}, {tile}, {len(task.waits)}, {{{', '.join(w)}}}, "
+            f"{task.group}, {task.split}, {tile}, {stage}, {len(task.waits)}, {{{', '.join(w)}}}, "
             f"{len(task.signals)}, {{{', '.join(s)}}}}});")
 
 
@@ -102,7 +103,9 @@ def _inline_headers() -> str:
 
 
 def generate_source(schedule: Schedule, tokens_per_block: int, max_seq_len: int,
-                    use_bulk_copy: bool) -> tuple[str, KernelLayout]:
+                    use_bulk_copy: bool, sanitizer_sync: bool = False) -> tuple[str, KernelLayout]:
+    """``sanitizer_sync``: every consumer lane releases ring slots (MK_EMPTY_ARRIVE_ALL_LANES in
+    mk_kernel.cuh), so compute-sanitizer racecheck sees the ordering; slower, for sanitizer runs only."""
     graph = schedule.graph()
     d, p, spec = graph.dims, graph.plan, schedule.spec
     if d["d"] % 32:
@@ -116,6 +119,7 @@ def generate_source(schedule: Schedule, tokens_per_block: int, max_seq_len: int,
         "#include <cuda_bf16.h>",
         "#include <stdint.h>",
         "#define MK_USE_BULK_COPY 1" if use_bulk_copy else "// weight ring filled with cp.async (no bulk copy engine)",
+        "#define MK_EMPTY_ARRIVE_ALL_LANES 1" if sanitizer_sync else "// ring slots released by lane 0 of each consumer warp",
         "namespace cfg {",
     ]
     consts = dict(B=d["B"], L=d["L"], H=d["H"], I=d["I"], V=d["V"], NH=d["nh"], NKV=d["nkv"], D=d["d"], G=d["G"],
@@ -139,15 +143,17 @@ def generate_source(schedule: Schedule, tokens_per_block: int, max_seq_len: int,
     lines.append("  switch (blockIdx.x) {")
     for sm, prog in enumerate(schedule.programs):
         lines.append(f"  case {sm}: {{")
-        for i in prog.head:
-            lines.append("    " + _task_call(graph, graph.head[i], offsets))
+        # a task may reuse the staged activation only of its predecessor in the same list (the same
+        # layer iteration); the first task of a list always stages
+        for i, j in zip([None] + prog.head[:-1], prog.head):
+            lines.append("    " + _task_call(graph, graph.head[j], offsets, graph.head[i] if i is not None else None))
         if prog.layer:
             lines.append("    for (int l = 0; l < cfg::L; ++l) {")
-            for i in prog.layer:
-                lines.append("      " + _task_call(graph, graph.layer[i], offsets))
+            for i, j in zip([None] + prog.layer[:-1], prog.layer):
+                lines.append("      " + _task_call(graph, graph.layer[j], offsets, graph.layer[i] if i is not None else None))
             lines.append("    }")
-        for i in prog.tail:
-            lines.append("    " + _task_call(graph, graph.tail[i], offsets))
+        for i, j in zip([None] + prog.tail[:-1], prog.tail):
+            lines.append("    " + _task_call(graph, graph.tail[j], offsets, graph.tail[i] if i is not None else None))
         lines.append("  } break;")
     lines.append("  default: break;")
     lines.append("  }")

@@ -103,6 +103,13 @@ class Task:
     def rows(self) -> int:
         return self.r1 - self.r0
 
+    def reuses_staged_input(self, prev: "Task") -> bool:
+        """Whether this GEMV task, run right after ``prev`` on the same SM in the same layer, may skip
+        staging its activation: same kind (same norm), same reduction range and the same waits, so
+        the staged bytes are the same and still resident in shared memory."""
+        return (self.kind.streams_weights and prev.kind == self.kind and prev.phase == self.phase
+                and (prev.k0, prev.k1) == (self.k0, self.k1) and prev.waits == self.waits)
+
     def label(self) -> str:
         if self.kind in (Kind.ATTN,):
             return f"{self.kind.name}[g{self.group} s{self.split}]"

@@ -78,6 +78,33 @@ def event_latencies(schedule: Schedule, recs: list[TaskRecord], blocked_min_us: 
     return out
 
 
+def layer_phases(recs: list[TaskRecord]) -> tuple[dict, float]:
+    """Per kind of the layer tasks, mean over layers 1..L-1 of [first waits satisfied, last end] (us)
+    relative to the previous layer's end (its last task's end), and the mean layer period: the
+    critical path of a layer, phase by phase."""
+    ends: dict[int, float] = {}
+    win: dict[tuple[int, Kind], list[float]] = {}
+    for r in recs:
+        if r.layer < 0:
+            continue
+        ends[r.layer] = max(ends.get(r.layer, 0.0), r.t3)
+        w = win.setdefault((r.layer, r.kind), [r.t1, r.t3])
+        w[0], w[1] = min(w[0], r.t1), max(w[1], r.t3)
+    layers = sorted(ends)
+    if len(layers) < 2:
+        return {}, 0.0
+    acc: dict[str, list[list[float]]] = {}
+    for l in layers[1:]:
+        base = ends[l - 1]
+        for (ll, k), (a, b) in win.items():
+            if ll == l:
+                acc.setdefault(k.name, []).append([a - base, b - base])
+    phases = {k: {"start_us": round(float(np.mean([v[0] for v in vs])), 2),
+                  "end_us": round(float(np.mean([v[1] for v in vs])), 2)} for k, vs in acc.items()}
+    period = float(np.mean(np.diff([ends[l] for l in layers])))
+    return dict(sorted(phases.items(), key=lambda kv: kv[1]["start_us"])), round(period, 2)
+
+
 def summarize(schedule: Schedule, tasks: np.ndarray, per_sm: np.ndarray) -> dict:
     """JSON-ready summary of one traced step (see module doc)."""
     recs = task_records(schedule, tasks)
@@ -103,6 +130,7 @@ def summarize(schedule: Schedule, tasks: np.ndarray, per_sm: np.ndarray) -> dict
         busy[r.sm] += r.t3 - r.t1
         blocked[r.sm] += r.t1 - r.t0
     lat = event_latencies(schedule, recs)
+    phases, period = layer_phases(recs)
     loader_full = per_sm[:, 0] / 1e3
     # timer granularity: per SM the smallest positive difference between two of its stamps (median)
     grains = []
@@ -119,6 +147,8 @@ def summarize(schedule: Schedule, tasks: np.ndarray, per_sm: np.ndarray) -> dict
         "consumer_busy_frac": {"mean": round(float(busy.mean() / span), 3), "min": round(float(busy.min() / span), 3)},
         "consumer_blocked_us": {"mean": round(float(blocked.mean()), 1), "max": round(float(blocked.max()), 1)},
         "loader_ring_full_us": {"mean": round(float(loader_full.mean()), 1), "max": round(float(loader_full.max()), 1)},
+        "layer_period_us": period,
+        "layer_phases": phases,
         "event_latency_us": ({"waits": len(lat), "median": round(float(np.median(lat)), 3),
                               "p10": round(float(np.percentile(lat, 10)), 3),
                               "p90": round(float(np.percentile(lat, 90)), 3)} if lat else {"waits": 0}),
@@ -131,6 +161,9 @@ def format_summary(s: dict) -> str:
              "| kind | tasks | mean blocked us | mean staging us | mean body us |", "|---|---|---|---|---|"]
     for name, k in sorted(s["kinds"].items(), key=lambda kv: -kv[1]["body_us"]):
         lines.append(f"| {name} | {k['tasks']} | {k['mean_blocked_us']} | {k['mean_staging_us']} | {k['mean_body_us']} |")
+    if s["layer_phases"]:
+        lines.append(f"layer period {s['layer_period_us']} us; phases (from the previous layer's end): " +
+                     ", ".join(f"{k} {v['start_us']}..{v['end_us']}" for k, v in s["layer_phases"].items()))
     e = s["event_latency_us"]
     lines.append(f"consumer busy {s['consumer_busy_frac']['mean']:.0%} of the step (min SM "
                  f"{s['consumer_busy_frac']['min']:.0%}); blocked per SM {s['consumer_blocked_us']['mean']} us; "

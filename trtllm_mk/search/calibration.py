@@ -35,6 +35,13 @@ class Calibration:
     mem_latency_us: float = 0.8
     # Activations live in L2; a consumer reads them at this multiple of its HBM share.
     l2_bw_factor: float = 3.0
+    # One dependent L2 round trip of the consumer while the loaders stream (queued behind their
+    # traffic): a staging pass of a GEMV activation costs one (traced: OPROJ / DOWN staging).
+    l2_latency_us: float = 0.6
+    # Consumer time of an ATTN / COMBINE task beyond its bandwidth terms: the chain of dependent
+    # reads (qkv, RoPE table, block table, K/V; partials) and block barriers (traced task bodies).
+    attn_fixed_us: float = 4.0
+    combine_fixed_us: float = 2.0
     # A single SM cannot pull more than this multiple of its fair share (read_bandwidth / sm_count)
     # even when few SMs stream.
     sm_bw_cap: float = 4.0
@@ -46,8 +53,10 @@ class Calibration:
     full_rate_warps: int = 8
     # Per ring slot: mbarrier wait on 'full', arrive on 'empty'.
     slot_overhead_us: float = 0.02
-    # Loader time to issue one weight-row copy (a TMA bulk copy on sm_90, a row of 16-byte cp.async
-    # on sm_80/89): slots of many short rows cap the loader's rate at fill / (rows x this).
+    # Loader time per weight-row copy (a TMA bulk copy on sm_90, a row of 16-byte cp.async on
+    # sm_80/89): slots of many short rows cap the loader's rate at fill / (rows x this). Traced on
+    # H100: ~0.045 us per bulk copy whatever its length (256 B or 1 KB rows), so rows under ~1 KB
+    # starve the ring.
     copy_issue_us: float = 0.01
     # Per output row group (16 x blocks rows): cross-warp reduction barrier and the epilogue stores.
     group_overhead_us: float = 0.1

@@ -16,8 +16,10 @@ Both consumer rates scale down with fewer consumer warps than ``full_rate_warps`
 A GEMV task has two sides (see simulate.py): the loader streams its ``weight`` bytes through the ring
 at ``rate`` = min(hbm share, ring round-trip bound, consumer pace, copy issue rate), where a ring of ``ring`` bytes in
 slots of ``fill`` bytes turns over once per (latency + fill / hbm + per-slot consume time); the
-consumer spends ``pre`` (overhead + staging the activation from L2), then ``comp`` on the math.
-Other kinds take ``dur`` on the consumer (KV cache reads of ATTN at the hbm share).
+consumer spends ``pre`` (overhead + staging the activation from L2: dependent passes x the loaded L2
+latency + bytes over the L2 rate), then ``comp`` on the math.
+Other kinds take ``dur`` on the consumer (KV cache reads of ATTN at the hbm share, plus the traced
+fixed latency of its chain of dependent reads).
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from ..graph.tasks import HEAD, LAYER, TAIL, Kind, StepGraph, Task
 from ..smem import SlotGeometry, slot_geometry
 from .calibration import Calibration, load_calibration
 
-__all__ = ["Calibration", "load_calibration", "Rates", "sm_rates", "TaskCost", "CostTable", "task_cost",
+__all__ = ["Calibration", "load_calibration", "Rates", "sm_rates", "TaskCost", "CostTable", "task_cost", "staging_passes",
            "cost_table", "default_streaming", "streaming_key", "Streaming"]
 
 
@@ -76,6 +78,16 @@ class TaskCost:
     ring: float = 0.0      # bytes the ring holds for this kind (stages x fill)
     rate: float = 0.0      # bytes/us the loader sustains on this task
     dur: float = 0.0       # us: whole consumer time of a non-GEMV task
+    stage: float = 0.0     # us: the staging part of pre (skipped after a task that staged the same input)
+
+
+def staging_passes(kind: Kind, hidden: int, batch: int, consumer_warps: int) -> int:
+    """Dependent L2 passes of stage_activation (mk_gemv.cuh): RMSNorm kinds take one pass when the
+    batch's x fits in registers (VPT * B <= 16 float4 per thread), else two; OPROJ / DOWN copy a slice."""
+    if kind in (Kind.QKV, Kind.GATEUP, Kind.LMHEAD):
+        vpt = -(-(hidden // 4) // (consumer_warps * 32))
+        return 1 if vpt * batch <= 16 else 2
+    return 1
 
 
 def task_cost(task: Task, graph: StepGraph, rates: Rates, cal: Calibration,
@@ -95,19 +107,21 @@ def task_cost(task: Task, graph: StepGraph, rates: Rates, cal: Calibration,
         turnover = cal.mem_latency_us + fill / bw + slot_t
         issue = fill / (geo.rows_per_slot * cal.copy_issue_us)
         rate = min(bw, ring / turnover, task.weight_bytes / comp, issue)
-        return TaskCost(True, float(task.weight_bytes), cal.task_overhead_us + task.act_bytes / rates.l2, comp,
-                        slot_t, fill, ring, rate)
+        stage = staging_passes(task.kind, d["H"], d["B"], plan.consumer_warps) * cal.l2_latency_us + task.act_bytes / rates.l2
+        return TaskCost(True, float(task.weight_bytes), cal.task_overhead_us + stage, comp,
+                        slot_t, fill, ring, rate, stage=stage)
     if task.kind == Kind.ATTN:
         chunk = -(-d["context_len"] // d["S"])
         kv = d["B"] * chunk * 2 * d["d"] * 2
-        dur = (cal.task_overhead_us + kv / rates.hbm + max(0, task.act_bytes - kv) / rates.l2
+        dur = (cal.task_overhead_us + cal.attn_fixed_us + kv / rates.hbm + max(0, task.act_bytes - kv) / rates.l2
                + task.flops / rates.attn)
     elif task.kind == Kind.EMBED:
         rows = task.r1 - task.r0
         emb = d["B"] * rows * 2                      # bf16 embedding rows come from HBM
         dur = cal.task_overhead_us + emb / rates.hbm + (task.act_bytes - emb) / rates.l2
     else:                                            # COMBINE, ARGMAX: L2-resident partials
-        dur = cal.task_overhead_us + task.act_bytes / rates.l2 + task.flops / rates.attn
+        fixed = cal.combine_fixed_us if task.kind == Kind.COMBINE else cal.l2_latency_us
+        dur = cal.task_overhead_us + fixed + task.act_bytes / rates.l2 + task.flops / rates.attn
     return TaskCost(False, dur=dur)
 
 

@@ -6,8 +6,9 @@ Machine model (the megakernel's, see plugin_src/megakernel/mk_gemv.cuh):
     capacity for the task's kind). Issued bytes land ``mem_latency_us`` later.
   * Per SM a CONSUMER runs the tasks in program order: it starts a task when the previous one ended
     and every waited event slot has all its signals (+ sync latency), spends ``pre`` (overhead +
-    activation staging), then consumes the ring; the task ends after both its math and the arrival
-    of its last slot, and signals its events.
+    activation staging; no staging when the previous task on the SM staged the same input), then
+    consumes the ring; the task ends after both its math and the arrival of its last slot, and
+    signals its events.
 
 The loader is a fluid model per task (exact for the two regimes that matter, approximate in between):
   head  the first min(W, C) bytes may be prefetched before the consumer reaches the task; the last
@@ -103,6 +104,7 @@ class Simulator:
         self.n = self.nh + self.Ls * self.nt + self.ntail
         self._costs: dict[Streaming, tuple] = {}
         self._tables: dict[Streaming, CostTable] = {}
+        self._reuse_memo: dict[tuple, bool] = {}
         if costs is not None:                      # a table the caller already computed
             self._tables[costs.streaming] = costs
         with gc_paused():
@@ -196,7 +198,8 @@ class Simulator:
             per = [ct.phase(ph)[i] for ph, i in self.tmpl]
             self._costs[streaming] = (
                 [c.gemv for c in per], [c.weight for c in per], [c.pre for c in per], [c.comp for c in per],
-                [c.slot_t for c in per], [c.ring for c in per], [c.rate for c in per], [c.dur for c in per])
+                [c.slot_t for c in per], [c.ring for c in per], [c.rate for c in per], [c.dur for c in per],
+                [c.stage for c in per])
         return self._costs[streaming]
 
     def sequences(self, programs: list[SMProgram]) -> list[list[int]]:
@@ -212,14 +215,35 @@ class Simulator:
             seqs.append(seq)
         return seqs
 
+    def staged_reuse(self, seqs: list[list[int]]) -> list[list[bool]]:
+        """Per SM and position: the task reuses its predecessor's staged activation (codegen emits
+        stage = 0 for it, see Task.reuses_staged_input), so its ``stage`` time is not spent."""
+        tmpl, layer_of, memo = self.tmpl, self.layer_of, self._reuse_memo
+        out = []
+        for seq in seqs:
+            flags = [False] * len(seq)
+            for p in range(1, len(seq)):
+                u, v = seq[p - 1], seq[p]
+                if layer_of[u] != layer_of[v]:
+                    continue
+                key = (tmpl[u], tmpl[v])
+                r = memo.get(key)
+                if r is None:
+                    (pa, ia), (pb, ib) = key
+                    r = memo[key] = self.graph.phase_tasks(pb)[ib].reuses_staged_input(self.graph.phase_tasks(pa)[ia])
+                flags[p] = r
+            out.append(flags)
+        return out
+
     # ------------------------------------------------------------------ event loop
     def run(self, programs: list[SMProgram], record: bool = False) -> SimResult:
         with gc_paused():
             return self._run(programs, record)
 
     def _run(self, programs: list[SMProgram], record: bool) -> SimResult:
-        gemv, W, pre, comp, slot_t, ring, rate, dur = self._cost_arrays(streaming_sms(programs, self.graph))
+        gemv, W, pre, comp, slot_t, ring, rate, dur, stage = self._cost_arrays(streaming_sms(programs, self.graph))
         seqs = self.sequences(programs)
+        reuse = self.staged_reuse(seqs)
         waits, signals, target = self.waits, self.signals, self.target
         sync, lat = self.cal.sync_us, self.cal.mem_latency_us
         nsm = len(seqs)
@@ -245,6 +269,7 @@ class Simulator:
             progress = False
             for s in range(nsm):
                 seq = seqs[s]
+                reuse_s = reuse[s]
                 p = ptr[s]
                 n_s = len(seq)
                 while p < n_s:
@@ -281,7 +306,7 @@ class Simulator:
                         t_head = ld_t[s] + head / r
                         if fq > t_head:
                             t_head = fq
-                        cs = st + pre[u]
+                        cs = st + (pre[u] - stage[u] if reuse_s[p] else pre[u])
                         body = w - head
                         if body > 0.0:
                             t_issue = (t_head if t_head > cs else cs) + body / r

@@ -1,0 +1,48 @@
+"""The generated megakernel source executes the schedule it was generated from (no GPU needed)."""
+import re
+from pathlib import Path
+
+from trtllm_mk.codegen import generate_source
+from trtllm_mk.gpus import get_gpu
+from trtllm_mk.model.spec import load_spec
+from trtllm_mk.search import search
+
+ROOT = Path(__file__).resolve().parents[1]
+CALL = re.compile(r"run_task<mk::(\w+)>\(c, mk::TaskArgs\{([^{]*)\{")
+
+
+def sm_calls(src: str) -> dict[int, list[tuple[str, list[str]]]]:
+    """Per SM case of run_program: (kind, scalar TaskArgs fields) of every task call, in order."""
+    out, sm = {}, None
+    for line in src[src.index("void run_program"):].splitlines():
+        m = re.match(r"\s*case (\d+): \{", line)
+        if m:
+            sm = int(m.group(1))
+            out[sm] = []
+        c = CALL.search(line)
+        if c and sm is not None:
+            out[sm].append((c.group(1), [f.strip() for f in c.group(2).split(",") if f.strip()]))
+    return out
+
+
+def test_stage_flags_follow_the_schedule():
+    # Llama-3.2-1B shapes: several GATEUP tiles per SM, so some calls reuse the staged input
+    spec = load_spec(ROOT / "configs" / "models" / "llama-3.2-1b.json")
+    sched, _ = search(spec, 1, get_gpu("H100-SXM"), context_len=512, budget_s=2.0, seed=0)
+    src, _ = generate_source(sched, 16, 256, use_bulk_copy=True)
+    calls = sm_calls(src)
+    g = sched.graph()
+    reused = 0
+    for sm, prog in enumerate(sched.programs):
+        expect = []
+        for tasks, idx in ((g.head, prog.head), (g.layer, prog.layer), (g.tail, prog.tail)):
+            for n, i in enumerate(idx):
+                t = tasks[i]
+                reuse = n > 0 and t.reuses_staged_input(tasks[idx[n - 1]])
+                reused += reuse
+                expect.append((t.kind.name, "0" if reuse else "1"))
+        # TaskArgs{layer, r0, r1, k0, k1, group, split, tile, stage, nw, ...}
+        assert [(k, f[8]) for k, f in calls[sm]] == expect, f"SM {sm}"
+    assert reused > 0, "the 1B schedule should have consecutive GEMVs sharing an input"
+    assert "MK_EMPTY_ARRIVE_ALL_LANES 1" not in src
+    assert "#define MK_EMPTY_ARRIVE_ALL_LANES 1" in generate_source(sched, 16, 256, True, sanitizer_sync=True)[0]
