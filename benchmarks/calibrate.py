@@ -71,6 +71,16 @@ def constants_from_trace(summary: dict, gpu, cal: Calibration) -> dict:
     }
 
 
+def merge_calibration(path: Path, values: dict, note_key: str, note: str) -> Path:
+    """Update some constants of a calibration file (created if absent), keeping the others."""
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data.update(values)
+    data[note_key] = note
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    return path
+
+
 def schedule_of(entry: dict, gpu, cal: Calibration):
     """The schedule of a measured plan: list-scheduled under ``cal`` as the search would."""
     from trtllm_mk.graph import TilePlan
@@ -104,11 +114,9 @@ def calibrate_from_measured(path: str, out_dir: Path, fit_fields=("task_overhead
         ring = f"{sch.plan.stages}x{sch.plan.slot_bytes // 1024}KB"
         print(f"{e['model'] + ' b' + str(e['batch']) + ' ' + ring:<38}{m:>12.1f}{before:>10.1f}{after:>10.1f}"
               f"{100 * (after / m - 1):>7.1f}%")
-    path_out = out_dir / f"{gpu.name}.json"
-    data = json.loads(path_out.read_text()) if path_out.exists() else {}
-    data.update({f: round(getattr(cal, f), 4) for f in fit_fields})
-    data["_measured_source"] = f"{', '.join(fit_fields)}: fitted to {path} (benchmarks/calibrate.py --from-measured)"
-    path_out.write_text(json.dumps(data, indent=1) + "\n")
+    path_out = merge_calibration(out_dir / f"{gpu.name}.json", {f: round(getattr(cal, f), 4) for f in fit_fields},
+                                 "_measured_source",
+                                 f"{', '.join(fit_fields)}: fitted to {path} (benchmarks/calibrate.py --from-measured)")
     print("fitted " + ", ".join(f"{f}={getattr(cal, f):.3f}" for f in fit_fields) + f"; wrote {path_out}")
     return 0
 
@@ -134,14 +142,10 @@ def calibrate_from_traces(paths: list[str], out_dir: Path) -> int:
     for s, p in zip(summaries, per):
         print(f"{s['model'] + ' b' + str(s['batch']):<34}" + "".join(f"{p[f]:>18.3f}" for f in TRACE_FIELDS))
     print(f"{'mean (written)':<34}" + "".join(f"{fitted[f]:>18.3f}" for f in TRACE_FIELDS))
-    path = out_dir / f"{gpu.name}.json"
-    data = json.loads(path.read_text()) if path.exists() else {}
-    data.update(fitted)
-    data["_trace_source"] = (f"{', '.join(TRACE_FIELDS)}: from traces of "
+    path = merge_calibration(out_dir / f"{gpu.name}.json", fitted, "_trace_source",
+                             f"{', '.join(TRACE_FIELDS)}: from traces of "
                              + ", ".join(f"{s['model']} b{s['batch']}" for s in summaries)
                              + f" on {summaries[0].get('device', gpu.name)} (benchmarks/calibrate.py --from-trace)")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1) + "\n")
     print(f"wrote {path}")
     return 0
 
