@@ -2,6 +2,7 @@
 # Everything the GPU machine does, in stages that each fit one device call; results under $OUT.
 #   bash scripts/gpu_check.sh [build] [smoke] [tests] [sanitize] [trace] [calibrate] [bench]   (default: all)
 # TRACE_RUNS: one scripts/mk_trace.py argument line per traced step (default: llama-3.2-1b --batch 1).
+# PACK_OUT=1: leave one archive, $OUT/results.tar.gz, instead of the separate files.
 # Kernels are content-hash cached in .cubin_cache: precompile them on a CPU machine with
 #   TRTLLM_MK_CACHE=.cubin_cache python tests/test_megakernel_gpu.py
 #   TRTLLM_MK_CACHE=.cubin_cache python benchmarks/megakernel_system.py --prebuild --context 512
@@ -56,4 +57,8 @@ if has bench; then
   timeout ${BENCH_TIMEOUT:-540} python -m benchmarks.decode_latency --out "$OUT/bench" --plugin benchmarks.megakernel_system \
     "${bench_args[@]}" 2>&1 | tail -30 > "$OUT/bench.txt"
   grep "|" "$OUT/bench/report.md" 2>/dev/null || tail -5 "$OUT/bench.txt"
+fi
+if [[ -n "${PACK_OUT:-}" ]]; then
+  # a transport that brings back only a few files: one archive of everything under $OUT
+  tar czf /tmp/gpu_check_out.tar.gz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/gpu_check_out.tar.gz "$OUT/results.tar.gz"
 fi

@@ -257,4 +257,7 @@ def test_kernel_numerics_reference_models_the_rounding_points(family):
         tok, pos = nxt, pos + 1
     assert close[0] < 1e-6                      # same rounding points, same inputs
     assert max(close) < 5e-3
-    assert sum(close) < 0.3 * sum(loose)        # the rounding really is modelled
+    # the rounding really is modelled: every step nearer the bf16-staged reference than the plain
+    # one, and overall well below it (a single ulp flip with QK-norm can cost a step ~half its margin)
+    assert all(c < l for c, l in zip(close, loose))
+    assert sum(close) < 0.5 * sum(loose)

@@ -93,19 +93,19 @@ def _decoder(spec, batch, weights, schedule=None, budget_s=5.0):
     return build_decoder(schedule, weights, cache, gpu.nvcc_arch, gpu.has_tma), cache
 
 
-def _prompts(spec, batch, gen):
-    lens = [17 + 29 * b for b in range(batch)]  # different lengths, crossing block boundaries
+def _prompts(spec, batch, gen, first_len=17):
+    lens = [first_len + 29 * b for b in range(batch)]  # different lengths, crossing block boundaries
     return [torch.randint(0, spec.vocab_size, (n,), generator=gen).tolist() for n in lens]
 
 
-def run_and_compare(spec, batch, weights, steps, schedule=None, budget_s=5.0):
+def run_and_compare(spec, batch, weights, steps, schedule=None, budget_s=5.0, first_len=17):
     """Free-running megakernel decode, then teacher-forced references over its tokens *and* its KV
     history (each reference step starts from exactly the kernel's state, so what is measured is the
     error of one step, not the drift of two trajectories: a single bf16 ulp that summation order flips
     in a cached K moves later logits by ~1e-3 in these random models). Returns (max rel. logit error vs
     the kernel-numerics reference, vs the plain fp32 reference, token flips vs the former)."""
     gen = torch.Generator().manual_seed(1)
-    prompts = _prompts(spec, batch, gen)
+    prompts = _prompts(spec, batch, gen, first_len)
     dec, cache = _decoder(spec, batch, weights, schedule, budget_s)
     w32 = {k: v.float() for k, v in weights.items()}   # one fp32 copy shared by both references
     # kernel numerics: bf16 GEMV inputs where the kernel stages them, fp32 elsewhere
@@ -181,6 +181,21 @@ def test_two_schedules_both_correct_and_differ():
         check(run_and_compare(spec, 1, w, steps=64, schedule=sch), 3e-2)
 
 
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3"])
+def test_long_context_beyond_the_ring_capacity(name):
+    """ATTN takes at most KV_CAP cached tokens per split through the ring; at a context beyond the
+    one the schedule was built for, the rest of each split is read from the cache after the wait.
+    tiny-llama holds K and V in one slot per row, tiny-qwen3 in one slot each (KV_SLOTS 1 and 2)."""
+    from trtllm_mk.smem import attention_kv_ring
+    spec = _spec(name)
+    sch, _ = search(spec, 2, _gpu(), context_len=256, budget_s=5.0, seed=0)
+    p = sch.plan
+    _, cap = attention_kv_ring(spec.head_dim, p.slot_bytes, p.attn_splits, 256)
+    first_len = 640
+    assert -(-(first_len + 1) // p.attn_splits) > cap, "the prompt must overflow the ring's K/V capacity"
+    check(run_and_compare(spec, 2, _weights(spec), steps=32, schedule=sch, first_len=first_len), 3e-2)
+
+
 @pytest.mark.parametrize("name", REAL)
 def test_real_widths_one_layer_agree_exactly(name):
     """Every kernel path at real widths (row pieces, several warps per row, K-split, wide LM head)
@@ -221,7 +236,7 @@ def _prebuild() -> None:
     from trtllm_mk.codegen import compile_cubin, generate_source
     from trtllm_mk.gpus import get_gpu
     gpu = get_gpu(os.environ.get("TRTLLM_MK_TEST_GPU", "H100-SXM"))
-    cases = [(_spec(n), b, 5.0) for n in TINY for b in (1, 4)]
+    cases = [(_spec(n), b, 5.0) for n in TINY for b in (1, 2, 4)]
     cases += [(dataclasses.replace(_spec(n), num_layers=1), 4, 5.0) for n in REAL]
     cases += [(_spec(n), b, 10.0) for n in REAL for b in (1, 4)]
     for spec, batch, budget in cases:

@@ -101,6 +101,25 @@ def test_cost_monotonic_in_bytes():
     assert Simulator(g, H100, replace(cal, task_overhead_us=1.0)).run(progs).step_us > base
 
 
+def test_attention_cost_counts_only_tokens_past_the_ring():
+    """ATTN pays the loaded memory latency and the bytes of cached tokens the ring cannot hold; the
+    tokens it holds were loaded before the wait and cost nothing on the consumer."""
+    from trtllm_mk.search.cost import cost_table
+    spec = spec_of("llama-3.1-8b")
+    cal = Calibration(mem_latency_us=3.0)
+    plan = TilePlan(slot_bytes=16384, attn_splits=16)             # K and V of 64 tokens in a slot each
+    dur = {}
+    for ctx in (512, 1000, 2047):
+        g = build_step_graph(spec, 1, plan, ctx)
+        ct = cost_table(g, H100, cal)
+        dur[ctx] = next(c.dur for t, c in zip(g.layer, ct.layer) if t.kind == Kind.ATTN)
+        flops = next(t.flops for t in g.layer if t.kind == Kind.ATTN)
+        dur[ctx] -= flops / ct.rates.attn
+    assert dur[1000] == pytest.approx(dur[512])                  # 63 tokens per split: all in the ring
+    late = 2 * spec.head_dim * 2 * (128 - 64)                     # 2048 / 16 = 128 tokens, 64 late
+    assert dur[2047] - dur[512] == pytest.approx(3.0 + late / ct.rates.hbm, rel=1e-3)
+
+
 # ------------------------------------------------------------------------------ simulator, by hand
 CAL = Calibration(sync_us=1.0, mem_latency_us=0.8, launch_us=4.0)
 
@@ -283,6 +302,28 @@ def test_ksplit_comparison_arithmetic():
     assert nt["best_us"] == 100.1 and nt["peak_smem"] == 90_000 and not nt["reaches_chosen_time"]
     assert nt["iso_time"]["peak_smem"] == 50_000 and nt["iso_time"]["cut_pct"] == pytest.approx(44.44)
 
+
+
+def test_trim_at_references_targets_each_family_reference_time(monkeypatch):
+    """The iso-time trim starts from the chosen plan and aims at each family's reference time (its
+    least-smem plan at its best time), over that family's plans only; a family with no plan is skipped."""
+    from trtllm_mk.search import smemref
+    from trtllm_mk.search.planeval import Evaluator, PlanEval
+    spec = spec_of("tiny-llama")
+    ev = Evaluator(spec, 1, L20, Calibration(), 92, 512, 0)
+    split = TilePlan(o_ksplit=2, down_ksplit=2, stages=8, slot_bytes=4096)
+    pieces = TilePlan(o_ksplit=1, down_ksplit=1, stages=12, slot_bytes=4096)
+    smaller = replace(pieces, stages=10)
+    evals = [PlanEval(split, 99.0, 60_000, []), PlanEval(pieces, 100.0, 80_000, []),
+             PlanEval(smaller, 100.2, 70_000, [])]
+    for e in evals:
+        ev.cache[e.plan] = e
+    calls = []
+    monkeypatch.setattr(smemref, "trim", lambda ev_, start, target, tol, limit, tick=None:
+                        calls.append((start, target, tol, limit - ev_.work)))
+    smemref.trim_at_references(ev, evals[0], {"no_ksplit": evals[1], "no_k_tiling": None}, 500.0, 0.0025)
+    # the reference is the 70 KB plan at 100.2 us (within 0.25% of the family's best 100.0 us)
+    assert calls == [(split, 100.2, 0.0025, 500.0)]
 
 SHIPPED = sorted((ROOT / "configs").glob("*.yaml"))
 

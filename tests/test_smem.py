@@ -8,7 +8,8 @@ from trtllm_mk.gpus import get_gpu
 from trtllm_mk.graph import TilePlan, build_step_graph
 from trtllm_mk.model.spec import load_spec
 from trtllm_mk.search.plans import no_k_tiling, no_ksplit, ring_candidates, valid
-from trtllm_mk.smem import ACT_PAD, FIXED_BYTES, SLOT_PAD, fits, plan_smem, slot_geometry, without_ksplit
+from trtllm_mk.smem import (ACT_PAD, FIXED_BYTES, SLOT_PAD, attention_kv_ring, fits, plan_smem, slot_geometry,
+                            without_ksplit)
 
 MODELS = Path(__file__).resolve().parents[1] / "configs" / "models"
 
@@ -45,10 +46,10 @@ def test_plan_smem_hand_checked(qwen8b):
     plan = TilePlan(stages=4, slot_bytes=16384, consumer_warps=8, o_ksplit=1, down_ksplit=1)
     sm = plan_smem(qwen8b, 1, plan)
     # ring 4 x (16 KB + 1 KB row skew); activation: DOWN's whole K range (12288 + 8 skew) x 2 B;
-    # ATTN scratch ((4+2)*128 + 8*4*130)*4
+    # ATTN scratch ((4+2)*128 q/k/v + 4*4 statistics + max(4*128 scores, 8*4*128 warp outputs))*4
     assert sm.ring == 4 * (16384 + SLOT_PAD) == 69632
     assert sm.per_kind["DOWN"].activation == (12288 + ACT_PAD) * 2 == 24592
-    assert sm.per_kind["ATTN"].activation == 19712
+    assert sm.per_kind["ATTN"].activation == 19520
     assert sm.activation == 24592
     # reduction scratch: 2 buffers x 8 warps x 16 rows x batch 1 x 4 B
     assert sm.scratch == 1024
@@ -56,7 +57,7 @@ def test_plan_smem_hand_checked(qwen8b):
     # DOWN split in 3: K range 4096, now ATTN's scratch is the largest activation
     split = plan_smem(qwen8b, 1, replace(plan, down_ksplit=3))
     assert split.per_kind["DOWN"].activation == (4096 + ACT_PAD) * 2
-    assert split.peak == 69632 + 19712 + 1024 + FIXED_BYTES == 94464
+    assert split.peak == 69632 + 19584 + 1024 + FIXED_BYTES == 94336     # 19520 aligned to 128
 
 
 def test_ksplit_shrinks_activation_and_peak(qwen8b):
@@ -109,3 +110,11 @@ def test_model_covers_kernel_allocation(qwen8b):
     ]:
         g = build_step_graph(spec, batch, plan, 64)
         assert plan_smem(spec, batch, plan).peak >= codegen.kernel_smem_bytes(g)
+
+
+def test_attention_kv_ring_hand_checked():
+    # 8B shapes at context 512, 16 splits: the step at position 512 attends to 513 tokens, 33 per split
+    assert attention_kv_ring(128, 32768, 16, 512) == (1, 64)     # K + V of 64 tokens share one 32 KB slot
+    assert attention_kv_ring(128, 16384, 16, 512) == (2, 64)     # 32 < 33: K and V take a slot each
+    assert attention_kv_ring(64, 4096, 16, 512) == (2, 32)
+    assert attention_kv_ring(64, 32768, 16, 8192) == (2, 256)    # long context: the rest comes after the wait

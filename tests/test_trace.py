@@ -60,7 +60,7 @@ def test_summary_recovers_the_simulated_sync_latency_and_step():
     assert all(k["staging_us"] == 0 for k in s["kinds"].values())
     assert 0 < s["consumer_busy_frac"]["mean"] <= 1
     # layer period: the spacing of the layers' last task ends, as the simulator computed it
-    assert s["layer_period_us"] == pytest.approx(float(np.mean(np.diff(res.layer_end))), abs=2e-3)
+    assert s["layer_period_us"] == pytest.approx(float(np.mean(np.diff(res.layer_end))), abs=5.1e-3)  # printed to 0.01 us
     assert list(s["layer_phases"])[0] == "QKV" and all(v["end_us"] > v["start_us"] for v in s["layer_phases"].values())
 
 

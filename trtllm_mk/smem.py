@@ -2,7 +2,7 @@
 
 One persistent CTA per SM holds, in dynamic shared memory:
   ring        ``stages x (slot_bytes + SLOT_PAD)``: the weight ring the loader warp fills for GEMV
-              tasks. A slot holds ``RS`` = 16 x NB weight rows (NB blocks of the tensor-core mma's
+              tasks (and, for ATTN tasks, with the cached K/V of their chunk: attention_kv_ring). A slot holds ``RS`` = 16 x NB weight rows (NB blocks of the tensor-core mma's
               16 rows) of ``KC`` columns (the 3-D tile: output rows per slot x K tile, times the batch
               through the activation below); a row of the task's K range that does not fit one slot
               travels in ``NKC`` pieces. Rows sit 16 bytes further apart than their length (bank skew
@@ -95,11 +95,26 @@ def geometries(spec: ModelSpec, plan: TilePlan) -> dict[Kind, SlotGeometry]:
             for k, (kt, pair) in gemv_k_ranges(spec, plan).items()}
 
 
-def attention_scratch_bytes(spec: ModelSpec, plan: TilePlan) -> int:
-    """ATTN's fp32 scratch in the activation region: q heads + k + v of one group, and one
-    [G][head_dim+2] merge buffer per consumer warp (mk_attention.cuh)."""
-    G, d = spec.group_size, spec.head_dim
-    return ((G + 2) * d + plan.consumer_warps * G * (d + 2)) * 4
+ATTN_TILE_TOKENS = 128     # tokens per score tile of an ATTN task (TT in mk_attention.cuh)
+
+
+def attention_scratch_bytes(group_size: int, head_dim: int, consumer_warps: int) -> int:
+    """ATTN's fp32 scratch in the activation region (mk_attention.cuh attn_compute): q heads + k + v
+    of one group, 4 running statistics per head, then one region that holds a tile's scores
+    ([G][ATTN_TILE_TOKENS]) and later the warps' partial outputs ([consumer_warps][G][head_dim])."""
+    G, d = group_size, head_dim
+    return ((G + 2) * d + 4 * G + max(G * ATTN_TILE_TOKENS, consumer_warps * G * d)) * 4
+
+
+def attention_kv_ring(head_dim: int, slot_bytes: int, splits: int, context_len: int) -> tuple[int, int]:
+    """How an ATTN task takes its cached K/V through the weight ring (mk_attention.cuh attn_load):
+    ``(slots per batch row, tokens each row's K and V hold)``. One slot holds K in its first half and
+    V in its second when the split's chunk at ``context_len`` fits; otherwise K and V take a slot each,
+    which doubles the tokens. Tokens of a split beyond that capacity are read from global memory after
+    the task's wait (long contexts), so any capacity is correct and this only decides what is hidden."""
+    chunk = -(-(context_len + 1) // splits)          # the step at position context_len attends to context_len + 1
+    one = slot_bytes // (4 * head_dim)               # tokens of K + V in one slot
+    return (1, one) if one >= chunk else (2, 2 * one)
 
 
 def _align(n: int) -> int:
@@ -148,8 +163,10 @@ def plan_smem(spec: ModelSpec, batch: int, plan: TilePlan) -> SmemBreakdown:
         act = batch * (geo.k_range + ACT_PAD) * 2
         scratch = 2 * plan.consumer_warps * MMA_ROWS * batch * 4
         per[kind.name] = KindSmem(kind.name, ring, act, scratch, FIXED_BYTES)
-    # Non-GEMV kinds read global memory directly; only ATTN needs scratch of its own.
-    per[Kind.ATTN.name] = KindSmem(Kind.ATTN.name, 0, attention_scratch_bytes(spec, plan), 0, FIXED_BYTES)
+    # Of the non-GEMV kinds only ATTN needs scratch of its own; its cached K/V borrows ring slots
+    # (attention_kv_ring), which the GEMV kinds' ring already counts.
+    attn = attention_scratch_bytes(spec.group_size, spec.head_dim, plan.consumer_warps)
+    per[Kind.ATTN.name] = KindSmem(Kind.ATTN.name, 0, attn, 0, FIXED_BYTES)
     return SmemBreakdown(per_kind=per, ring=ring, activation=max(v.activation for v in per.values()),
                          scratch=max(v.scratch for v in per.values()), fixed=FIXED_BYTES,
                          o_ksplit=plan.o_ksplit, down_ksplit=plan.down_ksplit)

@@ -1,4 +1,5 @@
-// The persistent decode-step kernel: one CTA per SM, CWARPS consumer warps + 1 loader warp.
+// The persistent decode-step kernel: one CTA per SM, CWARPS consumer warps + 1 loader warp (it fills the
+// ring with GEMV weights and ATTN's cached K/V).
 // The generated source defines namespace cfg (shapes, tile plan, event counts) and
 // `run_program(Ctx&)`, each SM's static task list; this header supplies everything else.
 #pragma once
@@ -44,6 +45,7 @@ template <int KIND>
 __device__ __noinline__ void run_task(Ctx& c, TaskArgs a) {
   if (c.loader) {
     if constexpr (KIND == QKV || KIND == OPROJ || KIND == GATEUP || KIND == DOWN || KIND == LMHEAD) gemv_load<KIND>(c, a);
+    else if constexpr (KIND == ATTN) attn_load(c, a);    // the cached K/V of the task's split
     return;
   }
   uint64_t t0 = 0, t1 = 0;

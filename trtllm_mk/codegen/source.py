@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..graph import HEAD, LAYER, Kind, StepGraph, Task
 from ..schedule import Schedule
-from ..smem import ACT_PAD, MMA_ROWS, SLOT_PAD
+from ..smem import ACT_PAD, MMA_ROWS, SLOT_PAD, attention_kv_ring, attention_scratch_bytes
 
 KERNEL_NAME = "mk_decode_step"
 MAX_REFS = 4  # TaskArgs holds up to 4 waits and 4 signals
@@ -58,7 +58,7 @@ def act_smem_bytes(graph: StepGraph) -> int:
     d, p = graph.dims, graph.plan
     B = d["B"]
     gemv = (max(d["H"], d["QD"] // p.o_ksplit, d["I"] // p.down_ksplit) + ACT_PAD) * B * 2
-    attn = ((d["G"] + 2) * d["d"] + p.consumer_warps * d["G"] * (d["d"] + 2)) * 4
+    attn = attention_scratch_bytes(d["G"], d["d"], p.consumer_warps)
     return max(gemv, attn)
 
 
@@ -122,12 +122,13 @@ def generate_source(schedule: Schedule, tokens_per_block: int, max_seq_len: int,
         "#define MK_EMPTY_ARRIVE_ALL_LANES 1" if sanitizer_sync else "// ring slots released by lane 0 of each consumer warp",
         "namespace cfg {",
     ]
+    kv_slots, kv_cap = attention_kv_ring(d["d"], p.slot_bytes, d["S"], d["context_len"])
     consts = dict(B=d["B"], L=d["L"], H=d["H"], I=d["I"], V=d["V"], NH=d["nh"], NKV=d["nkv"], D=d["d"], G=d["G"],
                   S=d["S"], GR=d["GR"], QKVR=d["QKVR"], QD=d["QD"], TPB=tokens_per_block, HISTORY_LEN=max_seq_len,
                   NUM_SMS=schedule.num_sms, STAGES=p.stages, SLOT_BYTES=p.slot_bytes, CWARPS=p.consumer_warps,
                   O_KSPLIT=p.o_ksplit, DOWN_KSPLIT=p.down_ksplit, N_LM_TILES=d["n_lm_tiles"],
                   ACT_SMEM_BYTES=act_smem_bytes(graph), NUM_COUNTERS=len(counts), SLOT_PAD=SLOT_PAD,
-                  TRACE_TASKS=max(1, trace_tasks))
+                  TRACE_TASKS=max(1, trace_tasks), KV_SLOTS=kv_slots, KV_CAP=kv_cap)
     for k, v in consts.items():
         lines.append(f"constexpr int {k} = {v};")
     lines.append(f"constexpr bool QK_NORM = {'true' if spec.qk_norm else 'false'};")

@@ -39,7 +39,8 @@ class Calibration:
     # traffic): a staging pass of a GEMV activation costs one (traced: OPROJ / DOWN staging).
     l2_latency_us: float = 0.6
     # Consumer time of an ATTN / COMBINE task beyond its bandwidth terms: the chain of dependent
-    # reads (qkv, RoPE table, block table, K/V; partials) and block barriers (traced task bodies).
+    # reads (ATTN: qkv from L2, RoPE, the merge; COMBINE: the partials) and block barriers (traced
+    # task bodies). ATTN's cached K/V comes through the ring before its wait (cost.py).
     attn_fixed_us: float = 4.0
     combine_fixed_us: float = 2.0
     # A single SM cannot pull more than this multiple of its fair share (read_bandwidth / sm_count)

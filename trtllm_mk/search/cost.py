@@ -10,7 +10,7 @@ Per SM rates (bytes or FLOPs per microsecond):
   gemv   consumer rate in weight bytes: the tensor-core consumer (mma.m16n8k16, batch <= 8 as the N
          columns) is bound by the shared-memory reads of its weight tiles (ldmatrix), not by math, so
          its rate is shared-memory bytes per clock x clock x ``consumer_efficiency`` at any batch.
-  attn   fp32 FMA lanes x clock x efficiency (q in registers, K/V straight from global memory).
+  attn   fp32 FMA lanes x clock x efficiency (q in registers, K/V from the ring or global memory).
 Both consumer rates scale down with fewer consumer warps than ``full_rate_warps``.
 
 A GEMV task has two sides (see simulate.py): the loader streams its ``weight`` bytes through the ring
@@ -18,8 +18,9 @@ at ``rate`` = min(hbm share, ring round-trip bound, consumer pace, copy issue ra
 slots of ``fill`` bytes turns over once per (latency + fill / hbm + per-slot consume time); the
 consumer spends ``pre`` (overhead + staging the activation from L2: dependent passes x the loaded L2
 latency + bytes over the L2 rate), then ``comp`` on the math.
-Other kinds take ``dur`` on the consumer (KV cache reads of ATTN at the hbm share, plus the traced
-fixed latency of its chain of dependent reads).
+Other kinds take ``dur`` on the consumer: ATTN its traced fixed latency (q/k/v from L2, RoPE, the
+merge) plus, for cached tokens beyond what the loader brings through the ring before the wait
+(smem.attention_kv_ring), one loaded memory latency and their bytes at the hbm share.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 
 from ..gpus import GpuSpec
 from ..graph.tasks import HEAD, LAYER, TAIL, Kind, StepGraph, Task
-from ..smem import SlotGeometry, slot_geometry
+from ..smem import SlotGeometry, attention_kv_ring, slot_geometry
 from .calibration import Calibration, load_calibration
 
 __all__ = ["Calibration", "load_calibration", "Rates", "sm_rates", "TaskCost", "CostTable", "task_cost", "staging_passes",
@@ -111,10 +112,15 @@ def task_cost(task: Task, graph: StepGraph, rates: Rates, cal: Calibration,
         return TaskCost(True, float(task.weight_bytes), cal.task_overhead_us + stage, comp,
                         slot_t, fill, ring, rate, stage=stage)
     if task.kind == Kind.ATTN:
+        # the loader brings up to `cap` cached tokens per row through the ring before the task's wait
+        # (their bytes ride along the weight stream); tokens beyond it are read after the wait
         chunk = -(-d["context_len"] // d["S"])
-        kv = d["B"] * chunk * 2 * d["d"] * 2
-        dur = (cal.task_overhead_us + cal.attn_fixed_us + kv / rates.hbm + max(0, task.act_bytes - kv) / rates.l2
-               + task.flops / rates.attn)
+        _, cap = attention_kv_ring(d["d"], plan.slot_bytes, d["S"], d["context_len"])
+        token = 2 * d["d"] * 2
+        kv = d["B"] * chunk * token
+        late = d["B"] * max(0, -(-(d["context_len"] + 1) // d["S"]) - cap) * token   # the ring's chunk rule
+        dur = (cal.task_overhead_us + cal.attn_fixed_us + (cal.mem_latency_us + late / rates.hbm if late else 0.0)
+               + max(0, task.act_bytes - kv) / rates.l2 + task.flops / rates.attn)
     elif task.kind == Kind.EMBED:
         rows = task.r1 - task.r0
         emb = d["B"] * rows * 2                      # bf16 embedding rows come from HBM

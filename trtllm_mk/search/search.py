@@ -39,7 +39,7 @@ from .naive import naive_plan, naive_programs
 from .planeval import SIM_LAYERS, Evaluator, descend, least_smem, trim
 from .plans import initial_plan
 from .simulate import SimResult, Simulator
-from .smemref import compare, search_families
+from .smemref import compare, search_families, trim_at_references
 
 SMEM_TOLERANCE = 0.0025          # plans within 0.25% of the best predicted time count as "equal"
 NOMINAL_SIM_RATE = 120_000       # simulated task instances per second (nominal, see module doc)
@@ -105,8 +105,9 @@ def search(spec: ModelSpec, batch: int, gpu: GpuSpec, context_len: int = 512, bu
     # work budgets (simulated task instances) from budget_s and a nominal speed, never the clock
     ev = Evaluator(spec, batch, gpu, cal, nsm, context_len, seed)
     work = budget_s * NOMINAL_SIM_RATE
-    # each of the two reference families: a descent (w_family) and a trim (w_family / 2)
-    w_plans, w_family = work * PLAN_SHARE, work * FAMILY_SHARE / 3
+    # each of the two reference families: a descent (w_family), a trim (w_family / 2) and, after the
+    # plan is chosen, a trim of the chosen plan at the family's time (w_family / 2)
+    w_plans, w_family = work * PLAN_SHARE, work * FAMILY_SHARE / 4
     w_trim, w_improve = work * TRIM_SHARE, work * IMPROVE_SHARE
     stats.work_budget = round(work * (PLAN_SHARE + FAMILY_SHARE + TRIM_SHARE + IMPROVE_SHARE))
     bar = tqdm(total=stats.work_budget, desc=f"search {spec.name} b{batch} {gpu.name}", unit="inst",
@@ -131,6 +132,7 @@ def search(spec: ModelSpec, batch: int, gpu: GpuSpec, context_len: int = 512, bu
     top = min(ev.cache.values(), key=lambda e: (e.step_us, e.peak_smem))
     trim(ev, top.plan, top.step_us, SMEM_TOLERANCE, ev.work + w_trim, tick=lambda: report("trim", ev.work))
     chosen = least_smem(list(ev.cache.values()), top.step_us, SMEM_TOLERANCE)
+    trim_at_references(ev, chosen, fastest, w_family / 2, SMEM_TOLERANCE, tick=lambda: report("references", ev.work))
     stats.plan_evals = ev.evals
     stats.smem_chosen = chosen.peak_smem
     stats.ksplit = compare(ev, chosen, fastest, SMEM_TOLERANCE)

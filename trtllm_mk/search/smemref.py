@@ -11,7 +11,8 @@ the one with the least shared memory within the tolerance of that time. Two
 comparisons follow, both at equal predicted time (within the tolerance):
   at the chosen plan's time   the family's least-smem plan that is as fast as the chosen plan, if any
   at the family's best time   the least-smem plan of all evaluated plans (K-split allowed) that is as
-                              fast as the family's reference ("iso-time")
+                              fast as the family's reference ("iso-time"), after a trim from the chosen
+                              plan at that time (trim_at_references)
 """
 from __future__ import annotations
 
@@ -48,6 +49,20 @@ def search_families(ev: Evaluator, start_plan, work_each: float, tolerance: floa
         trim(ev, best.plan, best.step_us, tolerance, max(limit, ev.work) + work_each / 2, admit, tick)
         out[name] = best
     return out
+
+
+def trim_at_references(ev: Evaluator, chosen: PlanEval, fastest: dict[str, PlanEval | None], work_each: float,
+                       tolerance: float, tick: Callable[[], None] | None = None) -> None:
+    """For the iso-time comparison: from the chosen plan (K-split allowed), trim shared memory at each
+    family's best time, which is slower than the chosen plan's and so leaves room to shrink the ring
+    and the tiles; the plans found join the evaluator's memo, which ``compare`` reads."""
+    for name, admit in FAMILIES.items():
+        pool = [e for e in ev.cache.values() if admit(e.plan, ev.spec)]
+        if fastest.get(name) is None or not pool:
+            continue
+        best = min(pool, key=lambda e: (e.step_us, e.peak_smem))
+        ref = least_smem(pool, best.step_us, tolerance) or best
+        trim(ev, chosen.plan, ref.step_us, tolerance, ev.work + work_each, tick=tick)
 
 
 def _cut(a: int, b: int) -> float:
