@@ -94,12 +94,32 @@ def schedule_of(entry: dict, gpu, cal: Calibration):
                     programs=ev(plan).programs, context_len=entry["context"])
 
 
+MEGAKERNEL = "trtllm_mk megakernel"
+MEASURED_FIT_FIELDS = ("task_overhead_us", "mem_latency_us", "sync_us", "attn_fixed_us", "combine_fixed_us",
+                       "attn_late_token_us")
+
+
+def measured_entries(data) -> list[dict]:
+    """The measured workloads of a ``--from-measured`` file: a JSON list of {model, batch, context,
+    plan, measured_us}, or a decode_latency report.json, whose megakernel rows carry their plan."""
+    if not (isinstance(data, dict) and "configs" in data):
+        return data
+    out = []
+    for c in data["configs"]:
+        r = c.get("systems", {}).get(MEGAKERNEL, {})
+        if r.get("status") == "ok" and "plan" in r.get("info", {}):
+            out.append({"model": c["model"], "batch": c["batch"], "context": c["context_len"],
+                        "plan": r["info"]["plan"], "measured_us": round(r["tpot_ms"]["p50"] * 1e3, 1),
+                        "gpu": data.get("gpu", "H100-SXM")})
+    return out
+
+
 def calibrate_from_measured(path: str, out_dir: Path, fit_fields=("task_overhead_us",)) -> int:
-    """Fit ``fit_fields`` to measured step times of known plans (a JSON list of {model, batch,
-    context, plan, measured_us}); print predicted vs measured per workload, before and after."""
+    """Fit ``fit_fields`` to measured step times of known plans (``measured_entries``); print
+    predicted vs measured per workload, before and after."""
     from trtllm_mk.gpus import get_gpu
     try:
-        entries = json.loads(Path(path).read_text())
+        entries = measured_entries(json.loads(Path(path).read_text()))
         gpu = get_gpu(entries[0].get("gpu", "H100-SXM"))
     except (OSError, json.JSONDecodeError, IndexError, KeyError) as e:
         print(f"error: {path}: not a readable list of measured workloads ({e})", file=sys.stderr)
@@ -112,7 +132,7 @@ def calibrate_from_measured(path: str, out_dir: Path, fit_fields=("task_overhead
         before = predict(sch, gpu, cal0.resolved(gpu)).step_us
         after = predict(sch, gpu, cal.resolved(gpu)).step_us
         ring = f"{sch.plan.stages}x{sch.plan.slot_bytes // 1024}KB"
-        print(f"{e['model'] + ' b' + str(e['batch']) + ' ' + ring:<38}{m:>12.1f}{before:>10.1f}{after:>10.1f}"
+        print(f"{e['model'] + ' b' + str(e['batch']) + ' ctx' + str(e['context']) + ' ' + ring:<38}{m:>12.1f}{before:>10.1f}{after:>10.1f}"
               f"{100 * (after / m - 1):>7.1f}%")
     path_out = merge_calibration(out_dir / f"{gpu.name}.json", {f: round(getattr(cal, f), 4) for f in fit_fields},
                                  "_measured_source",
@@ -201,12 +221,15 @@ def main(argv=None) -> int:
     ap.add_argument("--from-trace", nargs="+", metavar="TRACE_JSON",
                     help="read per-task constants from trace summaries (scripts/mk_trace.py); no GPU needed")
     ap.add_argument("--from-measured", metavar="MEASURED_JSON",
-                    help="fit the per-task overhead to measured step times of known plans; no GPU needed")
+                    help="fit the per-task overhead to measured step times of known plans (a list of "
+                         "workloads or a decode_latency report.json); no GPU needed")
+    ap.add_argument("--fit", nargs="+", default=["task_overhead_us"], choices=sorted(MEASURED_FIT_FIELDS),
+                    help="constants --from-measured fits (default: task_overhead_us)")
     args = ap.parse_args(argv)
     if args.from_trace:
         return calibrate_from_traces(args.from_trace, Path(args.out))
     if args.from_measured:
-        return calibrate_from_measured(args.from_measured, Path(args.out))
+        return calibrate_from_measured(args.from_measured, Path(args.out), tuple(args.fit))
     if not torch.cuda.is_available():
         print("error: calibration needs a CUDA GPU", file=sys.stderr)
         return 2

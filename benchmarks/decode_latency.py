@@ -263,8 +263,9 @@ def render_markdown(report: dict[str, Any]) -> str:
 def plot_latency_vs_context(report: dict[str, Any], path: Path) -> None:
     """One subplot per (model, batch): TPOT p50 vs context, one line per system, the floor dashed."""
     groups: dict[tuple[str, int], list[dict]] = {}
-    for c in report["configs"]:
-        groups.setdefault((c["model"], c["batch"]), []).append(c)
+    models = list(dict.fromkeys(c["model"] for c in report["configs"]))   # first-seen order
+    for c in sorted(report["configs"], key=lambda c: (models.index(c["model"]), c["batch"])):
+        groups.setdefault((c["model"], c["batch"]), []).append(c)   # one row per model: batches side by side
     n = max(1, len(groups))
     ncols = min(2, n)
     nrows = math.ceil(n / ncols)

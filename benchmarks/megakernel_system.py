@@ -6,11 +6,15 @@ engine builder does), compiled, bound to the benchmark's weights and a paged KV 
 same launch-overhead treatment torch.compile's reduce-overhead mode gets).
 
     python benchmarks/megakernel_system.py --prebuild --models llama-3.2-1b --batch 1 4 --context 512
-compiles every kernel a benchmark run will need into the cubin cache without a GPU.
+compiles every kernel a benchmark run will need into the cubin cache without a GPU, and keeps each
+searched schedule beside the cubins (``schedules/``), keyed by the search's inputs and the source of
+the package, so a GPU run skips the search too; any change to trtllm_mk/ or the calibration misses.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import sys
 from pathlib import Path
 
@@ -28,8 +32,33 @@ TOKENS_PER_BLOCK = 32
 HEADROOM = 1024   # decode steps the cache has room for beyond the context
 
 
+PACKAGE = Path(__file__).resolve().parents[1] / "trtllm_mk"
+
+
+def _schedule_key(spec, batch: int, context_len: int, gpu: GpuSpec) -> str:
+    """Everything the search's result depends on: its arguments, the calibration file and the package
+    source (the search is deterministic for these, see trtllm_mk/search/search.py)."""
+    from trtllm_mk.search.calibration import load_calibration
+    h = hashlib.sha256(json.dumps([spec.to_dict(), batch, context_len, gpu.name, SEARCH_BUDGET_S, 0],
+                                  sort_keys=True, default=str).encode())
+    cal = load_calibration(gpu).source
+    if Path(cal).is_file():
+        h.update(Path(cal).read_bytes())
+    for f in sorted(PACKAGE.rglob("*.py")):
+        h.update(f.relative_to(PACKAGE).as_posix().encode() + f.read_bytes())
+    return h.hexdigest()[:24]
+
+
 def schedule_for(spec, batch: int, context_len: int, gpu: GpuSpec):
+    """The searched schedule of this deployment, from the schedule cache when a prebuild left it."""
+    from trtllm_mk.codegen.compile import cache_dir
+    from trtllm_mk.schedule import Schedule
+    path = cache_dir() / "schedules" / f"{_schedule_key(spec, batch, context_len, gpu)}.json"
+    if path.is_file():
+        return Schedule.load(path)
     sched, _ = search(spec, batch, gpu, context_len=context_len, budget_s=SEARCH_BUDGET_S, seed=0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sched.save(path)
     return sched
 
 

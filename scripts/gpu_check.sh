@@ -2,6 +2,7 @@
 # Everything the GPU machine does, in stages that each fit one device call; results under $OUT.
 #   bash scripts/gpu_check.sh [build] [smoke] [tests] [sanitize] [trace] [calibrate] [bench]   (default: all)
 # TRACE_RUNS: one scripts/mk_trace.py argument line per traced step (default: llama-3.2-1b --batch 1).
+# DEADLINE_S: seconds this script may run in all (a device call's limit); the bench stage gets what is left.
 # PACK_OUT=1: leave one archive, $OUT/results.tar.gz, instead of the separate files.
 # Kernels are content-hash cached in .cubin_cache: precompile them on a CPU machine with
 #   TRTLLM_MK_CACHE=.cubin_cache python tests/test_megakernel_gpu.py
@@ -54,9 +55,13 @@ if has calibrate; then
 fi
 if has bench; then
   eval "bench_args=(${BENCH_ARGS:---models llama-3.2-1b --batch 1 --context 512})"   # may hold quoted names
-  timeout ${BENCH_TIMEOUT:-540} python -m benchmarks.decode_latency --out "$OUT/bench" --plugin benchmarks.megakernel_system \
+  bench_s=${BENCH_TIMEOUT:-540}
+  [[ -n "${DEADLINE_S:-}" ]] && bench_s=$(( DEADLINE_S - SECONDS - 15 ))   # leave time to pack $OUT
+  timeout $bench_s python -m benchmarks.decode_latency --out "$OUT/bench" --plugin benchmarks.megakernel_system \
     "${bench_args[@]}" 2>&1 | tail -30 > "$OUT/bench.txt"
   grep "|" "$OUT/bench/report.md" 2>/dev/null || tail -5 "$OUT/bench.txt"
+  # the measured regression gate: this run against benchmarks/baselines/<gpu>.json (names what regressed)
+  [[ -f "$OUT/bench/report.json" ]] && python -m benchmarks.regress check "$OUT/bench/report.json" 2>&1 | tee "$OUT/regress.txt"
 fi
 if [[ -n "${PACK_OUT:-}" ]]; then
   # a transport that brings back only a few files: one archive of everything under $OUT

@@ -282,7 +282,7 @@ def test_search_real_shape_l20_within_budget():
 def test_ksplit_comparison_arithmetic():
     """smemref.compare on a hand-filled memo: families, iso-time and at-chosen-time cuts."""
     from trtllm_mk.search.planeval import Evaluator, PlanEval, least_smem
-    from trtllm_mk.search.smemref import compare
+    from trtllm_mk.search.smemref import Family, compare
     spec = spec_of("tiny-llama")     # small enough that 16 whole rows of every kind fit a slot
     ev = Evaluator(spec, 1, L20, Calibration(), 92, 512, 0)
     split = TilePlan(o_ksplit=2, down_ksplit=2, stages=8, slot_bytes=4096)
@@ -294,7 +294,7 @@ def test_ksplit_comparison_arithmetic():
         ev.cache[e.plan] = e
     chosen = least_smem(list(evals.values()), 99.0, 0.0025)
     assert chosen is evals["D"]                      # 0.1% slower than C, 20 KB less
-    cmp = compare(ev, chosen, {"no_ksplit": evals["C"], "no_k_tiling": evals["B"]}, 0.0025)
+    cmp = compare(ev, chosen, {"no_ksplit": Family(evals["C"], ev), "no_k_tiling": Family(evals["B"], ev)}, 0.0025)
     ns, nt = cmp["no_ksplit"], cmp["no_k_tiling"]
     assert ns["best_us"] == 99.0 and ns["peak_smem"] == 80_000
     assert ns["iso_time"]["peak_smem"] == 60_000 and ns["iso_time"]["cut_pct"] == 25.0
@@ -321,9 +321,66 @@ def test_trim_at_references_targets_each_family_reference_time(monkeypatch):
     calls = []
     monkeypatch.setattr(smemref, "trim", lambda ev_, start, target, tol, limit, tick=None:
                         calls.append((start, target, tol, limit - ev_.work)))
-    smemref.trim_at_references(ev, evals[0], {"no_ksplit": evals[1], "no_k_tiling": None}, 500.0, 0.0025)
+    smemref.trim_at_references(ev, evals[0], {"no_ksplit": smemref.Family(evals[1], ev), "no_k_tiling": None},
+                               500.0, 0.0025)
     # the reference is the 70 KB plan at 100.2 us (within 0.25% of the family's best 100.0 us)
     assert calls == [(split, 100.2, 0.0025, 500.0)]
+
+
+def test_no_k_tiling_family_is_searched_without_the_limit_when_nothing_fits():
+    """Qwen3-8B on an L20: a 16-row block of whole DOWN rows is 384 KB, so no K-tile-free plan fits
+    99 KB. The family is searched in its own evaluator with the limit lifted; its plans keep every row
+    in one slot, need more than the limit, and their work counts in the search's budget."""
+    from trtllm_mk.search.planeval import Evaluator
+    from trtllm_mk.search.plans import initial_plan, valid
+    from trtllm_mk.search.smemref import FAMILIES, compare, search_families
+    from trtllm_mk.smem import geometries
+    spec = spec_of("qwen3-8b")
+    cal = Calibration().resolved(L20)
+    ev = Evaluator(spec, 1, L20, cal, L20.sm_count, 512, 0)
+    start = ev(initial_plan(spec, 1, L20, L20.sm_count, 512))
+    work0 = ev.work
+    fams = search_families(ev, start.plan, 20_000, 0.0025)
+    nt, ns = fams["no_k_tiling"], fams["no_ksplit"]
+    assert not ns.over_limit and ns.ev is ev and valid(ns.best.plan, spec, 1, L20)
+    assert nt.over_limit and nt.ev is not ev and not nt.ev.cache.keys() & ev.cache.keys()
+    assert nt.pool(FAMILIES["no_k_tiling"])
+    for e in nt.pool(FAMILIES["no_k_tiling"]):
+        assert all(g.pieces == 1 for g in geometries(spec, e.plan).values())
+        assert e.peak_smem > L20.smem_per_block_optin and not valid(e.plan, spec, 1, L20)
+    assert ev.work >= work0 + nt.ev.work
+    cmp = compare(ev, start, fams, 0.0025)
+    assert cmp["no_k_tiling"]["exists"] and not cmp["no_k_tiling"]["fits"] and cmp["no_ksplit"]["fits"]
+    assert cmp["no_k_tiling"]["peak_smem"] > cmp["limit"] == L20.smem_per_block_optin
+
+
+def test_wide_ring_start_has_the_smallest_activations_and_the_largest_ring():
+    from trtllm_mk.search.plans import ksplit_candidates, ring_candidates, wide_ring_plan
+    from trtllm_mk.smem import plan_smem
+    h100 = get_gpu("H100-SXM")
+    spec = spec_of("llama-3.2-1b")
+    p = wide_ring_plan(spec, 4, h100, h100.sm_count, 8192)
+    o_ks, d_ks = ksplit_candidates(spec)
+    assert (p.o_ksplit, p.down_ksplit) == (max(o_ks), max(d_ks)) and fits(h100, spec, 4, p)
+    ring = p.stages * p.slot_bytes
+    assert ring == max(q.stages * q.slot_bytes for q in ring_candidates(p, spec, 4, h100))
+    assert plan_smem(spec, 4, p).peak <= h100.smem_per_block_optin
+
+
+def test_search_descends_from_the_wide_ring_start_too():
+    """Llama-3.2-1B, batch 4, context 8192 on H100: attention chunks exceed the initial plan's small
+    ring, and the descent from the initial plan stalls far behind the wide-ring start (under the
+    shipped calibration); the search keeps the better of the two descents."""
+    from trtllm_mk.search.planeval import Evaluator
+    from trtllm_mk.search.plans import initial_plan, wide_ring_plan
+    h100 = get_gpu("H100-SXM")
+    spec = spec_of("llama-3.2-1b")
+    cal = load_calibration(h100)
+    sched, stats = search(spec, 4, h100, context_len=8192, budget_s=4.0, seed=0, calibration=cal)
+    ev = Evaluator(spec, 4, h100, cal.resolved(h100), h100.sm_count, 8192, 0)
+    wide = ev(wide_ring_plan(spec, 4, h100, h100.sm_count, 8192)).step_us
+    init = ev(initial_plan(spec, 4, h100, h100.sm_count, 8192)).step_us
+    assert stats.list_schedule_us <= wide * (1 + 1e-9) < init
 
 SHIPPED = sorted((ROOT / "configs").glob("*.yaml"))
 

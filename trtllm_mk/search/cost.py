@@ -20,7 +20,8 @@ consumer spends ``pre`` (overhead + staging the activation from L2: dependent pa
 latency + bytes over the L2 rate), then ``comp`` on the math.
 Other kinds take ``dur`` on the consumer: ATTN its traced fixed latency (q/k/v from L2, RoPE, the
 merge) plus, for cached tokens beyond what the loader brings through the ring before the wait
-(smem.attention_kv_ring), one loaded memory latency and their bytes at the hbm share.
+(smem.attention_kv_ring), one loaded memory latency and the longer of their bytes at the hbm share
+and ``attn_late_token_us`` per token (those reads are latency-bound).
 """
 from __future__ import annotations
 
@@ -118,8 +119,9 @@ def task_cost(task: Task, graph: StepGraph, rates: Rates, cal: Calibration,
         _, cap = attention_kv_ring(d["d"], plan.slot_bytes, d["S"], d["context_len"])
         token = 2 * d["d"] * 2
         kv = d["B"] * chunk * token
-        late = d["B"] * max(0, -(-(d["context_len"] + 1) // d["S"]) - cap) * token   # the ring's chunk rule
-        dur = (cal.task_overhead_us + cal.attn_fixed_us + (cal.mem_latency_us + late / rates.hbm if late else 0.0)
+        late = d["B"] * max(0, -(-(d["context_len"] + 1) // d["S"]) - cap)   # tokens; the ring's chunk rule
+        late_us = cal.mem_latency_us + max(late * token / rates.hbm, late * cal.attn_late_token_us) if late else 0.0
+        dur = (cal.task_overhead_us + cal.attn_fixed_us + late_us
                + max(0, task.act_bytes - kv) / rates.l2 + task.flops / rates.attn)
     elif task.kind == Kind.EMBED:
         rows = task.r1 - task.r0

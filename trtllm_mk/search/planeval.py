@@ -22,7 +22,7 @@ from ..smem import plan_smem
 from .calibration import Calibration
 from .cost import cost_table, default_streaming
 from .listsched import list_schedule
-from .plans import field_candidates, ksplit_candidates, ring_candidates, valid, with_ksplit
+from .plans import SLOT_SIZES, field_candidates, ksplit_candidates, ring_candidates, valid, with_ksplit
 from .simulate import Simulator, gc_paused
 
 SIM_LAYERS = 4
@@ -48,9 +48,10 @@ class Evaluator:
     work are deterministic)."""
 
     def __init__(self, spec: ModelSpec, batch: int, gpu: GpuSpec, cal: Calibration, num_sms: int,
-                 context_len: int, seed: int):
+                 context_len: int, seed: int, slot_sizes: tuple[int, ...] = SLOT_SIZES):
         self.spec, self.batch, self.gpu, self.cal = spec, batch, gpu, cal
         self.num_sms, self.context_len, self.seed = num_sms, context_len, seed
+        self.slot_sizes = slot_sizes          # ring slot sizes the "ring" field walks
         self.cache: dict[TilePlan, PlanEval] = {}
         self.evals = 0
         self.work = 0.0
@@ -91,7 +92,7 @@ def better(a: PlanEval, b: PlanEval | None) -> bool:
 def field_variants(name: str, plan: TilePlan, ev: Evaluator) -> list[TilePlan]:
     spec, batch, gpu, nsm = ev.spec, ev.batch, ev.gpu, ev.num_sms
     if name == "ring":
-        return ring_candidates(plan, spec, batch, gpu)
+        return ring_candidates(plan, spec, batch, gpu, ev.slot_sizes)
     if name in ("o_ksplit", "down_ksplit"):
         ks = ksplit_candidates(spec)[0 if name == "o_ksplit" else 1]
         out = [with_ksplit(plan, name, k, spec, nsm) for k in ks]

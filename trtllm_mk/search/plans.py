@@ -19,7 +19,7 @@ from ..gpus import GpuSpec
 from ..graph.builder import check_plan
 from ..graph.tasks import TilePlan
 from ..model.spec import ModelSpec
-from ..smem import fits, geometries, plan_smem
+from ..smem import MMA_ROWS, fits, gemv_k_ranges, geometries, plan_smem
 
 MAX_WAVES = 16
 LM_MAX_WAVES = 24
@@ -101,10 +101,11 @@ def valid(plan: TilePlan, spec: ModelSpec, batch: int, gpu: GpuSpec) -> bool:
     return fits(gpu, spec, batch, plan)
 
 
-def ring_candidates(plan: TilePlan, spec: ModelSpec, batch: int, gpu: GpuSpec) -> list[TilePlan]:
+def ring_candidates(plan: TilePlan, spec: ModelSpec, batch: int, gpu: GpuSpec,
+                    slot_sizes: tuple[int, ...] = SLOT_SIZES) -> list[TilePlan]:
     """Every (stages, slot_bytes) that fits with the rest of ``plan``."""
     out = []
-    for slot in SLOT_SIZES:
+    for slot in slot_sizes:
         for st in STAGES:
             p = replace(plan, stages=st, slot_bytes=slot)
             if valid(p, spec, batch, gpu):
@@ -129,9 +130,18 @@ def no_k_tiling(plan: TilePlan, spec: ModelSpec) -> bool:
         return False
 
 
-def largest_ring(plan: TilePlan, spec: ModelSpec, batch: int, gpu: GpuSpec, admit=None) -> TilePlan | None:
+def whole_row_slot_sizes(spec: ModelSpec) -> tuple[int, ...]:
+    """Slot sizes at which no row of any GEMV kind (without task K-split) travels in pieces: one and
+    two 16-row tensor-core blocks of the widest row (gate + up rows count twice). At 8B widths these
+    exceed every GPU's per-block shared memory: the no-K-tiling family is then evaluated unbounded."""
+    widest = max(MMA_ROWS * pair * k * 2 for k, pair in gemv_k_ranges(spec, TilePlan(o_ksplit=1, down_ksplit=1)).values())
+    return (widest, 2 * widest)
+
+
+def largest_ring(plan: TilePlan, spec: ModelSpec, batch: int, gpu: GpuSpec, admit=None,
+                 slot_sizes: tuple[int, ...] = SLOT_SIZES) -> TilePlan | None:
     """The fitting (stages, slot) with the most ring bytes (then the smaller slot) that ``admit`` accepts."""
-    cands = [p for p in ring_candidates(plan, spec, batch, gpu) if admit is None or admit(p, spec)]
+    cands = [p for p in ring_candidates(plan, spec, batch, gpu, slot_sizes) if admit is None or admit(p, spec)]
     if not cands:
         return None
     return max(cands, key=lambda p: (p.stages * p.slot_bytes, -p.slot_bytes))
@@ -147,6 +157,17 @@ def with_ksplit(plan: TilePlan, field: str, k: int, spec: ModelSpec, num_sms: in
     waves = max(1, round(-(-H // plan.down_rows) * plan.down_ksplit / num_sms))
     rows = min(wave_rows(H, k, num_sms), key=lambda r: abs(-(-H // r) * k / num_sms - waves))
     return replace(plan, down_ksplit=k, down_rows=rows)
+
+
+def wide_ring_plan(spec: ModelSpec, batch: int, gpu: GpuSpec, num_sms: int, context_len: int) -> TilePlan | None:
+    """A second starting point of the descent: the initial plan with the largest K-splits (smallest
+    activations) and then the largest ring that fits. Where the ring decides the step (long contexts,
+    whose attention chunks ride the ring; large batches, whose whole-K activations crowd it out), the
+    descent from the initial plan can stall before it reaches such rings one field at a time."""
+    p = initial_plan(spec, batch, gpu, num_sms, context_len)
+    o_ks, d_ks = ksplit_candidates(spec)
+    p = with_ksplit(with_ksplit(p, "o_ksplit", max(o_ks), spec, num_sms), "down_ksplit", max(d_ks), spec, num_sms)
+    return largest_ring(p, spec, batch, gpu)
 
 
 def initial_plan(spec: ModelSpec, batch: int, gpu: GpuSpec, num_sms: int, context_len: int) -> TilePlan:

@@ -3,7 +3,8 @@
 Stages (every decision is a function of the inputs and the seed; see "Budget" for time):
   1. naive      the baseline (naive.py), simulated exactly with phase barriers.
   2. plans      coordinate descent over the TilePlan fields from the better of plans.initial_plan
-                and the naive plan (planeval.py),
+                and the naive plan (planeval.py), a second one from plans.wide_ring_plan (the better
+                of the two goes on),
                 then the same descent restricted to the plan families without K-splitting that the
                 report compares against (smemref.py); all share one memo of evaluated plans.
   3. smem trim  from the fastest plan, K-split, consumer warps and ring are walked again keeping
@@ -36,15 +37,15 @@ from ..schedule import Schedule
 from .calibration import Calibration, load_calibration
 from .improve import improve
 from .naive import naive_plan, naive_programs
-from .planeval import SIM_LAYERS, Evaluator, descend, least_smem, trim
-from .plans import initial_plan
+from .planeval import SIM_LAYERS, Evaluator, better, descend, least_smem, trim
+from .plans import initial_plan, wide_ring_plan
 from .simulate import SimResult, Simulator
 from .smemref import compare, search_families, trim_at_references
 
 SMEM_TOLERANCE = 0.0025          # plans within 0.25% of the best predicted time count as "equal"
 NOMINAL_SIM_RATE = 120_000       # simulated task instances per second (nominal, see module doc)
 # shares of the work budget; the rest covers the exact simulations of the naive and final schedules
-PLAN_SHARE, FAMILY_SHARE, TRIM_SHARE, IMPROVE_SHARE = 0.5, 0.2, 0.05, 0.15
+PLAN_SHARE, WIDE_SHARE, FAMILY_SHARE, TRIM_SHARE, IMPROVE_SHARE = 0.5, 0.25, 0.2, 0.05, 0.15
 
 Progress = Callable[[str, int, int], None]
 
@@ -108,8 +109,8 @@ def search(spec: ModelSpec, batch: int, gpu: GpuSpec, context_len: int = 512, bu
     # each of the two reference families: a descent (w_family), a trim (w_family / 2) and, after the
     # plan is chosen, a trim of the chosen plan at the family's time (w_family / 2)
     w_plans, w_family = work * PLAN_SHARE, work * FAMILY_SHARE / 4
-    w_trim, w_improve = work * TRIM_SHARE, work * IMPROVE_SHARE
-    stats.work_budget = round(work * (PLAN_SHARE + FAMILY_SHARE + TRIM_SHARE + IMPROVE_SHARE))
+    w_trim, w_improve, w_wide = work * TRIM_SHARE, work * IMPROVE_SHARE, work * WIDE_SHARE
+    stats.work_budget = round(work * (PLAN_SHARE + WIDE_SHARE + FAMILY_SHARE + TRIM_SHARE + IMPROVE_SHARE))
     bar = tqdm(total=stats.work_budget, desc=f"search {spec.name} b{batch} {gpu.name}", unit="inst",
                unit_scale=True, disable=not show_progress, leave=False)
     shown = [0.0]
@@ -125,6 +126,11 @@ def search(spec: ModelSpec, batch: int, gpu: GpuSpec, context_len: int = 512, bu
     # so the searched schedule never starts behind the baseline it must beat.
     start = min((ev(initial_plan(spec, batch, gpu, nsm, context_len)), ev(nplan)), key=lambda e: e.step_us).plan
     best, stats.sweeps = descend(ev, start, w_plans, tick=lambda: report("plans", ev.work))
+    # a second descent from the wide-ring start, on a budget share of its own; the better one goes on
+    wide = wide_ring_plan(spec, batch, gpu, nsm, context_len)
+    if wide is not None:
+        other, _ = descend(ev, wide, ev.work + w_wide, tick=lambda: report("plans", ev.work))
+        best = other if better(other, best) else best
     fastest = search_families(ev, best.plan, w_family, SMEM_TOLERANCE,
                               tick=lambda: report("references", ev.work))
 
