@@ -255,6 +255,15 @@ def render_markdown(report: dict[str, Any]) -> str:
                          f"{c['floor_ms']:.3f} | {100 * r['fraction_of_floor']:.1f}% | {_fmt(c.get('ttft_ms'), 2)} |")
         if c.get("ttft_error"):
             errors.append(f"- {c['name']} / TTFT: {c['ttft_error']}")
+    predicted = [(c, name, r) for c in report["configs"] for name, r in c["systems"].items()
+                 if r["status"] == "ok" and r.get("info", {}).get("predicted_ms")]
+    if predicted:
+        lines += ["", "## Predicted (cost model at search time) vs measured", "",
+                  "| model | batch | context | system | predicted ms | measured p50 ms | error |", "|---|---|---|---|---|---|---|"]
+        for c, name, r in predicted:
+            p, m = r["info"]["predicted_ms"], r["tpot_ms"]["p50"]
+            lines.append(f"| {c['model']} | {c['batch']} | {c['context_len']} | {name} | {p:.3f} | {m:.3f} | "
+                         f"{100 * (p / m - 1):+.1f}% |")
     if errors:
         lines += ["", "## Failed", "", *errors]
     return "\n".join(lines) + "\n"
