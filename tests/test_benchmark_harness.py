@@ -200,3 +200,14 @@ def test_merge_reports_of_a_matrix_measured_in_parts(tmp_path):
     assert "| m | 1 | 512 | torch.compile | 1.400 |" in md and "## Failed" not in md
     with pytest.raises(Exception, match="different devices"):
         merge_reports([a, {**b, "device": "NVIDIA H200"}])
+
+
+def test_report_lists_predicted_against_measured():
+    from benchmarks.decode_latency import render_markdown
+    r = _report("d", ["trtllm_mk megakernel", "torch.compile"],
+                {"m/b1/ctx512": {"trtllm_mk megakernel": 1.25, "torch.compile": 1.5}})
+    r["configs"][0]["systems"]["trtllm_mk megakernel"]["info"] = {"predicted_ms": 1.0}
+    md = render_markdown(r)
+    assert "## Predicted (cost model at search time) vs measured" in md
+    assert "| m | 1 | 512 | trtllm_mk megakernel | 1.000 | 1.250 | -20.0% |" in md
+    assert "torch.compile | 1.500 | 1.500" not in md       # systems without a prediction are not listed
