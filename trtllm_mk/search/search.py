@@ -139,6 +139,8 @@ def search(spec: ModelSpec, batch: int, gpu: GpuSpec, context_len: int = 512, bu
     trim(ev, top.plan, top.step_us, SMEM_TOLERANCE, ev.work + w_trim, tick=lambda: report("trim", ev.work))
     chosen = least_smem(list(ev.cache.values()), top.step_us, SMEM_TOLERANCE)
     trim_at_references(ev, chosen, fastest, w_family / 2, SMEM_TOLERANCE, tick=lambda: report("references", ev.work))
+    # the iso-time trims may have found a plan as fast with less shared memory: it is the chosen one
+    chosen = least_smem(list(ev.cache.values()), top.step_us, SMEM_TOLERANCE)
     stats.plan_evals = ev.evals
     stats.smem_chosen = chosen.peak_smem
     stats.ksplit = compare(ev, chosen, fastest, SMEM_TOLERANCE)
