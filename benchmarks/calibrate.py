@@ -194,7 +194,8 @@ def fit(workloads, gpu, cal0: Calibration, fit_fields=FIT_FIELDS) -> Calibration
         return sum((predict(s, gpu, cal).step_us / m - 1) ** 2 for s, m in workloads)
 
     best, best_loss = cal0, loss(cal0)
-    step = {f: getattr(cal0, f) * 0.5 for f in fit_fields}
+    # a constant at 0 (e.g. attn_late_token_us before its first fit) starts from a unit step
+    step = {f: (getattr(cal0, f) or 1.0) * 0.5 for f in fit_fields}
     for _ in range(6):  # coordinate descent with shrinking steps
         for f in fit_fields:
             for sign in (1, -1):

@@ -2,8 +2,9 @@
 
 One persistent CTA per SM holds, in dynamic shared memory:
   ring        ``stages x (slot_bytes + SLOT_PAD)``: the weight ring the loader warp fills for GEMV
-              tasks (and, for ATTN tasks, with the cached K/V of their chunk: attention_kv_ring). A slot holds ``RS`` = 16 x NB weight rows (NB blocks of the tensor-core mma's
-              16 rows) of ``KC`` columns (the 3-D tile: output rows per slot x K tile, times the batch
+              tasks (and, for ATTN tasks, with the cached K/V of their chunk: attention_kv_ring). A
+              slot holds ``RS`` = 16 x NB weight rows (NB blocks of the tensor-core mma's 16 rows) of
+              ``KC`` columns (the 3-D tile: output rows per slot x K tile, times the batch
               through the activation below); a row of the task's K range that does not fit one slot
               travels in ``NKC`` pieces. Rows sit 16 bytes further apart than their length (bank skew
               for ldmatrix); SLOT_PAD holds that skew. The geometry mirrors ``Geometry`` in
@@ -106,13 +107,19 @@ def attention_scratch_bytes(group_size: int, head_dim: int, consumer_warps: int)
     return ((G + 2) * d + 4 * G + max(G * ATTN_TILE_TOKENS, consumer_warps * G * d)) * 4
 
 
+def attention_chunk(context_len: int, splits: int) -> int:
+    """Tokens one KV split of an ATTN task covers: the step at position ``context_len`` attends to
+    ``context_len + 1`` tokens (mk_attention.cuh split_range)."""
+    return -(-(context_len + 1) // splits)
+
+
 def attention_kv_ring(head_dim: int, slot_bytes: int, splits: int, context_len: int) -> tuple[int, int]:
     """How an ATTN task takes its cached K/V through the weight ring (mk_attention.cuh attn_load):
     ``(slots per batch row, tokens each row's K and V hold)``. One slot holds K in its first half and
     V in its second when the split's chunk at ``context_len`` fits; otherwise K and V take a slot each,
     which doubles the tokens. Tokens of a split beyond that capacity are read from global memory after
     the task's wait (long contexts), so any capacity is correct and this only decides what is hidden."""
-    chunk = -(-(context_len + 1) // splits)          # the step at position context_len attends to context_len + 1
+    chunk = attention_chunk(context_len, splits)
     one = slot_bytes // (4 * head_dim)               # tokens of K + V in one slot
     return (1, one) if one >= chunk else (2, 2 * one)
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from ..gpus import GpuSpec
 from ..graph.tasks import HEAD, LAYER, TAIL, Kind, StepGraph, Task
-from ..smem import SlotGeometry, attention_kv_ring, slot_geometry
+from ..smem import SlotGeometry, attention_chunk, attention_kv_ring, slot_geometry
 from .calibration import Calibration, load_calibration
 
 __all__ = ["Calibration", "load_calibration", "Rates", "sm_rates", "TaskCost", "CostTable", "task_cost", "staging_passes",
@@ -119,7 +119,7 @@ def task_cost(task: Task, graph: StepGraph, rates: Rates, cal: Calibration,
         _, cap = attention_kv_ring(d["d"], plan.slot_bytes, d["S"], d["context_len"])
         token = 2 * d["d"] * 2
         kv = d["B"] * chunk * token
-        late = d["B"] * max(0, -(-(d["context_len"] + 1) // d["S"]) - cap)   # tokens; the ring's chunk rule
+        late = d["B"] * max(0, attention_chunk(d["context_len"], d["S"]) - cap)   # tokens read after the wait
         late_us = cal.mem_latency_us + max(late * token / rates.hbm, late * cal.attn_late_token_us) if late else 0.0
         dur = (cal.task_overhead_us + cal.attn_fixed_us + late_us
                + max(0, task.act_bytes - kv) / rates.l2 + task.flops / rates.attn)
