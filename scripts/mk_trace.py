@@ -111,6 +111,10 @@ def main() -> None:
                 predicted_us=round(s.predicted_step_us, 2), measured_p50_us=round(stats.p50 * 1e3, 2),
                 device=torch.cuda.get_device_name(0), gpu=gpu.name)
     (out / f"trace_{tag}.json").write_text(json.dumps(body, indent=1) + "\n")
+    # the raw timeline and its schedule, for offline analysis (trtllm_mk.runtime.trace reads both)
+    import numpy as np
+    np.savez_compressed(out / f"trace_{tag}.npz", tasks=tasks.numpy(), per_sm=per_sm.numpy(),
+                        schedule=np.frombuffer(s.to_json().encode(), dtype=np.uint8))
     plot_timeline(summ, out / f"trace_{tag}.png", title=f"{tag} on {torch.cuda.get_device_name(0)}")
 
 

@@ -76,3 +76,25 @@ def test_summary_sees_a_slower_signal(tmp_path):
     assert "event latency" in text and "| QKV |" in text
     plot_timeline(s, tmp_path / "t.png")
     assert (tmp_path / "t.png").stat().st_size > 1000
+
+
+def test_full_trace_words_time_the_hand_off_and_the_publication():
+    """The kernel's 11-word rows: events count from when the signaller published them (word 10), and
+    the per-kind table splits the body into ring wait, stores + sync and the time to publish."""
+    from trtllm_mk.runtime.trace import TRACE_WORDS
+    sched, res, tasks, per_sm = simulated_trace()
+    full = np.zeros(tasks.shape[:2] + (TRACE_WORDS,), dtype=np.int64)
+    full[:, :, :4] = tasks
+    used = tasks[:, :, 3] > 0
+    full[:, :, 4] = np.where(used, 120, 0)                      # 0.12 us waiting for ring slots
+    full[:, :, 8] = np.where(used, tasks[:, :, 3] - 300, 0)      # reduction done 0.3 us before the end
+    full[:, :, 9] = np.where(used, tasks[:, :, 3] - 100, 0)      # handed off 0.1 us before the end
+    full[:, :, 10] = np.where(used, tasks[:, :, 3] + 400, 0)     # published 0.4 us after the end
+    s = summarize(sched, full, per_sm)
+    # waiters were released SYNC_US after the consumer's end, i.e. SYNC_US - 0.4 after the publication
+    assert s["event_latency_us"]["median"] == pytest.approx(SYNC_US - 0.4, abs=2e-3)
+    k = s["kinds"]["QKV"]
+    assert k["mean_ring_wait_us"] == pytest.approx(0.12, abs=1e-3)
+    assert k["mean_epilogue_us"] == pytest.approx(0.2, abs=1e-3)
+    assert k["mean_signal_us"] == pytest.approx(0.5, abs=1e-3)
+    assert "ring wait" in format_summary(s)

@@ -218,7 +218,7 @@ __device__ void attn_compute(Ctx& c, const TaskArgs& a) {
     for (int k = 0; k < 2; ++k) {
       const uint32_t n = ring0 + kv_slot(b, k);
       slots[k] = n % cfg::STAGES;
-      if (k == 0 || cfg::KV_SLOTS == 2) mbar_wait(&c.full[slots[k]], (n / cfg::STAGES) & 1);
+      if (k == 0 || cfg::KV_SLOTS == 2) c.consumer_wait(&c.full[slots[k]], (n / cfg::STAGES) & 1);
       kv.ring[k] = reinterpret_cast<const bf16*>(c.ring + (size_t)slots[k] * SLOT_STRIDE + kv_slot_offset(k));
     }
     if (MK_ATTN_MARK == 0 && b == 0) c.mark();
@@ -293,6 +293,7 @@ __device__ void attn_compute(Ctx& c, const TaskArgs& a) {
       consumer_sync(CTHREADS);   // the next tile overwrites the scores
     }
     if (MK_ATTN_MARK == 3 && b == 0) c.mark();
+    if (b == cfg::B - 1) c.mark_computed();
     // the warp is done with the ring slots of this row (same release protocol as the GEMV consumer)
 #pragma unroll
     for (int k = 0; k < 2; ++k) {

@@ -114,6 +114,18 @@ __device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
   return ok != 0;
 }
 
+// Non-blocking probe (try_wait may suspend the thread for a while before it fails; the trace's wait
+// timers probe with this first, so a wait that happens is timed from its start).
+__device__ __forceinline__ bool mbar_test_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t ok;
+  asm volatile(
+      "{\n .reg .pred p;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+      : "=r"(ok)
+      : "r"(smem_addr(bar)), "r"(parity)
+      : "memory");
+  return ok != 0;
+}
+
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   while (!mbar_try_wait(bar, parity)) {
   }
@@ -175,7 +187,7 @@ __device__ __forceinline__ void wait_counter(const uint32_t* ctr, uint32_t targe
   uint32_t backoff = 32;
   while (true) {
     __nanosleep(backoff);
-    if (backoff < 256) backoff <<= 1;
+    if (backoff < 64) backoff <<= 1;   // short: a chain of dependent tasks waits at every step
     v = ld_acquire(ctr);
     if ((int32_t)(v - target) >= 0) return;
     if (globaltimer() - t0 > MK_SPIN_TIMEOUT_NS) {

@@ -329,22 +329,40 @@ __device__ void gemv_compute(Ctx& c, const TaskArgs& a) {
   for (int b = 0; b < B; ++b) { best[b] = -INFINITY; bidx[b] = 0x7fffffff; }
 
   for (int grp = 0; grp < groups; ++grp) {
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    // NACC independent accumulators: a warp's k-steps of a slot go round-robin over them, loads first,
+    // so NACC mma run in flight instead of one dependent chain (the consumer was mma-latency bound at
+    // ~65 GB/s per SM with one accumulator; benchmarks/micro/ring_stream.cu)
+    constexpr int STEPS = (G::NK16 + G::WPB - 1) / G::WPB;   // k-steps per warp per slot
+    constexpr int NACC = STEPS >= 4 ? 4 : STEPS;
+    float acc[NACC][4];
+#pragma unroll
+    for (int j = 0; j < NACC; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
     for (int kc = 0; kc < G::NKC; ++kc, ++c.ring_n) {
       const uint32_t slot = c.ring_n % cfg::STAGES, use = c.ring_n / cfg::STAGES;
-      mbar_wait(&c.full[slot], use & 1);
+      c.consumer_wait(&c.full[slot], use & 1);
       const uint32_t wbase = ring0 + slot * SLOT_STRIDE + a_lane;
       const bf16* ak = act_lane + kc * G::KC;
-#pragma unroll 4
-      for (int s = kw; s < G::NK16; s += G::WPB) {
-        uint32_t b0 = 0u, b1 = 0u;
-        if (bvalid) {
-          b0 = *reinterpret_cast<const uint32_t*>(ak + s * 16);
-          b1 = *reinterpret_cast<const uint32_t*>(ak + s * 16 + 8);
+#pragma unroll
+      for (int j0 = 0; j0 < STEPS; j0 += NACC) {
+        uint32_t fa[NACC][4], fb[NACC][2];
+#pragma unroll
+        for (int j = 0; j < NACC; ++j) {
+          const int s = kw + (j0 + j) * G::WPB;
+          fb[j][0] = fb[j][1] = 0u;
+          if (j0 + j < STEPS && (G::NK16 % G::WPB == 0 || s < G::NK16)) {
+            if (bvalid) {
+              fb[j][0] = *reinterpret_cast<const uint32_t*>(ak + s * 16);
+              fb[j][1] = *reinterpret_cast<const uint32_t*>(ak + s * 16 + 8);
+            }
+            ldmatrix_x4(wbase + s * 32, fa[j][0], fa[j][1], fa[j][2], fa[j][3]);
+          }
         }
-        uint32_t a0, a1, a2, a3;
-        ldmatrix_x4(wbase + s * 32, a0, a1, a2, a3);
-        mma_bf16_16816(acc, a0, a1, a2, a3, b0, b1);
+#pragma unroll
+        for (int j = 0; j < NACC; ++j) {
+          const int s = kw + (j0 + j) * G::WPB;
+          if (j0 + j < STEPS && (G::NK16 % G::WPB == 0 || s < G::NK16))
+            mma_bf16_16816(acc[j], fa[j][0], fa[j][1], fa[j][2], fa[j][3], fb[j][0], fb[j][1]);
+        }
       }
 #if defined(MK_EMPTY_ARRIVE_ALL_LANES)
       mbar_arrive(&c.empty[slot]);   // every lane releases its own reads (sanitizer builds, see EMPTY_ARRIVALS)
@@ -353,11 +371,16 @@ __device__ void gemv_compute(Ctx& c, const TaskArgs& a) {
       if (c.lane == 0) mbar_arrive(&c.empty[slot]);
 #endif
     }
+#pragma unroll
+    for (int j = 1; j < NACC; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[0][i] += acc[j][i];
+    if (grp == groups - 1) c.mark_computed();
     // C fragment: acc[0], acc[1] = (row g, batch 2t, 2t+1); acc[2], acc[3] = (row g + 8, same batch)
     float* red = c.red + (grp & 1) * cfg::CWARPS * 16 * B;
     float* mine = red + c.warp * 16 * B;
-    if (2 * t < B) { mine[g * B + 2 * t] = acc[0]; mine[(g + 8) * B + 2 * t] = acc[2]; }
-    if (2 * t + 1 < B) { mine[g * B + 2 * t + 1] = acc[1]; mine[(g + 8) * B + 2 * t + 1] = acc[3]; }
+    if (2 * t < B) { mine[g * B + 2 * t] = acc[0][0]; mine[(g + 8) * B + 2 * t] = acc[0][2]; }
+    if (2 * t + 1 < B) { mine[g * B + 2 * t + 1] = acc[0][1]; mine[(g + 8) * B + 2 * t + 1] = acc[0][3]; }
     consumer_sync(CTHREADS);
     for (int i = threadIdx.x; i < G::OUT_ROWS * B; i += CTHREADS) {
       const int orow = i / B, b = i % B;

@@ -1,5 +1,5 @@
-// The persistent decode-step kernel: one CTA per SM, CWARPS consumer warps + 1 loader warp (it fills the
-// ring with GEMV weights and ATTN's cached K/V).
+// The persistent decode-step kernel: one CTA per SM, CWARPS consumer warps, 1 loader warp (it fills the
+// ring with GEMV weights and ATTN's cached K/V) and 1 signaller warp (it publishes finished tasks' events).
 // The generated source defines namespace cfg (shapes, tile plan, event counts) and
 // `run_program(Ctx&)`, each SM's static task list; this header supplies everything else.
 #pragma once
@@ -13,7 +13,12 @@ constexpr size_t SMEM_RING = (size_t)cfg::STAGES * SLOT_STRIDE;
 constexpr size_t SMEM_ACT = ((size_t)cfg::ACT_SMEM_BYTES + 127) / 128 * 128;
 constexpr size_t SMEM_RED = (size_t)2 * cfg::CWARPS * 16 * cfg::B * sizeof(float);
 constexpr size_t SMEM_SCRATCH = 256 * sizeof(float);   // values [0, 128) and indices [128, 256)
-constexpr size_t SMEM_BARS = 2 * cfg::STAGES * sizeof(uint64_t);
+// Signals in flight between the consumers and the signaller warp. Publishing an event costs a GPU-scope
+// release (a memory barrier that waits until the SM's stores are acknowledged: ~0.7 us idle, 1.3-4 us
+// while the loaders stream; benchmarks/micro/ring_stream.cu). The consumers hand each finished task to
+// the signaller through a small mbarrier queue and go on with their next task at once.
+constexpr int SIG_SLOTS = 4;
+constexpr size_t SMEM_BARS = (2 * cfg::STAGES + 2 * SIG_SLOTS) * sizeof(uint64_t);
 // Arrivals that free a ring slot: one per consumer warp (lane 0 after __syncwarp, which orders the
 // other lanes' reads before its release). compute-sanitizer's racecheck does not credit __syncwarp to
 // lane 0's mbarrier release and reports the loader's next bulk copy into the slot as a race with
@@ -35,20 +40,55 @@ __device__ __forceinline__ void wait_all(Ctx& c, const TaskArgs& a) {
   consumer_sync(CTHREADS);
 }
 
-__device__ __forceinline__ void signal_all(Ctx& c, const TaskArgs& a) {
-  // every consumer thread's stores precede this point (each task body ends with consumer_sync)
-  if (threadIdx.x == 0)
+// Consumer side: hand the finished task to the signaller. Every consumer thread's stores precede this
+// point (each task body ends with consumer_sync), and thread 0's mbarrier arrive releases them at CTA
+// scope; the signaller acquires them with its wait, and its GPU-scope release (signal_event) is
+// cumulative over them. Thread 0 waits only when SIG_SLOTS signals are still being published.
+__device__ __forceinline__ void hand_off_signals(Ctx& c, const TaskArgs& a) {
+  if (a.ns == 0) return;
+  const uint32_t slot = c.sig_n % SIG_SLOTS, use = c.sig_n / SIG_SLOTS;
+  ++c.sig_n;
+  if (threadIdx.x == 0) {
+    mbar_wait(&c.sig_empty[slot], (use & 1) ^ 1);   // first use of a slot passes at once
+    mbar_arrive(&c.sig_full[slot]);
+  }
+}
+
+// Signaller side: publish the task's events once the consumers have handed it over.
+__device__ __forceinline__ void publish_signals(Ctx& c, const TaskArgs& a) {
+  if (a.ns == 0) return;
+  const uint32_t slot = c.sig_n % SIG_SLOTS, use = c.sig_n / SIG_SLOTS;
+  ++c.sig_n;
+  if (c.lane == 0) {
+    mbar_wait(&c.sig_full[slot], use & 1);
     for (int i = 0; i < a.ns; ++i) signal_event(c.p->counters + a.s[i]);
+    mbar_arrive(&c.sig_empty[slot]);
+  }
 }
 
 template <int KIND>
 __device__ __noinline__ void run_task(Ctx& c, TaskArgs a) {
   if (c.loader) {
+    const uint64_t l0 = c.tracing ? globaltimer() : 0, blocked0 = c.loader_blocked;
     if constexpr (KIND == QKV || KIND == OPROJ || KIND == GATEUP || KIND == DOWN || KIND == LMHEAD) gemv_load<KIND>(c, a);
     else if constexpr (KIND == ATTN) attn_load(c, a);    // the cached K/V of the task's split
+    if (c.tracing && c.lane == 0) {
+      uint64_t* r = c.p->trace + ((size_t)blockIdx.x * cfg::TRACE_TASKS + c.task_no) * TRACE_WORDS;
+      r[5] = l0; r[6] = globaltimer(); r[7] = c.loader_blocked - blocked0;
+    }
+    ++c.task_no;
     return;
   }
-  uint64_t t0 = 0, t1 = 0;
+  if (c.signaller) {
+    publish_signals(c, a);
+    if (c.tracing && c.lane == 0 && a.ns > 0)
+      c.p->trace[((size_t)blockIdx.x * cfg::TRACE_TASKS + c.task_no) * TRACE_WORDS + 10] = globaltimer();
+    ++c.task_no;
+    return;
+  }
+  uint64_t t0 = 0, t1 = 0, t_sig = 0;
+  c.full_wait = 0;
+  c.t_computed = 0;
   if (c.tracing && threadIdx.x == 0) t0 = globaltimer();
   wait_all(c, a);
   if (c.tracing && threadIdx.x == 0) c.t_mark = t1 = globaltimer();
@@ -57,10 +97,12 @@ __device__ __noinline__ void run_task(Ctx& c, TaskArgs a) {
   else if constexpr (KIND == COMBINE) combine_compute(c, a);
   else if constexpr (KIND == ARGMAX) argmax_compute(c, a);
   else gemv_compute<KIND>(c, a);
-  signal_all(c, a);
+  if (c.tracing && threadIdx.x == 0) t_sig = globaltimer();
+  hand_off_signals(c, a);
   if (c.tracing && threadIdx.x == 0) {
-    uint64_t* r = c.p->trace + ((size_t)blockIdx.x * cfg::TRACE_TASKS + c.task_no) * 4;
-    r[0] = t0; r[1] = t1; r[2] = c.t_mark; r[3] = globaltimer();
+    uint64_t* r = c.p->trace + ((size_t)blockIdx.x * cfg::TRACE_TASKS + c.task_no) * TRACE_WORDS;
+    r[0] = t0; r[1] = t1; r[2] = c.t_mark; r[3] = globaltimer(); r[4] = c.full_wait;
+    r[8] = c.t_computed ? c.t_computed : t_sig; r[9] = t_sig;
   }
   ++c.task_no;
 }
@@ -69,7 +111,7 @@ __device__ __noinline__ void run_task(Ctx& c, TaskArgs a) {
 
 __device__ void run_program(mk::Ctx& c);  // generated: this SM's static task list
 
-extern "C" __global__ void __launch_bounds__((cfg::CWARPS + 1) * 32, 1)
+extern "C" __global__ void __launch_bounds__((cfg::CWARPS + 2) * 32, 1)
 mk_decode_step(const __grid_constant__ mk::Params p) {
   extern __shared__ __align__(128) unsigned char smem[];
   mk::Ctx c;
@@ -77,18 +119,24 @@ mk_decode_step(const __grid_constant__ mk::Params p) {
   c.warp = threadIdx.x / 32;
   c.lane = threadIdx.x % 32;
   c.loader = c.warp == cfg::CWARPS;
+  c.signaller = c.warp == cfg::CWARPS + 1;
   c.ring = smem;
   c.act = reinterpret_cast<mk::bf16*>(smem + mk::SMEM_RING);
   c.red = reinterpret_cast<float*>(smem + mk::SMEM_RING + mk::SMEM_ACT);
   c.scratch = c.red + 2 * cfg::CWARPS * 16 * cfg::B;   // after both red buffers (SMEM_RED)
   c.full = reinterpret_cast<uint64_t*>(smem + mk::SMEM_RING + mk::SMEM_ACT + mk::SMEM_RED + mk::SMEM_SCRATCH);
   c.empty = c.full + cfg::STAGES;
+  c.sig_full = c.empty + cfg::STAGES;
+  c.sig_empty = c.sig_full + mk::SIG_SLOTS;
+  c.sig_n = 0;
   c.ring_n = 0;
   c.task_no = 0;
   c.step = *reinterpret_cast<volatile uint32_t*>(&p.control[0]);
   c.tracing = p.trace != nullptr;
   c.t_mark = 0;
   c.loader_blocked = 0;
+  c.full_wait = 0;
+  c.t_computed = 0;
   if (threadIdx.x == 0) {
     for (int s = 0; s < cfg::STAGES; ++s) {
 #if defined(MK_USE_BULK_COPY)
@@ -98,6 +146,10 @@ mk_decode_step(const __grid_constant__ mk::Params p) {
 #endif
       mk::mbar_init(&c.empty[s], mk::EMPTY_ARRIVALS);
     }
+    for (int s = 0; s < mk::SIG_SLOTS; ++s) {
+      mk::mbar_init(&c.sig_full[s], 1);
+      mk::mbar_init(&c.sig_empty[s], 1);
+    }
 #if __CUDA_ARCH__ >= 900
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 #endif
@@ -105,7 +157,7 @@ mk_decode_step(const __grid_constant__ mk::Params p) {
   __syncthreads();
   run_program(c);
   if (c.tracing && (threadIdx.x == 0 || (c.loader && c.lane == 0))) {
-    uint64_t* r = p.trace + ((size_t)gridDim.x * cfg::TRACE_TASKS + blockIdx.x) * 4;
+    uint64_t* r = p.trace + (size_t)gridDim.x * cfg::TRACE_TASKS * mk::TRACE_WORDS + (size_t)blockIdx.x * 4;
     if (c.loader) { r[0] = c.loader_blocked; r[1] = mk::globaltimer(); }
     else { r[2] = mk::globaltimer(); r[3] = 0; }
   }

@@ -38,12 +38,18 @@ struct Params {
   ErrorInfo* error;
   int64_t num_blocks;          // blocks per layer in kv_pool
   int64_t block_table_stride;
-  // Optional per-task timeline (null: off). Consumer thread 0 writes, per SM and task of the step,
-  // globaltimer ns at [task start, waits satisfied, activation staged, signalled]; after the
-  // TRACE_TASKS x 4 words of every SM, one row per SM holds [loader ns blocked on a full ring,
-  // loader done, consumers done, 0]. Read by trtllm_mk/runtime/trace.py.
+  // Optional per-task timeline (null: off). Per SM and task of the step, TRACE_WORDS words: consumer
+  // thread 0 writes globaltimer ns at [task start, waits satisfied, activation staged, signalled] and
+  // [4] the ns it waited for ring slots to fill; loader lane 0 writes [5] when it reached the task,
+  // [6] when it had issued the task's last copy, [7] the ns of that span it waited for a free slot;
+  // consumer thread 0 again: [8] reduction done (before the output stores), [9] about to hand the
+  // task's events to the signaller warp; [10] the signaller published them (0: the task has none).
+  // After the TRACE_TASKS x TRACE_WORDS words of every SM, one row of 4 per SM holds [loader ns
+  // blocked on a full ring, loader done, consumers done, 0]. Read by trtllm_mk/runtime/trace.py.
   uint64_t* trace;
 };
+
+constexpr int TRACE_WORDS = 11;  // per task (mirror: trtllm_mk/runtime/trace.py TRACE_WORDS)
 
 struct TaskArgs {
   int layer, r0, r1, k0, k1, group, split, tile;
@@ -57,12 +63,16 @@ struct TaskArgs {
 struct Ctx {
   const Params* p;
   bool loader;
+  bool signaller;    // the warp that publishes events (mk_kernel.cuh hand_off_signals)
   int warp, lane;
   uint32_t step;
   uint32_t ring_n;   // slots used so far on this SM
   unsigned char* ring;
   uint64_t* full;    // [STAGES] loader -> consumers: slot holds its weights
   uint64_t* empty;   // [STAGES] consumers -> loader: slot may be overwritten
+  uint64_t* sig_full;   // [SIG_SLOTS] consumers -> signaller: a finished task's events may be published
+  uint64_t* sig_empty;  // [SIG_SLOTS] signaller -> consumers: published, the queue entry is free
+  uint32_t sig_n;       // tasks with signals handed over (consumers) / published (signaller) so far
   bf16* act;         // resident bf16 activation of the current GEMV (also attention scratch)
   float* red;        // [2][CWARPS][B] cross-warp partial sums (double-buffered by row group)
   float* scratch;    // small reductions
@@ -70,16 +80,30 @@ struct Ctx {
   bool tracing;      // p->trace != nullptr
   uint64_t t_mark;   // trace: when the current task's activation was staged
   uint64_t loader_blocked;  // trace: ns the loader waited for a free ring slot
+  uint64_t full_wait;       // trace: ns consumer thread 0 waited for ring slots to fill (this task)
+  uint64_t t_computed;      // trace: when the task's reduction finished (before its output stores)
 
   // Loader wait for a free slot; with tracing on, the time the ring was full is accumulated.
   __device__ __forceinline__ void loader_wait(uint64_t* bar, uint32_t parity) {
-    if (mbar_try_wait(bar, parity)) return;
+    if (!tracing) { mbar_wait(bar, parity); return; }
+    if (mbar_test_wait(bar, parity)) return;
     const uint64_t t0 = tracing ? globaltimer() : 0;
     mbar_wait(bar, parity);
     if (tracing) loader_blocked += globaltimer() - t0;
   }
+  // Consumer wait for a slot's bytes; with tracing on, thread 0 accumulates the time it waited.
+  __device__ __forceinline__ void consumer_wait(uint64_t* bar, uint32_t parity) {
+    if (!tracing) { mbar_wait(bar, parity); return; }
+    if (mbar_test_wait(bar, parity)) return;
+    const uint64_t t0 = tracing && threadIdx.x == 0 ? globaltimer() : 0;
+    mbar_wait(bar, parity);
+    if (tracing && threadIdx.x == 0) full_wait += globaltimer() - t0;
+  }
   __device__ __forceinline__ void mark() {
     if (tracing && threadIdx.x == 0) t_mark = globaltimer();
+  }
+  __device__ __forceinline__ void mark_computed() {   // trace: the task's weights / tokens are reduced
+    if (tracing && threadIdx.x == 0) t_computed = globaltimer();
   }
 };
 

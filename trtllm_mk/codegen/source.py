@@ -17,6 +17,7 @@ from ..smem import ACT_PAD, MMA_ROWS, SLOT_PAD, attention_kv_ring, attention_scr
 
 KERNEL_NAME = "mk_decode_step"
 MAX_REFS = 4  # TaskArgs holds up to 4 waits and 4 signals
+SIG_SLOTS = 4  # signal queue entries between consumers and the signaller warp (mirror: mk_kernel.cuh)
 HEADER_ORDER = ["mk_common.cuh", "mk_params.cuh", "mk_gemv.cuh", "mk_attention.cuh", "mk_misc.cuh", "mk_kernel.cuh"]
 
 
@@ -66,7 +67,8 @@ def kernel_smem_bytes(graph: StepGraph) -> int:
     """Mirror of SMEM_TOTAL in mk_kernel.cuh."""
     p, B = graph.plan, graph.dims["B"]
     act = (act_smem_bytes(graph) + 127) // 128 * 128
-    return p.stages * (p.slot_bytes + SLOT_PAD) + act + 2 * p.consumer_warps * MMA_ROWS * B * 4 + 256 * 4 + 2 * p.stages * 8
+    return (p.stages * (p.slot_bytes + SLOT_PAD) + act + 2 * p.consumer_warps * MMA_ROWS * B * 4 + 256 * 4
+            + (2 * p.stages + 2 * SIG_SLOTS) * 8)
 
 
 def _ref_expr(graph: StepGraph, task: Task, ref, offsets: dict[str, int]) -> str:
@@ -159,7 +161,7 @@ def generate_source(schedule: Schedule, tokens_per_block: int, max_seq_len: int,
     lines.append("  default: break;")
     lines.append("  }")
     lines.append("}")
-    layout = KernelLayout(grid=schedule.num_sms, block=(p.consumer_warps + 1) * 32, smem_bytes=smem,
+    layout = KernelLayout(grid=schedule.num_sms, block=(p.consumer_warps + 2) * 32, smem_bytes=smem,
                           event_offsets=offsets, num_counters=len(counts), n_lm_tiles=d["n_lm_tiles"],
                           history_len=max_seq_len, tokens_per_block=tokens_per_block,
                           trace_tasks=max(1, trace_tasks))

@@ -17,6 +17,7 @@ from ..errors import EngineError
 from ..kv_cache import PagedKVCache
 from ..model.spec import ModelSpec
 from ..schedule import Schedule
+from .trace import TRACE_WORDS
 
 # Order and kinds of the fields of mk::Params (plugin_src/megakernel/mk_params.cuh).
 PARAM_FIELDS = [
@@ -175,20 +176,21 @@ class MegakernelDecoder:
         """Record a per-task timeline in the following steps (each overwrites the last); see
         trtllm_mk/runtime/trace.py. Costs a few timer reads per task, so benchmarks leave it off."""
         if on and self._trace is None:
-            n = (self.layout.grid * self.layout.trace_tasks + self.layout.grid) * 4
+            n = self.layout.grid * (self.layout.trace_tasks * TRACE_WORDS + 4)
             self._trace = torch.zeros(n, dtype=torch.int64, device=self.device)
         elif not on:
             self._trace = None
         self._params = self._pack_params()
 
     def read_trace(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(tasks [grid, trace_tasks, 4], per-SM [grid, 4]) int64 ns of the last traced step."""
+        """(tasks [grid, trace_tasks, TRACE_WORDS], per-SM [grid, 4]) int64 ns of the last traced step."""
         if self._trace is None:
             raise EngineError("tracing is off: call set_trace(True) before the step")
         self.synchronize()
         g, n = self.layout.grid, self.layout.trace_tasks
         t = self._trace.cpu()
-        return t[: g * n * 4].view(g, n, 4), t[g * n * 4:].view(g, 4)
+        w = TRACE_WORDS
+        return t[: g * n * w].view(g, n, w), t[g * n * w:].view(g, 4)
 
     # ------------------------------------------------------------------ stepping
     def set_state(self, tokens: torch.Tensor, pos: torch.Tensor) -> None:

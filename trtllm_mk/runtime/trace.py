@@ -2,10 +2,13 @@
 
 With ``MegakernelDecoder.set_trace(True)`` consumer thread 0 of every SM records, per task, the
 globaltimer (ns) at: task start (previous task done), waits satisfied, activation staged (GEMV kinds;
-= waits satisfied otherwise), signalled; and per SM the loader's time blocked on a full ring. This
-module turns that into:
+= waits satisfied otherwise), signalled, and the time it waited for ring slots to fill; the loader
+warp records when it reached the task, when it had issued the task's last copy and how long of that
+it waited for a free slot; per SM, the loader's total time blocked on a full ring. This module turns
+that into:
 
-  * per task kind: tasks, mean blocked (waiting on events), staging and body time;
+  * per task kind: tasks, mean blocked (waiting on events), staging and body time, the part of the
+    body spent waiting for the ring (the weight stream is behind) and the loader's issue span;
   * event latency: for every wait that actually blocked, the time from the last producer's signal to
     the waiter seeing it (the cost model's ``sync_us``);
   * per SM: consumer busy fraction and loader ring-full time;
@@ -24,6 +27,10 @@ from ..graph.tasks import HEAD, LAYER, TAIL, Kind
 from ..schedule import Schedule
 
 
+# words per task in the kernel's trace buffer (mirror: plugin_src/megakernel/mk_params.cuh TRACE_WORDS)
+TRACE_WORDS = 11
+
+
 @dataclass
 class TaskRecord:
     sm: int
@@ -35,10 +42,17 @@ class TaskRecord:
     t1: float
     t2: float
     t3: float
+    ring_wait: float = 0.0   # us the consumer waited for ring slots to fill (within the body)
+    l0: float = 0.0          # loader reached the task (us; 0 for traces without loader words)
+    l1: float = 0.0          # loader issued the task's last copy
+    l_full: float = 0.0      # us of [l0, l1] the loader waited for a free slot
+    t_computed: float = 0.0  # reduction done, before the output stores (us; 0 without it)
+    t_signal: float = 0.0    # handed to the signaller warp (after the task's last barrier)
+    t_published: float = 0.0  # the signaller published the task's events (0: none / not recorded)
 
 
 def task_records(schedule: Schedule, tasks: np.ndarray) -> list[TaskRecord]:
-    """Align the raw trace ([grid, trace_tasks, 4] ns) with each SM's program."""
+    """Align the raw trace ([grid, trace_tasks, 4 or TRACE_WORDS] ns) with each SM's program."""
     graph = schedule.graph()
     L = graph.num_layers
     used = []
@@ -50,9 +64,15 @@ def task_records(schedule: Schedule, tasks: np.ndarray) -> list[TaskRecord]:
     origin = min(int(tasks[sm, n, 0]) for sm, n, *_ in used) if used else 0
     out = []
     for sm, n, phase, i, l in used:
-        t = [(int(v) - origin) / 1e3 for v in tasks[sm, n]]
+        row = [int(v) for v in tasks[sm, n]]
+        t = [(v - origin) / 1e3 for v in row[:4]]
+        extra = {}
+        if len(row) >= TRACE_WORDS:
+            extra = dict(ring_wait=row[4] / 1e3, l0=(row[5] - origin) / 1e3, l1=(row[6] - origin) / 1e3,
+                         l_full=row[7] / 1e3, t_computed=(row[8] - origin) / 1e3, t_signal=(row[9] - origin) / 1e3,
+                         t_published=(row[10] - origin) / 1e3 if row[10] else 0.0)
         task = graph.phase_tasks(phase)[i]
-        out.append(TaskRecord(sm, task.kind, l, i, phase, *t))
+        out.append(TaskRecord(sm, task.kind, l, i, phase, *t, **extra))
     return out
 
 
@@ -65,7 +85,7 @@ def event_latencies(schedule: Schedule, recs: list[TaskRecord], blocked_min_us: 
         task = graph.phase_tasks(r.phase)[r.index]
         for ref in task.signals:
             key = graph.resolve(task, max(r.layer, 0), ref)
-            signalled[key] = max(signalled.get(key, 0.0), r.t3)
+            signalled[key] = max(signalled.get(key, 0.0), r.t_published or r.t3)
     out = []
     for r in recs:
         if r.t1 - r.t0 < blocked_min_us:
@@ -110,14 +130,23 @@ def summarize(schedule: Schedule, tasks: np.ndarray, per_sm: np.ndarray) -> dict
     recs = task_records(schedule, tasks)
     kinds: dict[str, dict] = {}
     for r in recs:
-        k = kinds.setdefault(r.kind.name, {"tasks": 0, "blocked_us": 0.0, "staging_us": 0.0, "body_us": 0.0})
+        k = kinds.setdefault(r.kind.name, {"tasks": 0, "blocked_us": 0.0, "staging_us": 0.0, "body_us": 0.0,
+                                           "ring_wait_us": 0.0, "loader_span_us": 0.0, "loader_full_us": 0.0,
+                                           "epilogue_us": 0.0, "signal_us": 0.0})
         k["tasks"] += 1
         k["blocked_us"] += r.t1 - r.t0
         k["staging_us"] += r.t2 - r.t1
         k["body_us"] += r.t3 - r.t2
+        k["ring_wait_us"] += r.ring_wait
+        k["loader_span_us"] += max(r.l1 - r.l0, 0.0)
+        k["loader_full_us"] += r.l_full
+        if r.t_signal > 0:
+            k["epilogue_us"] += r.t_signal - r.t_computed
+            k["signal_us"] += (r.t_published or r.t3) - r.t_signal
     for k in kinds.values():
         n = k["tasks"]
-        for f in ("blocked_us", "staging_us", "body_us"):
+        for f in ("blocked_us", "staging_us", "body_us", "ring_wait_us", "loader_span_us", "loader_full_us",
+                  "epilogue_us", "signal_us"):
             k["mean_" + f] = round(k[f] / n, 3)
             k[f] = round(k[f], 1)
     start = min(r.t0 for r in recs)
@@ -158,9 +187,12 @@ def summarize(schedule: Schedule, tasks: np.ndarray, per_sm: np.ndarray) -> dict
 
 def format_summary(s: dict) -> str:
     lines = [f"step {s['step_us']:.1f} us, {s['tasks']} tasks, timer grain {s['timer_grain_ns']} ns",
-             "| kind | tasks | mean blocked us | mean staging us | mean body us |", "|---|---|---|---|---|"]
+             "| kind | tasks | mean blocked us | mean staging us | mean body us | of it: ring wait | stores+sync | signal "
+             "| loader span (full) |", "|---|---|---|---|---|---|---|---|---|"]
     for name, k in sorted(s["kinds"].items(), key=lambda kv: -kv[1]["body_us"]):
-        lines.append(f"| {name} | {k['tasks']} | {k['mean_blocked_us']} | {k['mean_staging_us']} | {k['mean_body_us']} |")
+        lines.append(f"| {name} | {k['tasks']} | {k['mean_blocked_us']} | {k['mean_staging_us']} | {k['mean_body_us']} "
+                     f"| {k['mean_ring_wait_us']} | {k['mean_epilogue_us']} | {k['mean_signal_us']} "
+                     f"| {k['mean_loader_span_us']} ({k['mean_loader_full_us']}) |")
     if s["layer_phases"]:
         lines.append(f"layer period {s['layer_period_us']} us; phases (from the previous layer's end): " +
                      ", ".join(f"{k} {v['start_us']}..{v['end_us']}" for k, v in s["layer_phases"].items()))
