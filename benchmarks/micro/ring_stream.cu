@@ -2,8 +2,10 @@
 // It isolates the megakernel's weight path (plugin_src/megakernel/mk_gemv.cuh gemv_load) from the task
 // graph: every CTA streams its own rows of a large matrix (larger than L2) through STAGES x SLOT ring
 // slots, one copy per row piece of C bytes, as the kernel does; consumer warps only release slots.
-// It answers: what copy size, ring shape and issue scheme reach the HBM read bandwidth, and what one SM
-// can pull when others are idle.
+// Three tables: (1) what copy size, ring shape and issue scheme reach the HBM read bandwidth, and what
+// one SM can pull when others are idle; (2) the GEMV consumer alone (bytes per second per SM); (3) what a
+// GPU-scope release (the kernel's event signal) costs while the SM streams. H100 results and how they
+// shaped the kernel: benchmarks/results/h100_v6_2026-11-23/ring_stream.md, benchmarks/NOTES.md (v6).
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90a -o ring_stream benchmarks/micro/ring_stream.cu && ./ring_stream
 #include <cuda_runtime.h>
@@ -185,26 +187,33 @@ __global__ void __launch_bounds__(288, 1) consume(int nslots, int stages, float*
   if (v == 12345.f) out[threadIdx.x] = v;   // keep the work
 }
 
+// Median time (ms) of `reps` launches after `warm` unmeasured ones (the caller checks for errors).
+template <class Launch>
+float median_ms(cudaEvent_t e0, cudaEvent_t e1, int warm, int reps, Launch launch) {
+  std::vector<float> ms;
+  for (int r = 0; r < warm + reps; ++r) {
+    cudaEventRecord(e0);
+    launch();
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float t = 0.f;
+    cudaEventElapsedTime(&t, e0, e1);
+    if (r >= warm) ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
 template <int KC, int NB, int ACCS, int MODE>
 int time_consume(cudaEvent_t e0, cudaEvent_t e1, int nsm, float* out) {
   constexpr int SLOT = 16 * NB * (KC * 2 + 16);
   const int stages = 4, nslots = 4096;
   const size_t smem = (size_t)stages * SLOT + (KC + 8) * 2 * 8 + 2 * stages * 8;
   CK(cudaFuncSetAttribute(consume<KC, NB, ACCS, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
-  std::vector<float> ms;
-  for (int rep = 0; rep < 5; ++rep) {
-    cudaEventRecord(e0);
-    consume<KC, NB, ACCS, MODE><<<nsm, 288, smem>>>(nslots, stages, out);
-    cudaEventRecord(e1);
-    CK(cudaEventSynchronize(e1));
-    float t;
-    cudaEventElapsedTime(&t, e0, e1);
-    ms.push_back(t);
-  }
+  const float ms = median_ms(e0, e1, 0, 5, [&] { consume<KC, NB, ACCS, MODE><<<nsm, 288, smem>>>(nslots, stages, out); });
   CK(cudaGetLastError());
-  std::sort(ms.begin(), ms.end());
   const double bytes = (double)nslots * 16 * NB * KC * 2;
-  printf("| %d x %d | %d | %d | %.1f | %.3f |\n", 16 * NB, KC, MODE, ACCS, bytes / (ms[2] * 1e-3) / 1e9, ms[2] * 1e3 / nslots);
+  printf("| %d x %d | %d | %d | %.1f | %.3f |\n", 16 * NB, KC, MODE, ACCS, bytes / (ms * 1e-3) / 1e9, ms * 1e3 / nslots);
   return 0;
 }
 
@@ -241,19 +250,10 @@ int main() {
   printf("| SMs | row B | copy B | ring | issue | GB/s total | GB/s per SM | us per copy per SM |\n|---|---|---|---|---|---|---|---|\n");
   for (const Cfg& c : cfgs) {
     const size_t smem = (size_t)c.stages * c.slot + 2 * c.stages * 8;
-    std::vector<float> ms;
-    for (int rep = 0; rep < 8; ++rep) {
-      cudaEventRecord(e0);
+    const double t = 1e-3 * median_ms(e0, e1, 2, 6, [&] {
       stream<<<c.sms, 288, smem>>>(src, per_sm, c.row, c.copy, c.stages, c.slot, c.mode, 0, scratch, ctrs, sig_ns);
-      cudaEventRecord(e1);
-      CK(cudaEventSynchronize(e1));
-      float t;
-      cudaEventElapsedTime(&t, e0, e1);
-      if (rep >= 2) ms.push_back(t);
-    }
+    });
     CK(cudaGetLastError());
-    std::sort(ms.begin(), ms.end());
-    const double t = ms[ms.size() / 2] * 1e-3;
     const double gbs = (double)per_sm * c.sms / t / 1e9, per = gbs / c.sms;
     printf("| %d | %d | %d | %d x %d KB | %s | %.0f | %.1f | %.4f |\n", c.sms, c.row, c.copy, c.stages, c.slot / 1024,
            mname[c.mode], gbs, per, (double)c.copy / (per * 1e3));
@@ -282,23 +282,15 @@ int main() {
   for (const Sg& g : sgs) {
     const size_t smem = (size_t)g.stages * g.slot + 2 * g.stages * 8;
     const size_t bytes = g.slot == 4096 ? (1u << 20) : per_sm;
-    std::vector<float> ms;
-    for (int rep = 0; rep < 5; ++rep) {
-      cudaEventRecord(e0);
+    const float ms = median_ms(e0, e1, 0, 5, [&] {
       stream<<<nsm, 288, smem>>>(src, bytes, 8192, g.copy, g.stages, g.slot, 0, g.sig, scratch, ctrs, sig_ns);
-      cudaEventRecord(e1);
-      CK(cudaEventSynchronize(e1));
-      float t;
-      cudaEventElapsedTime(&t, e0, e1);
-      ms.push_back(t);
-    }
+    });
     CK(cudaGetLastError());
     std::vector<unsigned long long> ns(nsm);
     CK(cudaMemcpy(ns.data(), sig_ns, nsm * 8, cudaMemcpyDeviceToHost));
     std::sort(ns.begin(), ns.end());
-    std::sort(ms.begin(), ms.end());
     printf("| %d x %d KB | %s | %llu | %.0f |\n", g.stages, g.slot / 1024, sname[g.sig], ns[nsm / 2],
-           (double)bytes * nsm / (ms[ms.size() / 2] * 1e-3) / 1e9);
+           (double)bytes * nsm / (ms * 1e-3) / 1e9);
   }
   return 0;
 }

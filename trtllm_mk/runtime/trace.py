@@ -2,15 +2,17 @@
 
 With ``MegakernelDecoder.set_trace(True)`` consumer thread 0 of every SM records, per task, the
 globaltimer (ns) at: task start (previous task done), waits satisfied, activation staged (GEMV kinds;
-= waits satisfied otherwise), signalled, and the time it waited for ring slots to fill; the loader
-warp records when it reached the task, when it had issued the task's last copy and how long of that
-it waited for a free slot; per SM, the loader's total time blocked on a full ring. This module turns
-that into:
+= waits satisfied otherwise), reduction done, handed to the signaller warp, task end, and the time it
+waited for ring slots to fill; the signaller warp records when it published the task's events; the
+loader warp records when it reached the task, when it had issued the task's last copy and how long of
+that it waited for a free slot; per SM, the loader's total time blocked on a full ring (layout:
+TRACE_WORDS, mk_params.cuh). This module turns that into:
 
-  * per task kind: tasks, mean blocked (waiting on events), staging and body time, the part of the
-    body spent waiting for the ring (the weight stream is behind) and the loader's issue span;
-  * event latency: for every wait that actually blocked, the time from the last producer's signal to
-    the waiter seeing it (the cost model's ``sync_us``);
+  * per task kind: tasks, mean blocked (waiting on events), staging and body time, and of the body
+    the ring wait (the weight stream is behind), the output stores + barrier, the time from hand-off
+    to publication (the GPU-scope release), and the loader's issue span;
+  * event latency: for every wait that actually blocked, the time from the last producer's
+    publication to the waiter seeing it (the cost model's ``sync_us``);
   * per SM: consumer busy fraction and loader ring-full time;
   * a timeline PNG (one row per SM, one bar per task, blocked time grey).
 
