@@ -17,6 +17,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.megakernel_system import HEADROOM, TOKENS_PER_BLOCK, schedule_for  # noqa: E402
 from trtllm_mk.gpus import detect_gpu, get_gpu  # noqa: E402
@@ -112,7 +114,6 @@ def main() -> None:
                 device=torch.cuda.get_device_name(0), gpu=gpu.name)
     (out / f"trace_{tag}.json").write_text(json.dumps(body, indent=1) + "\n")
     # the raw timeline and its schedule, for offline analysis (trtllm_mk.runtime.trace reads both)
-    import numpy as np
     np.savez_compressed(out / f"trace_{tag}.npz", tasks=tasks.numpy(), per_sm=per_sm.numpy(),
                         schedule=np.frombuffer(s.to_json().encode(), dtype=np.uint8))
     plot_timeline(summ, out / f"trace_{tag}.png", title=f"{tag} on {torch.cuda.get_device_name(0)}")

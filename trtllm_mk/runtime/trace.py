@@ -33,6 +33,11 @@ from ..schedule import Schedule
 TRACE_WORDS = 11
 
 
+# per-kind sums of the summary (us); each also gets a per-task mean, "mean_<name>"
+KIND_TIMES = ("blocked_us", "staging_us", "body_us", "ring_wait_us", "loader_span_us", "loader_full_us",
+              "epilogue_us", "signal_us")
+
+
 @dataclass
 class TaskRecord:
     sm: int
@@ -132,9 +137,7 @@ def summarize(schedule: Schedule, tasks: np.ndarray, per_sm: np.ndarray) -> dict
     recs = task_records(schedule, tasks)
     kinds: dict[str, dict] = {}
     for r in recs:
-        k = kinds.setdefault(r.kind.name, {"tasks": 0, "blocked_us": 0.0, "staging_us": 0.0, "body_us": 0.0,
-                                           "ring_wait_us": 0.0, "loader_span_us": 0.0, "loader_full_us": 0.0,
-                                           "epilogue_us": 0.0, "signal_us": 0.0})
+        k = kinds.setdefault(r.kind.name, {"tasks": 0, **dict.fromkeys(KIND_TIMES, 0.0)})
         k["tasks"] += 1
         k["blocked_us"] += r.t1 - r.t0
         k["staging_us"] += r.t2 - r.t1
@@ -147,8 +150,7 @@ def summarize(schedule: Schedule, tasks: np.ndarray, per_sm: np.ndarray) -> dict
             k["signal_us"] += (r.t_published or r.t3) - r.t_signal
     for k in kinds.values():
         n = k["tasks"]
-        for f in ("blocked_us", "staging_us", "body_us", "ring_wait_us", "loader_span_us", "loader_full_us",
-                  "epilogue_us", "signal_us"):
+        for f in KIND_TIMES:
             k["mean_" + f] = round(k[f] / n, 3)
             k[f] = round(k[f], 1)
     start = min(r.t0 for r in recs)
