@@ -55,7 +55,8 @@ template <int LD, int ST, int SLEEP> void run(const char* name, u64* d, unsigned
   cudaDeviceSynchronize();
   cudaMemcpy(h, t, sizeof(uint64_t) * 2 * (R + 1), cudaMemcpyDeviceToHost);
   double v[R]; int n = 0;
-  for (int r = 1; r <= R; ++r) v[n++] = (double)(h[2 * r + 1] - h[2 * r]);
+  // signed: the poller may see the words before the storer has read its clock
+  for (int r = 1; r <= R; ++r) v[n++] = (double)(int64_t)(h[2 * r + 1] - h[2 * r]);
   for (int i = 0; i < n; ++i) for (int j = i + 1; j < n; ++j) if (v[j] < v[i]) { double x = v[i]; v[i] = v[j]; v[j] = x; }
   printf("%-40s store->seen median %6.0f ns  p10 %6.0f  p90 %6.0f\n", name, v[n / 2], v[n / 10], v[9 * n / 10]);
 }
