@@ -1,7 +1,7 @@
 """Trace one megakernel decode step on the GPU: where the time goes, per task kind and per SM.
 
     python scripts/mk_trace.py llama-3.2-1b --batch 1 --context 512 [--set stages=6 --set slot_bytes=32768]
-        [--out DIR]
+        [--define MK_ATTN_MARK=2] [--out DIR]
     python scripts/mk_trace.py llama-3.2-1b --prebuild --gpu H100-SXM     # compile only (no GPU needed)
 
 The schedule is the one the benchmark uses (benchmarks/megakernel_system.py); ``--set`` replaces tile
@@ -24,9 +24,7 @@ from benchmarks.megakernel_system import HEADROOM, TOKENS_PER_BLOCK, schedule_fo
 from trtllm_mk.gpus import detect_gpu, get_gpu  # noqa: E402
 from trtllm_mk.model.registry import resolve_model  # noqa: E402
 from trtllm_mk.schedule import Schedule  # noqa: E402
-from trtllm_mk.search import predict  # noqa: E402
-from trtllm_mk.search.calibration import load_calibration  # noqa: E402
-from trtllm_mk.search.planeval import Evaluator  # noqa: E402
+from trtllm_mk.search import schedule_plan  # noqa: E402
 
 
 def parse_sets(items: list[str]) -> dict:
@@ -41,13 +39,7 @@ def make_schedule(spec, batch: int, context: int, gpu, sets: dict) -> Schedule:
     sched = schedule_for(spec, batch, context, gpu)
     if not sets:
         return sched
-    plan = replace(sched.plan, **sets)
-    ev = Evaluator(spec, batch, gpu, load_calibration(gpu).resolved(gpu), gpu.sm_count, context, 0)
-    pe = ev(plan)
-    s = Schedule(spec=spec, batch=batch, plan=plan, num_sms=gpu.sm_count, gpu=gpu.name, programs=pe.programs,
-                 context_len=context)
-    s.predicted_step_us = predict(s, gpu).step_us
-    return s
+    return schedule_plan(spec, batch, gpu, replace(sched.plan, **sets), context)
 
 
 def main() -> None:
@@ -56,18 +48,22 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--set", action="append", default=[], help="tile plan field=value")
+    ap.add_argument("--define", action="append", default=[],
+                    help="NAME=VALUE diagnostic macro of the device headers (e.g. MK_ATTN_MARK=2)")
     ap.add_argument("--out", default="trace_out")
     ap.add_argument("--prebuild", action="store_true")
     ap.add_argument("--gpu", default="H100-SXM", help="with --prebuild: the target GPU")
     a = ap.parse_args()
     spec = resolve_model(a.model).spec
     sets = parse_sets(a.set)
-    tag = f"{a.model}_b{a.batch}" + "".join(f"_{k}{v}" for k, v in sets.items())
+    tag = (f"{a.model}_b{a.batch}" + "".join(f"_{k}{v}" for k, v in sets.items())
+           + "".join(f"_{d.replace('=', '')}" for d in a.define))
     if a.prebuild:
         from trtllm_mk.codegen import compile_cubin, generate_source
         gpu = get_gpu(a.gpu)
         s = make_schedule(spec, a.batch, a.context, gpu, sets)
-        src, _ = generate_source(s, TOKENS_PER_BLOCK, a.context + HEADROOM, use_bulk_copy=gpu.has_tma)
+        src, _ = generate_source(s, TOKENS_PER_BLOCK, a.context + HEADROOM, use_bulk_copy=gpu.has_tma,
+                                 defines=tuple(a.define))
         path, _ = compile_cubin(src, gpu.nvcc_arch)
         print(f"{tag}: predicted {s.predicted_step_us:.1f} us -> {path.name}")
         return
@@ -84,7 +80,7 @@ def main() -> None:
     w = random_weights(spec, device=dev, seed=0)
     max_seq = a.context + HEADROOM
     cache = PagedKVCache.allocate(spec, a.batch, max_seq, TOKENS_PER_BLOCK, device=dev, fill=1.0)
-    dec = build_decoder(s, w, cache, gpu.nvcc_arch, gpu.has_tma, max_seq_len=max_seq)
+    dec = build_decoder(s, w, cache, gpu.nvcc_arch, gpu.has_tma, max_seq_len=max_seq, defines=tuple(a.define))
     tokens = torch.randint(0, spec.vocab_size, (a.batch,))
     dec.set_state(tokens, torch.full((a.batch,), a.context))
     for _ in range(3):

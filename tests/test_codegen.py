@@ -6,9 +6,7 @@ from trtllm_mk.codegen import generate_source
 from trtllm_mk.gpus import get_gpu
 from trtllm_mk.model.spec import load_spec
 from trtllm_mk.graph import TilePlan
-from trtllm_mk.schedule import Schedule
-from trtllm_mk.search import load_calibration
-from trtllm_mk.search.planeval import Evaluator
+from trtllm_mk.search import schedule_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 CALL = re.compile(r"run_task<mk::(\w+)>\(c, mk::TaskArgs\{([^{]*)\{")
@@ -28,21 +26,15 @@ def sm_calls(src: str) -> dict[int, list[tuple[str, list[str]]]]:
     return out
 
 
-def _listed_schedule(spec, plan: TilePlan, gpu, context_len: int) -> Schedule:
-    """``plan`` list-scheduled as the search would (a fixed plan: the test does not hinge on what
-    the search picks under the current calibration)."""
-    ev = Evaluator(spec, 1, gpu, load_calibration(gpu).resolved(gpu), gpu.sm_count, context_len, 0)
-    return Schedule(spec=spec, batch=1, plan=plan, num_sms=gpu.sm_count, gpu=gpu.name,
-                    programs=ev(plan).programs, context_len=context_len)
-
-
 def test_stage_flags_follow_the_schedule():
     # Llama-3.2-1B shapes with 16-row GATEUP tiles (the v5 plan measured on H100): several GATEUP
     # tiles per SM, so some calls reuse the staged input
     spec = load_spec(ROOT / "configs" / "models" / "llama-3.2-1b.json")
     plan = TilePlan(qkv_rows=24, o_rows=16, o_ksplit=1, gateup_rows=16, down_rows=16, down_ksplit=2, lm_rows=976,
                     attn_splits=8, stages=4, slot_bytes=32768, consumer_warps=8)
-    sched = _listed_schedule(spec, plan, get_gpu("H100-SXM"), 512)
+    # the plan list-scheduled as the search would: the test does not hinge on what the search picks
+    sched = schedule_plan(spec, 1, get_gpu("H100-SXM"), plan, 512)
+    assert sched.plan == plan and sched.predicted_step_us > 0
     src, _ = generate_source(sched, 16, 256, use_bulk_copy=True)
     calls = sm_calls(src)
     g = sched.graph()
@@ -60,3 +52,7 @@ def test_stage_flags_follow_the_schedule():
     assert reused > 0, "the 1B schedule should have consecutive GEMVs sharing an input"
     assert "MK_EMPTY_ARRIVE_ALL_LANES 1" not in src
     assert "#define MK_EMPTY_ARRIVE_ALL_LANES 1" in generate_source(sched, 16, 256, True, sanitizer_sync=True)[0]
+    # diagnostic macros land before the inlined headers, whose #ifndef defaults they override
+    diag = generate_source(sched, 16, 256, True, defines=("MK_ATTN_MARK=3",))[0]
+    assert diag.index("#define MK_ATTN_MARK 3") < diag.index("#ifndef MK_ATTN_MARK")
+    assert "#define MK_ATTN_MARK 3" not in src

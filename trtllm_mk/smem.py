@@ -99,12 +99,14 @@ def geometries(spec: ModelSpec, plan: TilePlan) -> dict[Kind, SlotGeometry]:
 ATTN_TILE_TOKENS = 128     # tokens per score tile of an ATTN task (TT in mk_attention.cuh)
 
 
-def attention_scratch_bytes(group_size: int, head_dim: int, consumer_warps: int) -> int:
-    """ATTN's fp32 scratch in the activation region (mk_attention.cuh attn_compute): q heads + k + v
-    of one group, 4 running statistics per head, then one region that holds a tile's scores
-    ([G][ATTN_TILE_TOKENS]) and later the warps' partial outputs ([consumer_warps][G][head_dim])."""
+def attention_scratch_bytes(group_size: int, head_dim: int, consumer_warps: int, batch: int) -> int:
+    """ATTN's fp32 scratch in the activation region (mk_attention.cuh attn_prologue / attn_compute):
+    q heads + k + v of one group, 4 running statistics per head, one region that holds a tile's
+    scores ([G][ATTN_TILE_TOKENS]) and later the warps' partial outputs ([consumer_warps][G][head_dim]),
+    then what the prologue gathers before the wait: RoPE cos/sin per batch row ([B][head_dim]), the
+    QK-norm weights ([2][head_dim]) and a 32-byte AttnRow per batch row."""
     G, d = group_size, head_dim
-    return ((G + 2) * d + 4 * G + max(G * ATTN_TILE_TOKENS, consumer_warps * G * d)) * 4
+    return ((G + 2) * d + 4 * G + max(G * ATTN_TILE_TOKENS, consumer_warps * G * d) + batch * d + 2 * d) * 4 + 32 * batch
 
 
 def attention_chunk(context_len: int, splits: int) -> int:
@@ -172,7 +174,7 @@ def plan_smem(spec: ModelSpec, batch: int, plan: TilePlan) -> SmemBreakdown:
         per[kind.name] = KindSmem(kind.name, ring, act, scratch, FIXED_BYTES)
     # Of the non-GEMV kinds only ATTN needs scratch of its own; its cached K/V borrows ring slots
     # (attention_kv_ring), which the GEMV kinds' ring already counts.
-    attn = attention_scratch_bytes(spec.group_size, spec.head_dim, plan.consumer_warps)
+    attn = attention_scratch_bytes(spec.group_size, spec.head_dim, plan.consumer_warps, batch)
     per[Kind.ATTN.name] = KindSmem(Kind.ATTN.name, 0, attn, 0, FIXED_BYTES)
     return SmemBreakdown(per_kind=per, ring=ring, activation=max(v.activation for v in per.values()),
                          scratch=max(v.scratch for v in per.values()), fixed=FIXED_BYTES,

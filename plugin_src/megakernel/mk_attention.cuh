@@ -99,29 +99,74 @@ __device__ void attn_load(Ctx& c, const TaskArgs& a) {
   c.ring_n += cfg::B * cfg::KV_SLOTS;
 }
 
-// q heads, k and v of group g for batch row b: QK-norm (qwen3), RoPE at position pos; k and v
+// Step-invariant inputs of an ATTN task, gathered before its wait (nothing in them depends on this
+// step's producers): per batch row its split range and where the new token's K/V go, the RoPE cos /
+// sin at pos, and the QK-norm weights. After the wait only q/k/v are left to load from L2: one round
+// trip on the dependency chain instead of four dependent ones (pos, inv_freq, block table, q/k/v),
+// each ~1 us while the loaders stream.
+struct AttnRow { int pos, t0, t1, ring_n; long long kv_new; int pad[2]; };   // 32 bytes
+static_assert(sizeof(AttnRow) == 32, "mirror: trtllm_mk/smem.py attention_scratch_bytes");
+
+// [G+2][D] q / k / v | [G][4] running max, sum, tile correction | ATTN_WORK | [B][D] RoPE cos (first
+// D/2) and sin | [2][D] q_norm, k_norm | [B] AttnRow  (mirror: trtllm_mk/smem.py attention_scratch_bytes)
+constexpr int TT = 128;            // tokens per score tile (mirror: trtllm_mk/smem.py ATTN_TILE_TOKENS)
+constexpr int NCH = cfg::D / 8;    // 16-byte chunks of a bf16 K row
+constexpr int ATTN_WORK = cfg::G * TT > cfg::CWARPS * cfg::G * cfg::D ? cfg::G * TT : cfg::CWARPS * cfg::G * cfg::D;
+constexpr int ATTN_ROPE = (cfg::G + 2) * cfg::D + 4 * cfg::G + ATTN_WORK;   // float offsets
+constexpr int ATTN_NORM = ATTN_ROPE + cfg::B * cfg::D;
+constexpr int ATTN_ROWS = ATTN_NORM + 2 * cfg::D;
+static_assert(ATTN_ROWS % 4 == 0, "the AttnRow table must be 16-byte aligned");
+static_assert(ATTN_ROWS * 4 + cfg::B * (int)sizeof(AttnRow) <= cfg::ACT_SMEM_BYTES,
+              "attention scratch exceeds the activation region (trtllm_mk/smem.py attention_scratch_bytes)");
+
+__device__ void attn_prologue(Ctx& c, const TaskArgs& a) {
+  const Params& p = *c.p;
+  float* sm = reinterpret_cast<float*>(c.act);
+  for (int i = threadIdx.x; i < cfg::B * cfg::D / 2; i += CTHREADS) {
+    const int b = i / (cfg::D / 2), j = i % (cfg::D / 2);
+    float sn, cs;
+    sincosf((float)ld_act(p.pos + b) * p.inv_freq[j], &sn, &cs);
+    sm[ATTN_ROPE + b * cfg::D + j] = cs;
+    sm[ATTN_ROPE + b * cfg::D + cfg::D / 2 + j] = sn;
+  }
+  if constexpr (cfg::QK_NORM) {
+    const LayerWeights& w = p.layers[a.layer];
+    for (int i = threadIdx.x; i < 2 * cfg::D; i += CTHREADS)
+      sm[ATTN_NORM + i] = bf16_to_f(i < cfg::D ? w.q_norm[i] : w.k_norm[i - cfg::D]);
+  }
+  if (threadIdx.x < cfg::B) {
+    const int b = threadIdx.x;
+    const SplitRange r = split_range(p, b, a.split);
+    AttnRow row{r.pos, r.t0, r.t1, r.ring_n, 0, {0, 0}};
+    if (r.t0 <= r.pos && r.pos < r.t1) row.kv_new = (long long)kv_offset(p, a.layer, b, r.pos, 0, a.group);
+    reinterpret_cast<AttnRow*>(sm + ATTN_ROWS)[b] = row;
+  }
+  // ordered before the task body by wait_all's consumer barrier
+}
+
+// q heads, k and v of group g for batch row b: QK-norm (qwen3), RoPE at the row's position; k and v
 // rounded to bf16 exactly as they are stored in the cache. Result in sm: [G+2][D] fp32.
-__device__ void prepare_qkv(Ctx& c, const TaskArgs& a, int b, int pos, float* sm) {
+__device__ void prepare_qkv(Ctx& c, const TaskArgs& a, int b, float* sm) {
   const Params& p = *c.p;
   const float* src = p.qkv + (size_t)b * cfg::QKVR + a.group * cfg::GR;
   for (int i = threadIdx.x; i < cfg::GR; i += CTHREADS) sm[i] = ld_act(src + i);
   consumer_sync(CTHREADS);
   if (MK_ATTN_MARK == 1 && b == 0) c.mark();
+  const float* rope = sm + ATTN_ROPE + b * cfg::D;
   // one warp per head (q heads 0..G-1, k = head G); v (head G+1) is only rounded
   for (int h = c.warp; h < cfg::G + 1; h += cfg::CWARPS) {
     float* hv = sm + h * cfg::D;
     if constexpr (cfg::QK_NORM) {
-      const bf16* nw = h < cfg::G ? p.layers[a.layer].q_norm : p.layers[a.layer].k_norm;
+      const float* nw = sm + ATTN_NORM + (h < cfg::G ? 0 : cfg::D);
       float ss = 0.f;
       for (int i = c.lane; i < cfg::D; i += 32) ss = fmaf(hv[i], hv[i], ss);
       const float rstd = rsqrtf(warp_sum(ss) / cfg::D + cfg::EPS);
       __syncwarp();
-      for (int i = c.lane; i < cfg::D; i += 32) hv[i] = hv[i] * rstd * bf16_to_f(nw[i]);
+      for (int i = c.lane; i < cfg::D; i += 32) hv[i] = hv[i] * rstd * nw[i];
       __syncwarp();
     }
     for (int i = c.lane; i < cfg::D / 2; i += 32) {
-      float sn, cs;
-      sincosf((float)pos * p.inv_freq[i], &sn, &cs);
+      const float cs = rope[i], sn = rope[cfg::D / 2 + i];
       const float x1 = hv[i], x2 = hv[i + cfg::D / 2];
       hv[i] = x1 * cs - x2 * sn;
       hv[i + cfg::D / 2] = x2 * cs + x1 * sn;
@@ -182,29 +227,24 @@ struct KvRows {
 // each lane starts at a different 16-byte chunk so a phase of 8 lanes hits 8 bank groups). P.V:
 // warp w takes tokens w, w + CWARPS, ... and lane l elements [EPL l, EPL l + EPL) of every head.
 // The warps' partial outputs meet in shared memory at the end.
-constexpr int TT = 128;            // tokens per score tile (mirror: trtllm_mk/smem.py ATTN_TILE_TOKENS)
-constexpr int NCH = cfg::D / 8;    // 16-byte chunks of a bf16 K row
-constexpr int ATTN_WORK = cfg::G * TT > cfg::CWARPS * cfg::G * cfg::D ? cfg::G * TT : cfg::CWARPS * cfg::G * cfg::D;
-static_assert(((cfg::G + 2) * cfg::D + 4 * cfg::G + ATTN_WORK) * 4 <= cfg::ACT_SMEM_BYTES,
-              "attention scratch exceeds the activation region (trtllm_mk/smem.py attention_scratch_bytes)");
-
 __device__ void attn_compute(Ctx& c, const TaskArgs& a) {
   const Params& p = *c.p;
-  // [G+2][D] q / k / v | [G][4] running max, sum, tile correction | [G][TT] scores, then [CWARPS][G][D] merge
+  // the layout is attn_prologue's; work holds a tile's [G][TT] scores, then the [CWARPS][G][D] merge
   float* sm = reinterpret_cast<float*>(c.act);
   float* stats = sm + (cfg::G + 2) * cfg::D;
   float* work = stats + 4 * cfg::G;
+  const AttnRow* rows = reinterpret_cast<const AttnRow*>(sm + ATTN_ROWS);
   const float scale = rsqrtf((float)cfg::D);
   const uint32_t ring0 = c.ring_n;
   for (int b = 0; b < cfg::B; ++b) {
-    const SplitRange r = split_range(p, b, a.split);
+    const AttnRow r = rows[b];
     const int pos = r.pos, t0 = r.t0, t1 = r.t1;
-    prepare_qkv(c, a, b, pos, sm);
+    prepare_qkv(c, a, b, sm);
     const float* knew = sm + cfg::G * cfg::D;
     const float* vnew = knew + cfg::D;
     if (t0 <= pos && pos < t1) {  // this split owns the new token: append it to the cache
-      bf16* kd = p.kv_pool + kv_offset(p, a.layer, b, pos, 0, a.group);
-      bf16* vd = p.kv_pool + kv_offset(p, a.layer, b, pos, 1, a.group);
+      bf16* kd = p.kv_pool + r.kv_new;
+      bf16* vd = kd + (size_t)cfg::NKV * cfg::TPB * cfg::D;   // kv_offset(.., kv = 1, ..)
       for (int i = threadIdx.x; i < cfg::D; i += CTHREADS) { kd[i] = f_to_bf16(knew[i]); vd[i] = f_to_bf16(vnew[i]); }
     }
     if (threadIdx.x < cfg::G) {

@@ -90,6 +90,7 @@ __device__ __noinline__ void run_task(Ctx& c, TaskArgs a) {
   c.full_wait = 0;
   c.t_computed = 0;
   if (c.tracing && threadIdx.x == 0) t0 = globaltimer();
+  if constexpr (KIND == ATTN) attn_prologue(c, a);   // step-invariant inputs, gathered before the wait
   wait_all(c, a);
   if (c.tracing && threadIdx.x == 0) c.t_mark = t1 = globaltimer();
   if constexpr (KIND == EMBED) embed_compute(c, a);

@@ -59,7 +59,7 @@ def act_smem_bytes(graph: StepGraph) -> int:
     d, p = graph.dims, graph.plan
     B = d["B"]
     gemv = (max(d["H"], d["QD"] // p.o_ksplit, d["I"] // p.down_ksplit) + ACT_PAD) * B * 2
-    attn = attention_scratch_bytes(d["G"], d["d"], p.consumer_warps)
+    attn = attention_scratch_bytes(d["G"], d["d"], p.consumer_warps, B)
     return max(gemv, attn)
 
 
@@ -105,9 +105,12 @@ def _inline_headers() -> str:
 
 
 def generate_source(schedule: Schedule, tokens_per_block: int, max_seq_len: int,
-                    use_bulk_copy: bool, sanitizer_sync: bool = False) -> tuple[str, KernelLayout]:
+                    use_bulk_copy: bool, sanitizer_sync: bool = False,
+                    defines: tuple[str, ...] = ()) -> tuple[str, KernelLayout]:
     """``sanitizer_sync``: every consumer lane releases ring slots (MK_EMPTY_ARRIVE_ALL_LANES in
-    mk_kernel.cuh), so compute-sanitizer racecheck sees the ordering; slower, for sanitizer runs only."""
+    mk_kernel.cuh), so compute-sanitizer racecheck sees the ordering; slower, for sanitizer runs only.
+    ``defines``: ``NAME=VALUE`` diagnostic macros of the device headers (e.g. MK_ATTN_MARK=2, where
+    an ATTN task's trace mark is taken), emitted before them."""
     graph = schedule.graph()
     d, p, spec = graph.dims, graph.plan, schedule.spec
     if d["d"] % 32:
@@ -122,6 +125,7 @@ def generate_source(schedule: Schedule, tokens_per_block: int, max_seq_len: int,
         "#include <stdint.h>",
         "#define MK_USE_BULK_COPY 1" if use_bulk_copy else "// weight ring filled with cp.async (no bulk copy engine)",
         "#define MK_EMPTY_ARRIVE_ALL_LANES 1" if sanitizer_sync else "// ring slots released by lane 0 of each consumer warp",
+        *(f"#define {name} {value}" for name, _, value in (d.partition("=") for d in defines)),
         "namespace cfg {",
     ]
     kv_slots, kv_cap = attention_kv_ring(d["d"], p.slot_bytes, d["S"], d["context_len"])

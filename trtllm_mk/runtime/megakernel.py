@@ -234,11 +234,14 @@ class MegakernelDecoder:
 
 
 def build_decoder(schedule: Schedule, weights: dict[str, torch.Tensor], cache: PagedKVCache, target: str,
-                  use_bulk_copy: bool, max_seq_len: int | None = None) -> MegakernelDecoder:
+                  use_bulk_copy: bool, max_seq_len: int | None = None,
+                  defines: tuple[str, ...] = ()) -> MegakernelDecoder:
     """Schedule -> generated source -> cubin (cached) -> a decoder bound to ``weights`` and ``cache``.
-    For tests and benchmarks; engines are built once by the builder and opened with HybridEngine."""
+    For tests and benchmarks; engines are built once by the builder and opened with HybridEngine.
+    ``defines``: diagnostic macros of the device headers (generate_source)."""
     from ..codegen import compile_cubin, generate_source
     from ..model.rope import rope_inv_freq
-    src, layout = generate_source(schedule, cache.tokens_per_block, max_seq_len or cache.max_seq_len, use_bulk_copy)
+    src, layout = generate_source(schedule, cache.tokens_per_block, max_seq_len or cache.max_seq_len, use_bulk_copy,
+                                  defines=defines)
     cubin, _ = compile_cubin(src, target)
     return MegakernelDecoder(schedule, cubin, layout, weights, cache, rope_inv_freq(schedule.spec))

@@ -31,7 +31,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..gpus import GpuSpec
-from ..graph import build_step_graph
+from ..graph import TilePlan, build_step_graph
 from ..model.spec import ModelSpec
 from ..schedule import Schedule
 from .calibration import Calibration, load_calibration
@@ -184,3 +184,15 @@ def predict(schedule: Schedule, gpu: GpuSpec, calibration: Calibration | None = 
     """Exact simulation of a schedule (all layers)."""
     cal = (calibration or load_calibration(gpu)).resolved(gpu)
     return Simulator(schedule.graph(), gpu, cal, barrier=barrier).run(schedule.programs, record=record)
+
+
+def schedule_plan(spec: ModelSpec, batch: int, gpu: GpuSpec, plan: TilePlan, context_len: int = 512,
+                  seed: int = 0) -> Schedule:
+    """A list-scheduled schedule of a given tile plan (no plan search, no improvement): to measure
+    or test a plan the search did not pick."""
+    cal = load_calibration(gpu).resolved(gpu)
+    pe = Evaluator(spec, batch, gpu, cal, gpu.sm_count, context_len, seed)(plan)
+    s = Schedule(spec=spec, batch=batch, plan=plan, num_sms=gpu.sm_count, gpu=gpu.name, programs=pe.programs,
+                 context_len=context_len, meta={"kind": "list-scheduled plan"})
+    s.predicted_step_us = predict(s, gpu).step_us
+    return s
