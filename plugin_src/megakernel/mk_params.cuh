@@ -85,19 +85,19 @@ struct Ctx {
 
   // Loader wait for a free slot; with tracing on, the time the ring was full is accumulated.
   __device__ __forceinline__ void loader_wait(uint64_t* bar, uint32_t parity) {
-    if (!tracing) { mbar_wait(bar, parity); return; }
-    if (mbar_test_wait(bar, parity)) return;
-    const uint64_t t0 = tracing ? globaltimer() : 0;
-    mbar_wait(bar, parity);
-    if (tracing) loader_blocked += globaltimer() - t0;
+    timed_wait(bar, parity, loader_blocked, true);
   }
   // Consumer wait for a slot's bytes; with tracing on, thread 0 accumulates the time it waited.
   __device__ __forceinline__ void consumer_wait(uint64_t* bar, uint32_t parity) {
+    timed_wait(bar, parity, full_wait, threadIdx.x == 0);
+  }
+  // mbarrier wait; with tracing on, the time it blocked is added to `acc` where `counts`.
+  __device__ __forceinline__ void timed_wait(uint64_t* bar, uint32_t parity, uint64_t& acc, bool counts) {
     if (!tracing) { mbar_wait(bar, parity); return; }
     if (mbar_test_wait(bar, parity)) return;
-    const uint64_t t0 = tracing && threadIdx.x == 0 ? globaltimer() : 0;
+    const uint64_t t0 = globaltimer();
     mbar_wait(bar, parity);
-    if (tracing && threadIdx.x == 0) full_wait += globaltimer() - t0;
+    if (counts) acc += globaltimer() - t0;
   }
   __device__ __forceinline__ void mark() {
     if (tracing && threadIdx.x == 0) t_mark = globaltimer();
