@@ -46,11 +46,11 @@ def test_plan_smem_hand_checked(qwen8b):
     plan = TilePlan(stages=4, slot_bytes=16384, consumer_warps=8, o_ksplit=1, down_ksplit=1)
     sm = plan_smem(qwen8b, 1, plan)
     # ring 4 x (16 KB + 1 KB row skew); activation: DOWN's whole K range (12288 + 8 skew) x 2 B;
-    # ATTN scratch ((4+2)*128 q/k/v + 4*4 statistics + max(4*128 scores, 8*4*128 warp outputs)
+    # ATTN scratch (max((4+3)*128 q/k/v and bf16 k/v rows, 8*4*(128+2) warp outputs and (max, sum))
     # + 1*128 RoPE cos/sin + 2*128 QK-norm weights)*4 + one 32-byte AttnRow
     assert sm.ring == 4 * (16384 + SLOT_PAD) == 69632
     assert sm.per_kind["DOWN"].activation == (12288 + ACT_PAD) * 2 == 24592
-    assert sm.per_kind["ATTN"].activation == 21088
+    assert sm.per_kind["ATTN"].activation == 18208
     assert sm.activation == 24592
     # reduction scratch: 2 buffers x 8 warps x 16 rows x batch 1 x 4 B
     assert sm.scratch == 1024
@@ -58,7 +58,7 @@ def test_plan_smem_hand_checked(qwen8b):
     # DOWN split in 3: K range 4096, now ATTN's scratch is the largest activation
     split = plan_smem(qwen8b, 1, replace(plan, down_ksplit=3))
     assert split.per_kind["DOWN"].activation == (4096 + ACT_PAD) * 2
-    assert split.peak == 69632 + 21120 + 1024 + FIXED_BYTES == 95872     # 21088 aligned to 128
+    assert split.peak == 69632 + 18304 + 1024 + FIXED_BYTES == 93056     # 18208 aligned to 128
 
 
 def test_ksplit_shrinks_activation_and_peak(qwen8b):

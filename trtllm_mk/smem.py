@@ -11,8 +11,8 @@ One persistent CTA per SM holds, in dynamic shared memory:
               plugin_src/megakernel/mk_gemv.cuh, so the ring the model fills is the ring that runs.
   activation  the task's input, resident for the whole task: ``batch x (K_range + 8)`` bf16 for a GEMV
               kind (8 elements of bank skew per row), where K-splitting (TilePlan.o_ksplit,
-              down_ksplit) shrinks K_range; ATTN uses the same region as fp32 scratch (q/k/v of one KV
-              group plus one merge buffer per consumer warp). One region serves every kind, so the
+              down_ksplit) shrinks K_range; ATTN uses the same region as scratch (q/k/v of one KV
+              group, then one merge buffer per consumer warp). One region serves every kind, so the
               kernel allocates the largest.
   scratch     cross-warp reduction of the mma partial sums: ``2 x consumer_warps x 16 x batch x 4``
               bytes (double-buffered by row group).
@@ -96,17 +96,15 @@ def geometries(spec: ModelSpec, plan: TilePlan) -> dict[Kind, SlotGeometry]:
             for k, (kt, pair) in gemv_k_ranges(spec, plan).items()}
 
 
-ATTN_TILE_TOKENS = 128     # tokens per score tile of an ATTN task (TT in mk_attention.cuh)
-
-
 def attention_scratch_bytes(group_size: int, head_dim: int, consumer_warps: int, batch: int) -> int:
-    """ATTN's fp32 scratch in the activation region (mk_attention.cuh attn_prologue / attn_compute):
-    q heads + k + v of one group, 4 running statistics per head, one region that holds a tile's
-    scores ([G][ATTN_TILE_TOKENS]) and later the warps' partial outputs ([consumer_warps][G][head_dim]),
-    then what the prologue gathers before the wait: RoPE cos/sin per batch row ([B][head_dim]), the
-    QK-norm weights ([2][head_dim]) and a 32-byte AttnRow per batch row."""
+    """ATTN's scratch in the activation region (mk_attention.cuh, ATTN_FRESH .. ATTN_ROWS): q heads + k +
+    v of one group in fp32 and this step's k and v as bf16 rows, overlapped after the tiles by the
+    warps' partial outputs and (max, sum) ([consumer_warps][G][head_dim + 2] fp32); then what the
+    prologue gathers before the wait: RoPE cos/sin per batch row ([B][head_dim]), the QK-norm weights
+    ([2][head_dim]) and a 32-byte AttnRow per batch row."""
     G, d = group_size, head_dim
-    return ((G + 2) * d + 4 * G + max(G * ATTN_TILE_TOKENS, consumer_warps * G * d) + batch * d + 2 * d) * 4 + 32 * batch
+    rope = -(-max((G + 3) * d, consumer_warps * G * (d + 2)) // 4) * 4
+    return (rope + batch * d + 2 * d) * 4 + 32 * batch
 
 
 def attention_chunk(context_len: int, splits: int) -> int:
@@ -119,8 +117,10 @@ def attention_kv_ring(head_dim: int, slot_bytes: int, splits: int, context_len: 
     """How an ATTN task takes its cached K/V through the weight ring (mk_attention.cuh attn_load):
     ``(slots per batch row, tokens each row's K and V hold)``. One slot holds K in its first half and
     V in its second when the split's chunk at ``context_len`` fits; otherwise K and V take a slot each,
-    which doubles the tokens. Tokens of a split beyond that capacity are read from global memory after
-    the task's wait (long contexts), so any capacity is correct and this only decides what is hidden."""
+    which doubles the tokens. K and V each also take 7 x 16 bytes of bank skew (kv_ring_offset), which
+    the slot's SLOT_PAD holds. Tokens of a split beyond that capacity are copied into the same slots
+    after the task's wait (long contexts), so any capacity is correct and this only decides what is
+    hidden."""
     chunk = attention_chunk(context_len, splits)
     one = slot_bytes // (4 * head_dim)               # tokens of K + V in one slot
     return (1, one) if one >= chunk else (2, 2 * one)

@@ -7,13 +7,13 @@
 // chain QKV -> ATTN -> COMBINE. Per batch row the task takes KV_SLOTS ring slots: with one slot, K
 // sits in its first half and V in its second; with two, K and V take a slot each. Each row's K and
 // V hold KV_CAP tokens (trtllm_mk/smem.py attention_kv_ring); tokens beyond that (long contexts) are
-// read from global memory after the wait, and the new token comes from this step's q/k/v.
+// copied into the same slots after the wait, KV_CAP at a time, and the new token comes from this
+// step's q/k/v. Scores and P V run on the tensor cores (attn_tile).
 #pragma once
 #include "mk_gemv.cuh"
 
 namespace mk {
 
-constexpr int EPL = cfg::D / 32;  // head elements per lane
 static_assert(cfg::KV_SLOTS == 1 || cfg::KV_SLOTS == 2, "K/V take one slot per batch row, or one each");
 static_assert(cfg::KV_CAP >= 1 && cfg::KV_CAP * cfg::D * 2 * (3 - cfg::KV_SLOTS) <= cfg::SLOT_BYTES,
               "K/V capacity exceeds a ring slot");
@@ -45,21 +45,28 @@ __device__ __forceinline__ SplitRange split_range(const Params& p, int b, int sp
   return r;
 }
 
+// Ring layout of a batch row's cached K (or V): token u of the split's chunk at byte
+// u * RB + ((u / 8) % 8) * 16 of its region. The 16-byte skew per group of 8 tokens makes the eight
+// token rows of one ldmatrix block ({T, T + 8, ..., T + 56}: attn_compute's tiles) hit eight
+// different bank groups although a row is a multiple of 128 bytes long.
+constexpr int RB = cfg::D * 2;                          // bytes of one bf16 K or V row
+constexpr int KV_REGION = cfg::KV_CAP * RB + 7 * 16;   // bytes of one row's K (or V) in the ring
+static_assert((3 - cfg::KV_SLOTS) * KV_REGION <= cfg::SLOT_BYTES + cfg::SLOT_PAD,
+              "K/V and their skew exceed a ring slot (trtllm_mk/smem.py attention_kv_ring)");
+__device__ __forceinline__ int kv_ring_offset(int u) { return u * RB + ((u >> 3) & 7) * 16; }
+
 // Ring position (relative to the task's first slot) and byte offset of row b's K (kv = 0) or V.
 __device__ __forceinline__ int kv_slot(int b, int kv) { return b * cfg::KV_SLOTS + kv * (cfg::KV_SLOTS - 1); }
-__device__ __forceinline__ int kv_slot_offset(int kv) {
-  return cfg::KV_SLOTS == 1 ? kv * cfg::KV_CAP * cfg::D * 2 : 0;
-}
+__device__ __forceinline__ int kv_slot_offset(int kv) { return cfg::KV_SLOTS == 1 ? kv * KV_REGION : 0; }
 
 // ------------------------------------------------------------------------------- loader side
-// Per batch row: wait for its slots, then copy the ring tokens of K and V, one copy per run of tokens
-// that is contiguous in the cache (a run ends at a block boundary), so a 33-token chunk takes at most
-// 2 copies each for K and V.
+// Per batch row: wait for its slots, then copy the ring tokens of K and V. A copy is a run of tokens
+// contiguous both in the cache (a run ends at a block boundary) and in the ring (it ends at a group
+// of 8: kv_ring_offset's skew), so a 65-token chunk takes 9-11 copies each for K and V.
 __device__ void attn_load(Ctx& c, const TaskArgs& a) {
   const Params& p = *c.p;
   for (int b = 0; b < cfg::B; ++b) {
     const SplitRange r = split_range(p, b, a.split);
-    const int nruns = r.ring_n == 0 ? 0 : (r.t0 + r.ring_n - 1) / cfg::TPB - r.t0 / cfg::TPB + 1;
     unsigned char* dst[2];
     uint64_t* bar[2];
     for (int kv = 0; kv < 2; ++kv) {
@@ -71,26 +78,29 @@ __device__ void attn_load(Ctx& c, const TaskArgs& a) {
 #if defined(MK_USE_BULK_COPY)
     if (c.lane == 0) {
       if (cfg::KV_SLOTS == 2) {
-        mbar_expect_tx(bar[0], r.ring_n * cfg::D * 2);
-        mbar_expect_tx(bar[1], r.ring_n * cfg::D * 2);
+        mbar_expect_tx(bar[0], r.ring_n * RB);
+        mbar_expect_tx(bar[1], r.ring_n * RB);
       } else {
-        mbar_expect_tx(bar[0], 2 * r.ring_n * cfg::D * 2);
+        mbar_expect_tx(bar[0], 2 * r.ring_n * RB);
       }
     }
     __syncwarp();
-    for (int i = c.lane; i < 2 * nruns; i += 32) {
-      const int kv = i / nruns, j = i % nruns;
-      const int s0 = j == 0 ? r.t0 : (r.t0 / cfg::TPB + j) * cfg::TPB;
-      const int s1 = min(r.t0 + r.ring_n, (r.t0 / cfg::TPB + j + 1) * cfg::TPB);
-      bulk_copy_g2s(dst[kv] + (size_t)(s0 - r.t0) * cfg::D * 2, p.kv_pool + kv_offset(p, a.layer, b, s0, kv, a.group),
-                    (s1 - s0) * cfg::D * 2, bar[kv]);
+    const int groups = (r.ring_n + 7) / 8;
+    for (int i = c.lane; i < 2 * groups; i += 32) {
+      const int kv = i / groups, u1 = min(r.ring_n, (i % groups) * 8 + 8);
+      for (int u = (i % groups) * 8; u < u1;) {
+        const int t = r.t0 + u, n = min(u1 - u, cfg::TPB - t % cfg::TPB);
+        bulk_copy_g2s(dst[kv] + kv_ring_offset(u), p.kv_pool + kv_offset(p, a.layer, b, t, kv, a.group), n * RB, bar[kv]);
+        u += n;
+      }
     }
 #else
     constexpr int V16 = cfg::D / 8;   // 16-byte vectors per token row
     for (int kv = 0; kv < 2; ++kv) {
       for (int i = c.lane; i < r.ring_n * V16; i += 32) {
-        const int t = r.t0 + i / V16;
-        cp_async16(dst[kv] + (size_t)i * 16, p.kv_pool + kv_offset(p, a.layer, b, t, kv, a.group) + (i % V16) * 8);
+        const int u = i / V16;
+        cp_async16(dst[kv] + kv_ring_offset(u) + (i % V16) * 16,
+                   p.kv_pool + kv_offset(p, a.layer, b, r.t0 + u, kv, a.group) + (i % V16) * 8);
       }
       if (kv == 1 || cfg::KV_SLOTS == 2) cp_async_arrive(bar[kv]);
     }
@@ -107,12 +117,21 @@ __device__ void attn_load(Ctx& c, const TaskArgs& a) {
 struct AttnRow { int pos, t0, t1, ring_n; long long kv_new; int pad[2]; };   // 32 bytes
 static_assert(sizeof(AttnRow) == 32, "mirror: trtllm_mk/smem.py attention_scratch_bytes");
 
-// [G+2][D] q / k / v | [G][4] running max, sum, tile correction | ATTN_WORK | [B][D] RoPE cos (first
-// D/2) and sin | [2][D] q_norm, k_norm | [B] AttnRow  (mirror: trtllm_mk/smem.py attention_scratch_bytes)
-constexpr int TT = 128;            // tokens per score tile (mirror: trtllm_mk/smem.py ATTN_TILE_TOKENS)
-constexpr int NCH = cfg::D / 8;    // 16-byte chunks of a bf16 K row
-constexpr int ATTN_WORK = cfg::G * TT > cfg::CWARPS * cfg::G * cfg::D ? cfg::G * TT : cfg::CWARPS * cfg::G * cfg::D;
-constexpr int ATTN_ROPE = (cfg::G + 2) * cfg::D + 4 * cfg::G + ATTN_WORK;   // float offsets
+// Attention scratch in the activation region, in floats (mirror: trtllm_mk/smem.py
+// attention_scratch_bytes):
+//   [0, (G+2) D)        q heads, k, v of the group, fp32 (prepare_qkv)
+//   [(G+2) D, (G+3) D)  this step's k and v as bf16 rows: the ldmatrix source of the new token
+//   ATTN_QF             q as the mma's A operand, [KSTEPS][4 G lanes][8] words (attn_tile)
+//   [0, ...)            after the tiles, overlapping the above: the warps' partial outputs
+//                       [CWARPS][G][D] and their (max, sum) [CWARPS][G][2]
+//   ATTN_ROPE           RoPE cos (first D/2) and sin per batch row [B][D]   | gathered by
+//   ATTN_NORM           q_norm, k_norm [2][D]                               | attn_prologue
+//   ATTN_ROWS           AttnRow [B]                                         | before the wait
+constexpr int KSTEPS = cfg::D / 16;   // 16-element k steps of a head (scores)
+constexpr int ATTN_FRESH = (cfg::G + 2) * cfg::D;
+constexpr int ATTN_QF = (cfg::G + 3) * cfg::D;
+constexpr int ATTN_MERGE_ML = cfg::CWARPS * cfg::G * cfg::D;
+constexpr int ATTN_ROPE = (max_i(ATTN_QF + KSTEPS * 4 * cfg::G * 8, cfg::CWARPS * cfg::G * (cfg::D + 2)) + 3) / 4 * 4;
 constexpr int ATTN_NORM = ATTN_ROPE + cfg::B * cfg::D;
 constexpr int ATTN_ROWS = ATTN_NORM + 2 * cfg::D;
 static_assert(ATTN_ROWS % 4 == 0, "the AttnRow table must be 16-byte aligned");
@@ -145,10 +164,12 @@ __device__ void attn_prologue(Ctx& c, const TaskArgs& a) {
 }
 
 // q heads, k and v of group g for batch row b: QK-norm (qwen3), RoPE at the row's position; k and v
-// rounded to bf16 exactly as they are stored in the cache. Result in sm: [G+2][D] fp32.
+// rounded to bf16 exactly as they are stored in the cache, as bf16 rows at ATTN_FRESH; q split into
+// three bf16 parts in its mma fragment order at ATTN_QF (attn_tile).
 __device__ void prepare_qkv(Ctx& c, const TaskArgs& a, int b, float* sm) {
   const Params& p = *c.p;
   const float* src = p.qkv + (size_t)b * cfg::QKVR + a.group * cfg::GR;
+  bf16* fresh = reinterpret_cast<bf16*>(sm + ATTN_FRESH);
   for (int i = threadIdx.x; i < cfg::GR; i += CTHREADS) sm[i] = ld_act(src + i);
   consumer_sync(CTHREADS);
   if (MK_ATTN_MARK == 1 && b == 0) c.mark();
@@ -171,169 +192,200 @@ __device__ void prepare_qkv(Ctx& c, const TaskArgs& a, int b, float* sm) {
       hv[i] = x1 * cs - x2 * sn;
       hv[i + cfg::D / 2] = x2 * cs + x1 * sn;
     }
+    __syncwarp();
     if (h == cfg::G) {
-      __syncwarp();
-      for (int i = c.lane; i < cfg::D; i += 32) hv[i] = round_bf16(hv[i]);
+      for (int i = c.lane; i < cfg::D; i += 32) fresh[i] = f_to_bf16(hv[i]);
+    } else {
+      // lane 4h + t of an mma's A operand, k step ks: rows h (hi, lo) and 8 + h (mid), columns
+      // 16 ks + 2t, + 1 and 16 ks + 8 + 2t, + 1: words {hi, mid, hi+8, mid+8, lo, lo+8}
+      uint32_t* qf = reinterpret_cast<uint32_t*>(sm + ATTN_QF);
+      for (int i = c.lane; i < KSTEPS * 4; i += 32) {
+        const int ks = i / 4, t = i % 4, k = ks * 16 + 2 * t;
+        uint32_t* w = qf + ((ks * 4 * cfg::G) + 4 * h + t) * 8;
+        split3_bf16x2(hv[k], hv[k + 1], w[0], w[1], w[4]);
+        split3_bf16x2(hv[k + 8], hv[k + 9], w[2], w[3], w[5]);
+      }
     }
   }
-  for (int i = c.lane + c.warp * 32; i < cfg::D; i += CTHREADS) {
-    float* vv = sm + (cfg::G + 1) * cfg::D;
-    vv[i] = round_bf16(vv[i]);
-  }
+  for (int i = threadIdx.x; i < cfg::D; i += CTHREADS) fresh[cfg::D + i] = f_to_bf16(sm[(cfg::G + 1) * cfg::D + i]);
   consumer_sync(CTHREADS);
   if (MK_ATTN_MARK == 2 && b == 0) c.mark();
 }
 
-// Where token t's K and V rows of this split live: the new token in the prepared q/k/v (fp32), the
-// first ring_n cached tokens in the ring, the rest (past the ring's capacity) in the cache.
-struct KvRows {
-  const Params* p;
-  const bf16* ring[2];
-  const float* fresh[2];   // this step's k and v (bf16-rounded, fp32)
-  int layer, b, group, t0, ring_n, pos;
-  __device__ __forceinline__ const bf16* row(int t, int kv) const {
-    return t - t0 < ring_n ? ring[kv] + (t - t0) * cfg::D : p->kv_pool + kv_offset(*p, layer, b, t, kv, group);
-  }
-  // elements [8 * ch, 8 * ch + 8) of a row: bf16 `row` in the ring or cache, or fp32 `fresh_row`
-  __device__ __forceinline__ static void load8(const bf16* row, const float* fresh_row, int ch, float (&out)[8]) {
-    if (fresh_row != nullptr) {
+// Tokens of a split past the ring's capacity (long contexts), `cnt` from relative token `base` on:
+// the consumers copy them from the cache into the row's ring regions, in the ring's layout, once the
+// previous round's tiles are done with them. Not inlined: contexts the schedule was built for never
+// call it, and its code stays out of the hot function.
+__device__ __noinline__ void attn_fetch_late(const Params& p, const TaskArgs& a, int b, int t0, int base, int cnt,
+                                             unsigned char* k_ring, unsigned char* v_ring) {
+  constexpr int V16 = cfg::D / 8;   // 16-byte vectors per token row
+  constexpr int BATCH = 4;          // loads in flight per thread before their stores
+  consumer_sync(CTHREADS);          // every warp is done with the previous round's rows
+  for (int i0 = threadIdx.x; i0 < 2 * cnt * V16; i0 += BATCH * CTHREADS) {
+    bf16x8 v[BATCH];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) out[i] = fresh_row[ch * 8 + i];
-    } else {
-      const bf16x8 v = *reinterpret_cast<const bf16x8*>(row + ch * 8);
+    for (int j = 0; j < BATCH; ++j) {
+      const int i = i0 + j * CTHREADS, kv = i / (cnt * V16), u = i % (cnt * V16) / V16;
+      if (i < 2 * cnt * V16)
+        v[j] = *reinterpret_cast<const bf16x8*>(p.kv_pool + kv_offset(p, a.layer, b, t0 + base + u, kv, a.group) +
+                                                (i % V16) * 8);
+    }
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float2 f = __bfloat1622float2(v.h[i]);
-        out[2 * i] = f.x;
-        out[2 * i + 1] = f.y;
-      }
+    for (int j = 0; j < BATCH; ++j) {
+      const int i = i0 + j * CTHREADS, kv = i / (cnt * V16), u = i % (cnt * V16) / V16;
+      if (i < 2 * cnt * V16)
+        *reinterpret_cast<bf16x8*>((kv ? v_ring : k_ring) + kv_ring_offset(u) + (i % V16) * 16) = v[j];
     }
   }
-  // elements [EPL * lane, EPL * lane + EPL) of V row t
-  __device__ __forceinline__ void load_v(int t, int lane, float (&out)[EPL]) const {
-    if (t == pos) {
-#pragma unroll
-      for (int e = 0; e < EPL; ++e) out[e] = fresh[1][lane * EPL + e];
-    } else {
-      const bf16* v = row(t, 1) + lane * EPL;
-#pragma unroll
-      for (int e = 0; e < EPL; ++e) out[e] = bf16_to_f(v[e]);
-    }
-  }
+  consumer_sync(CTHREADS);
+}
+
+// ------------------------------------------------------------------------------- consumer side
+// Attention of one split on the tensor cores (mma.m16n8k16), FlashAttention-2 style per warp. Scores:
+// S = Q K^T with the group's heads as the mma's rows (K rows from the ring as B). Then
+// P = exp(S - running max) stays in registers: the C fragment of S is, lane for lane, the B fragment
+// of P^T, so P V runs as O^T = V^T P^T with V^T (ldmatrix.trans of the same rows) as A, and O^T's
+// accumulators take 4 registers per 16 columns of the head. q and p are fp32 and K, V bf16; q and p
+// enter as three bf16 parts (split3_bf16x2), so the products keep fp32 accuracy: in S, rows g < G
+// carry head g's hi part and rows 8 + g its mid part (an m16n8k16 has 16 rows and a KV group at most
+// 8 heads) and a second mma adds the lo part into rows g; in P V each part is one mma.
+// A tile is 16 tokens: tile (sb, T) of a round holds tokens sb * 128 + 8 j + T (j = 0..15), whose ring
+// rows lie in 8 different bank groups (kv_ring_offset). Warp w takes tiles w, w + CWARPS, ... and keeps
+// its own running max; the warps' (max, sum, o) meet in shared memory at the end of the batch row.
+static_assert(cfg::G <= 8, "a KV group's heads (hi and lo rows) must fit an mma's 16 rows");
+
+struct WarpAttn {          // one warp's running state
+  float m, l;              // head g = lane / 4: running max (equal across the quad), this lane's share of the sum
+  float o[KSTEPS][4];      // O^T, 16 head columns each: [0], [1] column 16 i + g of heads 2t, 2t + 1; [2], [3] column + 8
 };
 
-// Attention of one split in tiles of TT tokens (scores, softmax, P.V), with a running max across
-// tiles. Scores: one thread per token computes all G heads (K row read once; q from shared memory;
-// each lane starts at a different 16-byte chunk so a phase of 8 lanes hits 8 bank groups). P.V:
-// warp w takes tokens w, w + CWARPS, ... and lane l elements [EPL l, EPL l + EPL) of every head.
-// The warps' partial outputs meet in shared memory at the end.
+// The 16 tokens of a tile: K and V rows at k_addr / v_addr (this lane's ldmatrix row and column: both
+// operands take token (lane % 8) + 8 (lane / 16), columns 8 ((lane / 8) % 2) onwards),
+// `valid` marks the lane's four score tokens (2t, 2t + 1, 8 + 2t, 9 + 2t) inside the round; q's
+// fragments at qf (this lane's words of k step 0; zero rows for lanes g >= G).
+__device__ __forceinline__ void attn_tile(WarpAttn& st, const uint32_t* qf, bool head_lane, uint32_t k_addr,
+                                          uint32_t v_addr, const bool (&valid)[4]) {
+  float s0[4] = {0.f, 0.f, 0.f, 0.f}, s1[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 2   // fully unrolled, its hoisted loads make the 8B kernels' entry function spill
+  for (int ks = 0; ks < KSTEPS; ++ks) {
+    uint4 a = make_uint4(0u, 0u, 0u, 0u);
+    uint2 lo = make_uint2(0u, 0u);
+    if (head_lane) {
+      a = *reinterpret_cast<const uint4*>(qf + ks * 4 * cfg::G * 8);
+      lo = *reinterpret_cast<const uint2*>(qf + ks * 4 * cfg::G * 8 + 4);
+    }
+    uint32_t b0, b1, b2, b3;
+    ldmatrix_x4(k_addr + ks * 32, b0, b1, b2, b3);
+    mma_bf16_16816(s0, a.x, a.y, a.z, a.w, b0, b1);
+    mma_bf16_16816(s1, a.x, a.y, a.z, a.w, b2, b3);
+    mma_bf16_16816(s0, lo.x, 0u, lo.y, 0u, b0, b1);
+    mma_bf16_16816(s1, lo.x, 0u, lo.y, 0u, b2, b3);
+  }
+  const float scale = rsqrtf((float)cfg::D);
+  float s[4] = {(s0[0] + s0[2]) * scale, (s0[1] + s0[3]) * scale, (s1[0] + s1[2]) * scale, (s1[1] + s1[3]) * scale};
+  float mx = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    s[i] = valid[i] ? s[i] : -INFINITY;
+    mx = fmaxf(mx, s[i]);
+  }
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  const float m_new = fmaxf(st.m, mx);
+  const float m_use = m_new == -INFINITY ? 0.f : m_new;   // nothing valid yet: every p and corr is 0
+  const float corr = __expf(st.m - m_use);
+  float pr[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) pr[i] = __expf(s[i] - m_use);
+  st.l = st.l * corr + (pr[0] + pr[1]) + (pr[2] + pr[3]);
+  st.m = m_new;
+  // p as P^T's B fragment: tokens 2t, 2t + 1 and 2t + 8, 2t + 9 of head g, in three parts
+  uint32_t ph0, pm0, pl0, ph1, pm1, pl1;
+  split3_bf16x2(pr[0], pr[1], ph0, pm0, pl0);
+  split3_bf16x2(pr[2], pr[3], ph1, pm1, pl1);
+  // O^T's columns in this lane are heads 2t and 2t + 1: their quads' corrections
+  const int t = threadIdx.x & 3;
+  const float c0 = __shfl_sync(0xffffffffu, corr, 8 * t), c1 = __shfl_sync(0xffffffffu, corr, 8 * t + 4);
+#pragma unroll
+  for (int i = 0; i < KSTEPS; ++i) {
+    uint32_t a0, a1, a2, a3;
+    ldmatrix_x4_trans(v_addr + i * 32, a0, a1, a2, a3);
+    st.o[i][0] *= c0; st.o[i][1] *= c1; st.o[i][2] *= c0; st.o[i][3] *= c1;
+    mma_bf16_16816(st.o[i], a0, a1, a2, a3, ph0, ph1);
+    mma_bf16_16816(st.o[i], a0, a1, a2, a3, pm0, pm1);
+    mma_bf16_16816(st.o[i], a0, a1, a2, a3, pl0, pl1);
+  }
+}
+
 __device__ void attn_compute(Ctx& c, const TaskArgs& a) {
   const Params& p = *c.p;
-  // the layout is attn_prologue's; work holds a tile's [G][TT] scores, then the [CWARPS][G][D] merge
   float* sm = reinterpret_cast<float*>(c.act);
-  float* stats = sm + (cfg::G + 2) * cfg::D;
-  float* work = stats + 4 * cfg::G;
   const AttnRow* rows = reinterpret_cast<const AttnRow*>(sm + ATTN_ROWS);
-  const float scale = rsqrtf((float)cfg::D);
   const uint32_t ring0 = c.ring_n;
+  const int g = c.lane >> 2, t = c.lane & 3;
+  // this lane's ldmatrix row in a tile (K and V): token j at byte column col
+  const int j = (c.lane & 7) + (c.lane >> 4) * 8, col = ((c.lane >> 3) & 1) * 16;
   for (int b = 0; b < cfg::B; ++b) {
     const AttnRow r = rows[b];
-    const int pos = r.pos, t0 = r.t0, t1 = r.t1;
+    const int n = max(0, r.t1 - r.t0);                 // tokens of this split (0: past the sequence)
+    const bool owns = r.t0 <= r.pos && r.pos < r.t1;   // the new token is this split's last
+    const int cached = n - (owns ? 1 : 0);
     prepare_qkv(c, a, b, sm);
-    const float* knew = sm + cfg::G * cfg::D;
-    const float* vnew = knew + cfg::D;
-    if (t0 <= pos && pos < t1) {  // this split owns the new token: append it to the cache
+    const bf16* fresh = reinterpret_cast<const bf16*>(sm + ATTN_FRESH);
+    if (owns) {   // append the new token's K and V to the cache
       bf16* kd = p.kv_pool + r.kv_new;
       bf16* vd = kd + (size_t)cfg::NKV * cfg::TPB * cfg::D;   // kv_offset(.., kv = 1, ..)
-      for (int i = threadIdx.x; i < cfg::D; i += CTHREADS) { kd[i] = f_to_bf16(knew[i]); vd[i] = f_to_bf16(vnew[i]); }
+      for (int i = threadIdx.x; i < 2 * cfg::D / 8; i += CTHREADS)
+        reinterpret_cast<bf16x8*>(i < cfg::D / 8 ? kd : vd)[i % (cfg::D / 8)] = reinterpret_cast<const bf16x8*>(fresh)[i];
     }
-    if (threadIdx.x < cfg::G) {
-      stats[threadIdx.x * 4] = -INFINITY;
-      stats[threadIdx.x * 4 + 1] = 0.f;
-    }
+    const uint32_t* qf = reinterpret_cast<const uint32_t*>(sm + ATTN_QF) + c.lane * 8;
     // this row's cached K/V in the ring (the loader copied it before the task's wait)
-    KvRows kv{&p, {nullptr, nullptr}, {knew, vnew}, a.layer, b, a.group, t0, r.ring_n, pos};
     uint32_t slots[2];
+    unsigned char* region[2];
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
-      const uint32_t n = ring0 + kv_slot(b, k);
-      slots[k] = n % cfg::STAGES;
-      if (k == 0 || cfg::KV_SLOTS == 2) c.consumer_wait(&c.full[slots[k]], (n / cfg::STAGES) & 1);
-      kv.ring[k] = reinterpret_cast<const bf16*>(c.ring + (size_t)slots[k] * SLOT_STRIDE + kv_slot_offset(k));
+      const uint32_t nr = ring0 + kv_slot(b, k);
+      slots[k] = nr % cfg::STAGES;
+      if (k == 0 || cfg::KV_SLOTS == 2) c.consumer_wait(&c.full[slots[k]], (nr / cfg::STAGES) & 1);
+      region[k] = c.ring + (size_t)slots[k] * SLOT_STRIDE + kv_slot_offset(k);
     }
     if (MK_ATTN_MARK == 0 && b == 0) c.mark();
-    float o[cfg::G][EPL];
+    WarpAttn st;
+    st.m = -INFINITY;
+    st.l = 0.f;
 #pragma unroll
-    for (int h = 0; h < cfg::G; ++h)
+    for (int i = 0; i < KSTEPS; ++i)
 #pragma unroll
-      for (int e = 0; e < EPL; ++e) o[h][e] = 0.f;
-    for (int tb = t0; tb < t1; tb += TT) {
-      const int n = min(TT, t1 - tb);
-      for (int i = threadIdx.x; i < n; i += CTHREADS) {
-        float acc[cfg::G];
-#pragma unroll
-        for (int h = 0; h < cfg::G; ++h) acc[h] = 0.f;
-        const bool fresh = tb + i == pos;
-        const bf16* krow = fresh ? nullptr : kv.row(tb + i, 0);
-#pragma unroll 4
-        for (int cc = 0; cc < NCH; ++cc) {
-          const int ch = (cc + i) % NCH;
-          float kf[8];
-          KvRows::load8(krow, fresh ? knew : nullptr, ch, kf);
-#pragma unroll
-          for (int h = 0; h < cfg::G; ++h) {
-            const float4 q0 = *reinterpret_cast<const float4*>(sm + h * cfg::D + ch * 8);
-            const float4 q1 = *reinterpret_cast<const float4*>(sm + h * cfg::D + ch * 8 + 4);
-            acc[h] = fmaf(q0.x, kf[0], fmaf(q0.y, kf[1], fmaf(q0.z, kf[2], fmaf(q0.w, kf[3], acc[h]))));
-            acc[h] = fmaf(q1.x, kf[4], fmaf(q1.y, kf[5], fmaf(q1.z, kf[6], fmaf(q1.w, kf[7], acc[h]))));
-          }
-        }
-#pragma unroll
-        for (int h = 0; h < cfg::G; ++h) work[h * TT + i] = acc[h] * scale;
+      for (int e = 0; e < 4; ++e) st.o[i][e] = 0.f;
+    // rounds: the ring tokens, then (long contexts) the rest, KV_CAP at a time; the new token is the
+    // last round's last token, read from its bf16 row
+    bool late = false;
+    for (int base = 0, cnt = r.ring_n;; cnt = min(cfg::KV_CAP, cached - base)) {
+      if (late) attn_fetch_late(p, a, b, r.t0, base, cnt, region[0], region[1]);
+      const bool last = base + cnt >= cached;
+      const int total = cnt + (last && owns ? 1 : 0);
+      const uint32_t fk = smem_addr(fresh), fv = fk + RB;
+      auto row = [&](int u, int kv, uint32_t f) -> uint32_t {   // ring row of round token u (or the new one)
+        return u < cnt ? smem_addr(region[kv]) + kv_ring_offset(u) : f;
+      };
+      for (int tile = c.warp; tile < 8 * ((total + 127) / 128); tile += cfg::CWARPS) {
+        const int u0 = (tile >> 3) * 128 + (tile & 7);   // token j of the tile: u0 + 8 j
+        if (u0 >= total) continue;
+        const uint32_t k_addr = row(u0 + 8 * j, 0, fk) + col, v_addr = row(u0 + 8 * j, 1, fv) + col;
+        const bool valid[4] = {u0 + 16 * t < total, u0 + 16 * t + 8 < total, u0 + 16 * t + 64 < total,
+                               u0 + 16 * t + 72 < total};
+        attn_tile(st, qf, g < cfg::G, k_addr, v_addr, valid);
       }
-      consumer_sync(CTHREADS);
-      // softmax of the tile per head (warp h), folded into the running max and sum
-      for (int h = c.warp; h < cfg::G; h += cfg::CWARPS) {
-        float* sh = work + h * TT;
-        float mx = -INFINITY;
-        for (int i = c.lane; i < n; i += 32) mx = fmaxf(mx, sh[i]);
-        const float m_old = stats[h * 4], m_new = fmaxf(m_old, warp_max(mx));
-        float sum = 0.f;
-        for (int i = c.lane; i < n; i += 32) {
-          const float e = __expf(sh[i] - m_new);
-          sh[i] = e;
-          sum += e;
-        }
-        sum = warp_sum(sum);
-        __syncwarp();
-        if (c.lane == 0) {
-          const float corr = __expf(m_old - m_new);   // 0 on the first tile (m_old = -inf)
-          stats[h * 4] = m_new;
-          stats[h * 4 + 1] = stats[h * 4 + 1] * corr + sum;
-          stats[h * 4 + 2] = corr;
-        }
-      }
-      consumer_sync(CTHREADS);
-#pragma unroll
-      for (int h = 0; h < cfg::G; ++h) {
-        const float corr = stats[h * 4 + 2];
-#pragma unroll
-        for (int e = 0; e < EPL; ++e) o[h][e] *= corr;
-      }
-      for (int i = c.warp; i < n; i += cfg::CWARPS) {
-        float vf[EPL];
-        kv.load_v(tb + i, c.lane, vf);
-#pragma unroll
-        for (int h = 0; h < cfg::G; ++h) {
-          const float pr = work[h * TT + i];
-#pragma unroll
-          for (int e = 0; e < EPL; ++e) o[h][e] = fmaf(pr, vf[e], o[h][e]);
-        }
-      }
-      consumer_sync(CTHREADS);   // the next tile overwrites the scores
+      base += cnt;
+      if (last) break;
+      late = true;
     }
     if (MK_ATTN_MARK == 3 && b == 0) c.mark();
     if (b == cfg::B - 1) c.mark_computed();
+    consumer_sync(CTHREADS);   // every warp is done with the ring rows, the fresh rows and q
+#if defined(MK_USE_BULK_COPY)
+    if (late) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");   // our stores, then the loader's copies
+#endif
     // the warp is done with the ring slots of this row (same release protocol as the GEMV consumer)
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
@@ -345,20 +397,33 @@ __device__ void attn_compute(Ctx& c, const TaskArgs& a) {
       if (c.lane == 0) mbar_arrive(&c.empty[slots[k]]);
 #endif
     }
-    // the warps' partial outputs (one running max for all of them) meet in shared memory
-    float* mw = work + c.warp * cfg::G * cfg::D;
+    // the warps' (max, sum, o) meet in shared memory, then merge under their common max
+    st.l += __shfl_xor_sync(0xffffffffu, st.l, 1);
+    st.l += __shfl_xor_sync(0xffffffffu, st.l, 2);
+    if (g < cfg::G && t == 0) *reinterpret_cast<float2*>(sm + ATTN_MERGE_ML + (c.warp * cfg::G + g) * 2) = make_float2(st.m, st.l);
+    float* mo = sm + (c.warp * cfg::G + 2 * t) * cfg::D + g;   // head 2t, column g
 #pragma unroll
-    for (int h = 0; h < cfg::G; ++h)
-#pragma unroll
-      for (int e = 0; e < EPL; ++e) mw[h * cfg::D + c.lane * EPL + e] = o[h][e];
+    for (int i = 0; i < KSTEPS; ++i) {
+      if (2 * t < cfg::G) { mo[i * 16] = st.o[i][0]; mo[i * 16 + 8] = st.o[i][2]; }
+      if (2 * t + 1 < cfg::G) { mo[cfg::D + i * 16] = st.o[i][1]; mo[cfg::D + i * 16 + 8] = st.o[i][3]; }
+    }
     consumer_sync(CTHREADS);
     const size_t part = (((size_t)b * cfg::NKV + a.group) * cfg::S + a.split) * cfg::G;
     for (int i = threadIdx.x; i < cfg::G * cfg::D; i += CTHREADS) {
       const int h = i / cfg::D, e = i % cfg::D;
-      float O = 0.f;
-      for (int w = 0; w < cfg::CWARPS; ++w) O += work[(w * cfg::G + h) * cfg::D + e];
+      float M = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < cfg::CWARPS; ++w) M = fmaxf(M, sm[ATTN_MERGE_ML + (w * cfg::G + h) * 2]);
+      float O = 0.f, L = 0.f;
+#pragma unroll
+      for (int w = 0; w < cfg::CWARPS; ++w) {
+        const float2 ml = *reinterpret_cast<const float2*>(sm + ATTN_MERGE_ML + (w * cfg::G + h) * 2);
+        const float f = ml.x == -INFINITY ? 0.f : __expf(ml.x - M);
+        O = fmaf(f, sm[(w * cfg::G + h) * cfg::D + e], O);
+        L = fmaf(f, ml.y, L);
+      }
       p.part_o[(part + h) * cfg::D + e] = O;
-      if (e == 0) { p.part_ml[(part + h) * 2] = stats[h * 4]; p.part_ml[(part + h) * 2 + 1] = stats[h * 4 + 1]; }
+      if (e == 0) { p.part_ml[(part + h) * 2] = M; p.part_ml[(part + h) * 2 + 1] = L; }
     }
     consumer_sync(CTHREADS);
   }

@@ -67,6 +67,34 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_
                : "r"(addr));
 }
 
+// The same with .trans: thread (g, t) of matrix j gets elements [2t][g] and [2t + 1][g] of the 8x8
+// block whose rows lanes 8j..8j+7 address (ATTN's V as the mma's B operand, k = tokens).
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2,
+                                                  uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+
+// Two fp32 values as a bf16 pair (x in the low half: the element with the smaller k index).
+__device__ __forceinline__ uint32_t pack_bf16x2(float x, float y) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// x = hi + mid + lo, each a bf16 (hi = bf16(x), mid = bf16(x - hi), lo = bf16(x - hi - mid); the
+// differences are exact in fp32): 24 significant bits, so mmas over the three parts compute an fp32
+// operand's products to fp32 accuracy (ATTN's q and p against bf16 K and V). Packed in pairs.
+__device__ __forceinline__ void split3_bf16x2(float x, float y, uint32_t& hi, uint32_t& mid, uint32_t& lo) {
+  hi = pack_bf16x2(x, y);
+  const float2 h = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&hi));
+  x -= h.x;
+  y -= h.y;
+  mid = pack_bf16x2(x, y);
+  const float2 m = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&mid));
+  lo = pack_bf16x2(x - m.x, y - m.y);
+}
+
 __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                                uint32_t b0, uint32_t b1) {
   asm volatile(

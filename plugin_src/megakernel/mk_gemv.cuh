@@ -13,6 +13,7 @@ constexpr int CTHREADS = cfg::CWARPS * 32;
 static_assert(cfg::CWARPS * cfg::B <= 128, "scratch holds one partial (and one index) per consumer warp and batch row");
 
 __host__ __device__ constexpr int min_i(int a, int b) { return a < b ? a : b; }
+__host__ __device__ constexpr int max_i(int a, int b) { return a > b ? a : b; }
 
 // Ring geometry of a GEMV kind with K range KT (mirror: trtllm_mk/smem.py slot_geometry). A slot
 // holds NB blocks of 16 weight rows (the mma M dimension) x KC columns; a row of KT columns takes NKC
