@@ -102,22 +102,27 @@ def test_cost_monotonic_in_bytes():
 
 
 def test_attention_cost_counts_only_tokens_past_the_ring():
-    """ATTN pays the loaded memory latency and the bytes of cached tokens the ring cannot hold; the
-    tokens it holds were loaded before the wait and cost nothing on the consumer."""
+    """ATTN pays for the cached tokens the ring cannot hold: per round of up to the ring's capacity,
+    two dependent loaded L2 round trips (block table, then K/V), plus the tokens' bytes and a
+    per-token consumer cost; the tokens the ring holds were loaded before the wait and cost nothing
+    on the consumer."""
     from trtllm_mk.search.cost import cost_table
     spec = spec_of("llama-3.1-8b")
-    cal = Calibration(mem_latency_us=3.0)
+    cal = Calibration(l2_latency_us=0.5, attn_late_token_us=0.01)
     plan = TilePlan(slot_bytes=16384, attn_splits=16)             # K and V of 64 tokens in a slot each
     dur = {}
-    for ctx in (512, 1000, 2047):
+    for ctx in (512, 1000, 2047, 3071):
         g = build_step_graph(spec, 1, plan, ctx)
         ct = cost_table(g, H100, cal)
         dur[ctx] = next(c.dur for t, c in zip(g.layer, ct.layer) if t.kind == Kind.ATTN)
         flops = next(t.flops for t in g.layer if t.kind == Kind.ATTN)
         dur[ctx] -= flops / ct.rates.attn
     assert dur[1000] == pytest.approx(dur[512])                  # 63 tokens per split: all in the ring
-    late = 2 * spec.head_dim * 2 * (128 - 64)                     # 2048 / 16 = 128 tokens, 64 late
-    assert dur[2047] - dur[512] == pytest.approx(3.0 + late / ct.rates.hbm, rel=1e-3)
+    token = 2 * spec.head_dim * 2
+    # 2048 / 16 = 128 tokens per split: 64 late, one round
+    assert dur[2047] - dur[512] == pytest.approx(2 * 0.5 + 64 * (token / ct.rates.hbm + 0.01), rel=1e-3)
+    # 3072 / 16 = 192 tokens: 128 late, two rounds of 64
+    assert dur[3071] - dur[512] == pytest.approx(4 * 0.5 + 128 * (token / ct.rates.hbm + 0.01), rel=1e-3)
 
 
 # ------------------------------------------------------------------------------ simulator, by hand

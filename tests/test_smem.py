@@ -8,8 +8,8 @@ from trtllm_mk.gpus import get_gpu
 from trtllm_mk.graph import TilePlan, build_step_graph
 from trtllm_mk.model.spec import load_spec
 from trtllm_mk.search.plans import no_k_tiling, no_ksplit, ring_candidates, valid
-from trtllm_mk.smem import (ACT_PAD, FIXED_BYTES, SLOT_PAD, attention_kv_ring, fits, plan_smem, slot_geometry,
-                            without_ksplit)
+from trtllm_mk.smem import (ACT_PAD, FIXED_BYTES, SLOT_PAD, attention_kv_ring, attention_scratch_bytes, fits,
+                            plan_smem, slot_geometry, without_ksplit)
 
 MODELS = Path(__file__).resolve().parents[1] / "configs" / "models"
 
@@ -119,3 +119,11 @@ def test_attention_kv_ring_hand_checked():
     assert attention_kv_ring(128, 16384, 16, 512) == (2, 64)     # 32 < 33: K and V take a slot each
     assert attention_kv_ring(64, 4096, 16, 512) == (2, 32)
     assert attention_kv_ring(64, 32768, 16, 8192) == (2, 256)    # long context: the rest comes after the wait
+
+
+def test_attention_scratch_holds_q_fragments_or_the_merge():
+    # 8 heads per group, head 128, 2 warps: q/k/v + bf16 k/v rows ((8+3)*128) and q's three-part mma
+    # fragments (2*128*8 words) outgrow the warps' merge (2*8*130); + RoPE (128) + norms (256), one AttnRow
+    assert attention_scratch_bytes(8, 128, 2, 1) == ((8 + 3) * 128 + 2 * 128 * 8 + 128 + 256) * 4 + 32 == 15392
+    # 4 heads, 8 warps (the 8B shapes): the merge ((8*4*130) floats) is the larger
+    assert attention_scratch_bytes(4, 128, 8, 1) == (8 * 4 * 130 + 128 + 256) * 4 + 32

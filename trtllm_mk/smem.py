@@ -98,12 +98,13 @@ def geometries(spec: ModelSpec, plan: TilePlan) -> dict[Kind, SlotGeometry]:
 
 def attention_scratch_bytes(group_size: int, head_dim: int, consumer_warps: int, batch: int) -> int:
     """ATTN's scratch in the activation region (mk_attention.cuh, ATTN_FRESH .. ATTN_ROWS): q heads + k +
-    v of one group in fp32 and this step's k and v as bf16 rows, overlapped after the tiles by the
-    warps' partial outputs and (max, sum) ([consumer_warps][G][head_dim + 2] fp32); then what the
-    prologue gathers before the wait: RoPE cos/sin per batch row ([B][head_dim]), the QK-norm weights
-    ([2][head_dim]) and a 32-byte AttnRow per batch row."""
+    v of one group in fp32, this step's k and v as bf16 rows and q's mma fragments (three bf16 parts:
+    2 x head_dim x G words), overlapped after the tiles by the warps' partial outputs and (max, sum)
+    ([consumer_warps][G][head_dim + 2] fp32); then what the prologue gathers before the wait: RoPE
+    cos/sin per batch row ([B][head_dim]), the QK-norm weights ([2][head_dim]) and a 32-byte AttnRow
+    per batch row."""
     G, d = group_size, head_dim
-    rope = -(-max((G + 3) * d, consumer_warps * G * (d + 2)) // 4) * 4
+    rope = -(-max((G + 3) * d + 2 * d * G, consumer_warps * G * (d + 2)) // 4) * 4
     return (rope + batch * d + 2 * d) * 4 + 32 * batch
 
 

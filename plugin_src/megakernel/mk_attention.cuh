@@ -252,7 +252,7 @@ __device__ __noinline__ void attn_fetch_late(const Params& p, const TaskArgs& a,
 // A tile is 16 tokens: tile (sb, T) of a round holds tokens sb * 128 + 8 j + T (j = 0..15), whose ring
 // rows lie in 8 different bank groups (kv_ring_offset). Warp w takes tiles w, w + CWARPS, ... and keeps
 // its own running max; the warps' (max, sum, o) meet in shared memory at the end of the batch row.
-static_assert(cfg::G <= 8, "a KV group's heads (hi and lo rows) must fit an mma's 16 rows");
+static_assert(cfg::G <= 8, "a KV group's heads (hi and mid rows) must fit an mma's 16 rows");
 
 struct WarpAttn {          // one warp's running state
   float m, l;              // head g = lane / 4: running max (equal across the quad), this lane's share of the sum

@@ -43,10 +43,10 @@ class Calibration:
     # task bodies). ATTN's cached K/V comes through the ring before its wait (cost.py).
     attn_fixed_us: float = 4.0
     combine_fixed_us: float = 2.0
-    # Consumer time per cached token (per batch row) an ATTN task reads itself, after its wait,
-    # beyond what the ring brought before it (long contexts): those reads are latency-bound, so they
-    # cost per token, whatever the head size (fitted to measured steps at context 8192; 0 = only
-    # their bytes at the HBM share).
+    # Consumer time per cached token (per batch row) an ATTN task copies into its ring slots itself,
+    # after its wait, beyond what the loader brought before it (long contexts), on top of the rounds'
+    # memory latencies and the tokens' bytes at the HBM share (fitted to measured steps at context
+    # 8192; 0 = bytes and latencies only).
     attn_late_token_us: float = 0.0
     # A single SM cannot pull more than this multiple of its fair share (read_bandwidth / sm_count)
     # even when few SMs stream.

@@ -20,8 +20,9 @@ consumer spends ``pre`` (overhead + staging the activation from L2: dependent pa
 latency + bytes over the L2 rate), then ``comp`` on the math.
 Other kinds take ``dur`` on the consumer: ATTN its traced fixed latency (q/k/v from L2, RoPE, the
 merge) plus, for cached tokens beyond what the loader brings through the ring before the wait
-(smem.attention_kv_ring), one loaded memory latency and the longer of their bytes at the hbm share
-and ``attn_late_token_us`` per token (those reads are latency-bound).
+(smem.attention_kv_ring), the rounds in which the consumers copy them into the same ring slots
+(mk_attention.cuh attn_fetch_late): per round two dependent loaded memory latencies (block table,
+then K/V), plus their bytes at the hbm share and ``attn_late_token_us`` per token.
 """
 from __future__ import annotations
 
@@ -114,13 +115,14 @@ def task_cost(task: Task, graph: StepGraph, rates: Rates, cal: Calibration,
                         slot_t, fill, ring, rate, stage=stage)
     if task.kind == Kind.ATTN:
         # the loader brings up to `cap` cached tokens per row through the ring before the task's wait
-        # (their bytes ride along the weight stream); tokens beyond it are read after the wait
+        # (their bytes ride along the weight stream); the consumers copy the rest in rounds of `cap`
         chunk = -(-d["context_len"] // d["S"])
         _, cap = attention_kv_ring(d["d"], plan.slot_bytes, d["S"], d["context_len"])
         token = 2 * d["d"] * 2
         kv = d["B"] * chunk * token
-        late = d["B"] * max(0, attention_chunk(d["context_len"], d["S"]) - cap)   # tokens read after the wait
-        late_us = cal.mem_latency_us + max(late * token / rates.hbm, late * cal.attn_late_token_us) if late else 0.0
+        late_row = max(0, attention_chunk(d["context_len"], d["S"]) - cap)    # per batch row
+        late, rounds = d["B"] * late_row, d["B"] * -(-late_row // cap)
+        late_us = rounds * 2 * cal.l2_latency_us + late * (token / rates.hbm + cal.attn_late_token_us)
         dur = (cal.task_overhead_us + cal.attn_fixed_us + late_us
                + max(0, task.act_bytes - kv) / rates.l2 + task.flops / rates.attn)
     elif task.kind == Kind.EMBED:
