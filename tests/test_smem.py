@@ -46,7 +46,8 @@ def test_plan_smem_hand_checked(qwen8b):
     plan = TilePlan(stages=4, slot_bytes=16384, consumer_warps=8, o_ksplit=1, down_ksplit=1)
     sm = plan_smem(qwen8b, 1, plan)
     # ring 4 x (16 KB + 1 KB row skew); activation: DOWN's whole K range (12288 + 8 skew) x 2 B;
-    # ATTN scratch (max((4+3)*128 q/k/v and bf16 k/v rows, 8*4*(128+2) warp outputs and (max, sum))
+    # ATTN scratch (max((4+3)*128 q/k/v and bf16 k/v rows + 2*128*4 q fragments, 8*4*(128+2) warp
+    # outputs and (max, sum))
     # + 1*128 RoPE cos/sin + 2*128 QK-norm weights)*4 + one 32-byte AttnRow
     assert sm.ring == 4 * (16384 + SLOT_PAD) == 69632
     assert sm.per_kind["DOWN"].activation == (12288 + ACT_PAD) * 2 == 24592
