@@ -84,14 +84,11 @@ def merge_calibration(path: Path, values: dict, note_key: str, note: str) -> Pat
 def schedule_of(entry: dict, gpu, cal: Calibration):
     """The schedule of a measured plan: list-scheduled under ``cal`` as the search would."""
     from trtllm_mk.graph import TilePlan
-    from trtllm_mk.schedule import Schedule
-    from trtllm_mk.search.planeval import Evaluator
-    spec = resolve_model(entry["model"]).spec
+    from trtllm_mk.search import schedule_plan
     known = TilePlan.__dataclass_fields__
     plan = TilePlan.from_dict({k: v for k, v in entry["plan"].items() if k in known})
-    ev = Evaluator(spec, entry["batch"], gpu, cal.resolved(gpu), gpu.sm_count, entry["context"], 0)
-    return Schedule(spec=spec, batch=entry["batch"], plan=plan, num_sms=gpu.sm_count, gpu=gpu.name,
-                    programs=ev(plan).programs, context_len=entry["context"])
+    return schedule_plan(resolve_model(entry["model"]).spec, entry["batch"], gpu, plan, entry["context"],
+                         calibration=cal)
 
 
 MEGAKERNEL = "trtllm_mk megakernel"

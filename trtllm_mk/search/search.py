@@ -187,12 +187,13 @@ def predict(schedule: Schedule, gpu: GpuSpec, calibration: Calibration | None = 
 
 
 def schedule_plan(spec: ModelSpec, batch: int, gpu: GpuSpec, plan: TilePlan, context_len: int = 512,
-                  seed: int = 0) -> Schedule:
+                  seed: int = 0, calibration: Calibration | None = None) -> Schedule:
     """A list-scheduled schedule of a given tile plan (no plan search, no improvement): to measure
-    or test a plan the search did not pick."""
-    cal = load_calibration(gpu).resolved(gpu)
+    or test a plan the search did not pick. ``calibration``: the constants to schedule and predict
+    under (default: the GPU's calibration file)."""
+    cal = (calibration or load_calibration(gpu)).resolved(gpu)
     pe = Evaluator(spec, batch, gpu, cal, gpu.sm_count, context_len, seed)(plan)
     s = Schedule(spec=spec, batch=batch, plan=plan, num_sms=gpu.sm_count, gpu=gpu.name, programs=pe.programs,
                  context_len=context_len, meta={"kind": "list-scheduled plan"})
-    s.predicted_step_us = predict(s, gpu).step_us
+    s.predicted_step_us = predict(s, gpu, cal).step_us
     return s
