@@ -56,3 +56,20 @@ def test_stage_flags_follow_the_schedule():
     diag = generate_source(sched, 16, 256, True, defines=("MK_ATTN_MARK=3",))[0]
     assert diag.index("#define MK_ATTN_MARK 3") < diag.index("#ifndef MK_ATTN_MARK")
     assert "#define MK_ATTN_MARK 3" not in src
+
+
+def test_inflight_caps_follow_the_plan():
+    # the loader's in-flight caps are plan fields: the generated constants change with them, and a
+    # plan whose chain cap exceeds the streaming cap is refused before codegen
+    import pytest
+    from dataclasses import replace
+    spec = load_spec(ROOT / "configs" / "models" / "llama-3.2-1b.json")
+    plan = TilePlan(qkv_rows=24, o_rows=16, gateup_rows=64, down_rows=16, down_ksplit=2, lm_rows=976)
+    gpu = get_gpu("H100-SXM")
+    for slots, chain in ((2, 1), (3, 3)):
+        src, _ = generate_source(schedule_plan(spec, 1, gpu, replace(plan, inflight_slots=slots,
+                                                                    inflight_chain=chain), 512), 16, 256, True)
+        assert f"constexpr int INFLIGHT = {slots};" in src
+        assert f"constexpr int INFLIGHT_CHAIN = {chain};" in src
+    with pytest.raises(ValueError, match="inflight_chain"):
+        schedule_plan(spec, 1, gpu, replace(plan, inflight_slots=1, inflight_chain=2), 512)

@@ -71,11 +71,13 @@ __device__ void attn_load(Ctx& c, const TaskArgs& a) {
     uint64_t* bar[2];
     for (int kv = 0; kv < 2; ++kv) {
       const uint32_t n = c.ring_n + kv_slot(b, kv), slot = n % cfg::STAGES, use = n / cfg::STAGES;
+      if (kv == 0) c.loader_throttle(n);   // (the V slot's predecessor is this task's K slot)
       if (kv == 0 || cfg::KV_SLOTS == 2) c.loader_wait(&c.empty[slot], (use & 1) ^ 1);
       dst[kv] = c.ring + (size_t)slot * SLOT_STRIDE + kv_slot_offset(kv);
       bar[kv] = &c.full[slot];
     }
 #if defined(MK_USE_BULK_COPY)
+    const uint64_t evict_first = evict_first_policy();
     if (c.lane == 0) {
       if (cfg::KV_SLOTS == 2) {
         mbar_expect_tx(bar[0], r.ring_n * RB);
@@ -90,7 +92,8 @@ __device__ void attn_load(Ctx& c, const TaskArgs& a) {
       const int kv = i / groups, u1 = min(r.ring_n, (i % groups) * 8 + 8);
       for (int u = (i % groups) * 8; u < u1;) {
         const int t = r.t0 + u, n = min(u1 - u, cfg::TPB - t % cfg::TPB);
-        bulk_copy_g2s(dst[kv] + kv_ring_offset(u), p.kv_pool + kv_offset(p, a.layer, b, t, kv, a.group), n * RB, bar[kv]);
+        bulk_copy_g2s(dst[kv] + kv_ring_offset(u), p.kv_pool + kv_offset(p, a.layer, b, t, kv, a.group), n * RB, bar[kv],
+                      evict_first);
         u += n;
       }
     }

@@ -160,14 +160,24 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 }
 
 #if defined(MK_USE_BULK_COPY)
-// sm_90: one bulk async copy per weight row segment, completing on the slot's mbarrier.
+// sm_90: one bulk async copy per weight row segment (or run of cached K/V rows), completing on the
+// slot's mbarrier.
 __device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
 }
-__device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+// Everything the ring carries (weights, cached K/V) is read once per step: copied with an L2
+// evict-first policy it does not displace what L2 holds for the dependency chain (activations,
+// counters, the kernel's code). Measured on H100 (benchmarks/NOTES.md, v9): weights 1B -1%, 8B -1.5%,
+// Qwen3-8B -2.4%; K/V at context 8192 1B b4 -7%, 8B b1 -1.6%.
+__device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
+}
+__device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* bar, uint64_t policy) {
   asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_addr(dst)),
-      "l"(src), "r"(bytes), "r"(smem_addr(bar))
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
+      ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(policy)
       : "memory");
 }
 #else

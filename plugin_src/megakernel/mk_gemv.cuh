@@ -90,10 +90,14 @@ template <int KIND>
 __device__ void gemv_load(Ctx& c, const TaskArgs& a) {
   using G = Geometry<KindTraits<KIND>::KT, KindTraits<KIND>::PAIR>;
   const int groups = (a.r1 - a.r0 + G::OUT_ROWS - 1) / G::OUT_ROWS;
+#if defined(MK_USE_BULK_COPY)
+  const uint64_t evict_first = evict_first_policy();
+#endif
   for (int grp = 0; grp < groups; ++grp) {
     const int valid = min_i(G::OUT_ROWS, a.r1 - a.r0 - grp * G::OUT_ROWS);   // output rows in this group
     for (int kc = 0; kc < G::NKC; ++kc, ++c.ring_n) {
       const uint32_t slot = c.ring_n % cfg::STAGES, use = c.ring_n / cfg::STAGES;
+      c.loader_throttle(c.ring_n);
       c.loader_wait(&c.empty[slot], (use & 1) ^ 1);  // first use of a slot passes at once
       unsigned char* dst = c.ring + (size_t)slot * SLOT_STRIDE;
 #if defined(MK_USE_BULK_COPY)
@@ -102,7 +106,8 @@ __device__ void gemv_load(Ctx& c, const TaskArgs& a) {
       __syncwarp();
       for (int j = c.lane; j < G::RS; j += 32) {
         if (j % G::OUT_ROWS < valid)
-          bulk_copy_g2s(dst + j * G::ROW_STRIDE, weight_row<KIND>(*c.p, a, grp, j) + kc * G::KC, G::KC * 2, &c.full[slot]);
+          bulk_copy_g2s(dst + j * G::ROW_STRIDE, weight_row<KIND>(*c.p, a, grp, j) + kc * G::KC, G::KC * 2,
+                        &c.full[slot], evict_first);
       }
 #else
       for (int j = 0; j < G::RS; ++j) {
@@ -316,6 +321,7 @@ __device__ void gemv_compute(Ctx& c, const TaskArgs& a) {
   // activation is still resident in act[]
   if (a.stage) stage_activation<KIND>(c, a);
   c.mark();
+  c.set_chain_hint(0);
   const int blk = c.warp % G::NB, kw = c.warp / G::NB;
   const int g = c.lane >> 2, t = c.lane & 3;
   const int lrow = (c.lane & 7) + ((c.lane >> 3) & 1) * 8, lcol = (c.lane >> 4) * 8;

@@ -18,7 +18,7 @@ constexpr size_t SMEM_SCRATCH = 256 * sizeof(float);   // values [0, 128) and in
 // while the loaders stream; benchmarks/micro/ring_stream.cu). The consumers hand each finished task to
 // the signaller through a small mbarrier queue and go on with their next task at once.
 constexpr int SIG_SLOTS = 4;
-constexpr size_t SMEM_BARS = (2 * cfg::STAGES + 2 * SIG_SLOTS) * sizeof(uint64_t);
+constexpr size_t SMEM_BARS = (2 * cfg::STAGES + 2 * SIG_SLOTS + 1) * sizeof(uint64_t);   // + the chain hint
 // Arrivals that free a ring slot: one per consumer warp (lane 0 after __syncwarp, which orders the
 // other lanes' reads before its release). compute-sanitizer's racecheck does not credit __syncwarp to
 // lane 0's mbarrier release and reports the loader's next bulk copy into the slot as a race with
@@ -90,6 +90,7 @@ __device__ __noinline__ void run_task(Ctx& c, TaskArgs a) {
   c.full_wait = 0;
   c.t_computed = 0;
   if (c.tracing && threadIdx.x == 0) t0 = globaltimer();
+  c.set_chain_hint(1);
   if constexpr (KIND == ATTN) attn_prologue(c, a);   // step-invariant inputs, gathered before the wait
   wait_all(c, a);
   if (c.tracing && threadIdx.x == 0) c.t_mark = t1 = globaltimer();
@@ -129,6 +130,7 @@ mk_decode_step(const __grid_constant__ mk::Params p) {
   c.empty = c.full + cfg::STAGES;
   c.sig_full = c.empty + cfg::STAGES;
   c.sig_empty = c.sig_full + mk::SIG_SLOTS;
+  c.chain_hint = reinterpret_cast<uint32_t*>(c.sig_empty + mk::SIG_SLOTS);
   c.sig_n = 0;
   c.ring_n = 0;
   c.task_no = 0;
@@ -151,6 +153,7 @@ mk_decode_step(const __grid_constant__ mk::Params p) {
       mk::mbar_init(&c.sig_full[s], 1);
       mk::mbar_init(&c.sig_empty[s], 1);
     }
+    *c.chain_hint = 0;
 #if __CUDA_ARCH__ >= 900
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 #endif

@@ -82,10 +82,39 @@ struct Ctx {
   uint64_t loader_blocked;  // trace: ns the loader waited for a free ring slot
   uint64_t full_wait;       // trace: ns consumer thread 0 waited for ring slots to fill (this task)
   uint64_t t_computed;      // trace: when the task's reduction finished (before its output stores)
+  uint32_t* chain_hint;      // shared word: the consumers are on the dependency chain (loader_throttle)
 
   // Loader wait for a free slot; with tracing on, the time the ring was full is accumulated.
   __device__ __forceinline__ void loader_wait(uint64_t* bar, uint32_t parity) {
     timed_wait(bar, parity, loader_blocked, true);
+  }
+  // Bytes in flight: before requesting ring slot n the loader waits until slot n - cap has landed.
+  // Every outstanding copy lengthens the queue that the dependency chain's L2 round trips (polls,
+  // staging loads, releases) wait in, and beyond ~2 x 32 KB per SM more copies in flight add no
+  // bandwidth; so cap = INFLIGHT while the consumers stream weights and INFLIGHT_CHAIN while they are
+  // on the chain (chain_hint). Measured on H100: benchmarks/NOTES.md, v9. The cp.async path (sm_80 /
+  // sm_89) is not throttled: it was never measured there.
+  __device__ __forceinline__ void loader_throttle(uint32_t n) {
+#if defined(MK_USE_BULK_COPY)
+    uint32_t cap = cfg::INFLIGHT;
+    if constexpr (cfg::INFLIGHT_CHAIN < cfg::INFLIGHT) {
+      uint32_t on_chain = 0;
+      if (lane == 0) on_chain = atomicOr(chain_hint, 0u);   // atomics: a hint, read without ordering
+      if (__shfl_sync(0xffffffffu, on_chain, 0)) cap = cfg::INFLIGHT_CHAIN;
+    }
+    if (cap < (uint32_t)cfg::STAGES && n >= cap) {
+      const uint32_t m = n - cap;   // slot m's next use is m + STAGES > n: its fill phase is current or done
+      timed_wait(&full[m % cfg::STAGES], (m / cfg::STAGES) & 1, loader_blocked, true);
+    }
+#endif
+  }
+  // Consumer side of the hint: 1 from a task's start (its wait, staging, or an ATTN / COMBINE body)
+  // until a GEMV starts consuming ring slots.
+  __device__ __forceinline__ void set_chain_hint(uint32_t v) {
+#if defined(MK_USE_BULK_COPY)
+    if constexpr (cfg::INFLIGHT_CHAIN < cfg::INFLIGHT)
+      if (threadIdx.x == 0) atomicExch(chain_hint, v);
+#endif
   }
   // Consumer wait for a slot's bytes; with tracing on, thread 0 accumulates the time it waited.
   __device__ __forceinline__ void consumer_wait(uint64_t* bar, uint32_t parity) {

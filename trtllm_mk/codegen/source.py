@@ -68,7 +68,7 @@ def kernel_smem_bytes(graph: StepGraph) -> int:
     p, B = graph.plan, graph.dims["B"]
     act = (act_smem_bytes(graph) + 127) // 128 * 128
     return (p.stages * (p.slot_bytes + SLOT_PAD) + act + 2 * p.consumer_warps * MMA_ROWS * B * 4 + 256 * 4
-            + (2 * p.stages + 2 * SIG_SLOTS) * 8)
+            + (2 * p.stages + 2 * SIG_SLOTS + 1) * 8)
 
 
 def _ref_expr(graph: StepGraph, task: Task, ref, offsets: dict[str, int]) -> str:
@@ -134,7 +134,8 @@ def generate_source(schedule: Schedule, tokens_per_block: int, max_seq_len: int,
                   NUM_SMS=schedule.num_sms, STAGES=p.stages, SLOT_BYTES=p.slot_bytes, CWARPS=p.consumer_warps,
                   O_KSPLIT=p.o_ksplit, DOWN_KSPLIT=p.down_ksplit, N_LM_TILES=d["n_lm_tiles"],
                   ACT_SMEM_BYTES=act_smem_bytes(graph), NUM_COUNTERS=len(counts), SLOT_PAD=SLOT_PAD,
-                  TRACE_TASKS=max(1, trace_tasks), KV_SLOTS=kv_slots, KV_CAP=kv_cap)
+                  TRACE_TASKS=max(1, trace_tasks), KV_SLOTS=kv_slots, KV_CAP=kv_cap,
+                  INFLIGHT=p.inflight_slots, INFLIGHT_CHAIN=p.inflight_chain)
     for k, v in consts.items():
         lines.append(f"constexpr int {k} = {v};")
     lines.append(f"constexpr bool QK_NORM = {'true' if spec.qk_norm else 'false'};")

@@ -46,6 +46,9 @@ def check_plan(spec: ModelSpec, plan: TilePlan) -> None:
                          f"{spec.intermediate_size} must split into multiples of 64 columns")
     if plan.attn_splits < 1:
         raise ValueError("TilePlan.attn_splits must be >= 1")
+    if not 1 <= plan.inflight_chain <= plan.inflight_slots:
+        raise ValueError(f"TilePlan: need 1 <= inflight_chain ({plan.inflight_chain}) <= inflight_slots "
+                         f"({plan.inflight_slots})")
 
 
 def build_step_graph(spec: ModelSpec, batch: int, plan: TilePlan, context_len: int = 512) -> StepGraph:

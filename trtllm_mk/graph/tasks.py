@@ -146,6 +146,12 @@ class TilePlan:
     stages: int = 4            # shared-memory ring slots for weight tiles
     slot_bytes: int = 32768    # bytes per ring slot
     consumer_warps: int = 8
+    # Ring slots the loader keeps requested and not yet landed; the rest of the ring only buffers.
+    # Every outstanding copy lengthens the queue the chain's L2 round trips wait in. sm_90 bulk-copy
+    # path only; not searched (the cost model does not price queueing); the defaults were measured on
+    # H100 (benchmarks/NOTES.md, v9).
+    inflight_slots: int = 2    # while the consumers stream weights
+    inflight_chain: int = 1    # while they wait on an event, stage an input or run ATTN / COMBINE
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -5,7 +5,8 @@ globaltimer (ns) at: task start (previous task done), waits satisfied, activatio
 = waits satisfied otherwise), reduction done, handed to the signaller warp, task end, and the time it
 waited for ring slots to fill; the signaller warp records when it published the task's events; the
 loader warp records when it reached the task, when it had issued the task's last copy and how long of
-that it waited for a free slot; per SM, the loader's total time blocked on a full ring (layout:
+that it waited for a free slot (or under the in-flight cap, TilePlan.inflight_slots); per SM, the
+loader's total time blocked on a full ring or the cap (layout:
 TRACE_WORDS, mk_params.cuh). This module turns that into:
 
   * per task kind: tasks, mean blocked (waiting on events), staging and body time, and of the body
@@ -52,7 +53,7 @@ class TaskRecord:
     ring_wait: float = 0.0   # us the consumer waited for ring slots to fill (within the body)
     l0: float = 0.0          # loader reached the task (us; 0 for traces without loader words)
     l1: float = 0.0          # loader issued the task's last copy
-    l_full: float = 0.0      # us of [l0, l1] the loader waited for a free slot
+    l_full: float = 0.0      # us of [l0, l1] the loader waited for a free slot or under the in-flight cap
     t_computed: float = 0.0  # reduction done, before the output stores (us; 0 without it)
     t_signal: float = 0.0    # handed to the signaller warp (after the task's last barrier)
     t_published: float = 0.0  # the signaller published the task's events (0: none / not recorded)
