@@ -123,6 +123,12 @@ __device__ void gemv_load(Ctx& c, const TaskArgs& a) {
 }
 
 // ------------------------------------------------------------------------------- consumer side
+// Where a GEMV's "reduction done" trace mark is taken: 0 after its last slot's mma (the default), N > 0
+// after the consumers have released the task's N-th ring slot (diagnosis: how the consumer time of a
+// task splits over its slots; scripts/mk_trace.py --define MK_GEMV_MARK=N).
+#ifndef MK_GEMV_MARK
+#define MK_GEMV_MARK 0
+#endif
 // Stage the task's activation as bf16 in shared memory, rows ACT_STRIDE apart: rmsnorm(x) * w for
 // the norm-prologue kinds, a slice of attn_out / act for OPROJ / DOWN. Every load of a pass is
 // independent (16-byte vectors, unrolled), so a pass costs about one L2 round trip; when the
@@ -322,12 +328,20 @@ __device__ void gemv_compute(Ctx& c, const TaskArgs& a) {
   if (a.stage) stage_activation<KIND>(c, a);
   c.mark();
   c.set_chain_hint(0);
+  // Ctx lives in local memory, and the "memory" clobbers of the mbarrier asm make the compiler reload
+  // its fields after every wait: the slot loop keeps what it uses in registers (ncu: the per-slot
+  // LDL chain of lane / empty / ring_n stalled the chain's GEMVs), and ring_n goes back at the end.
+  const int lane = c.lane;
+  const bool tracing = c.tracing;
+  uint64_t* const full = c.full;
+  uint64_t* const empty = c.empty;
+  uint32_t ring_n = c.ring_n;
   const int blk = c.warp % G::NB, kw = c.warp / G::NB;
-  const int g = c.lane >> 2, t = c.lane & 3;
-  const int lrow = (c.lane & 7) + ((c.lane >> 3) & 1) * 8, lcol = (c.lane >> 4) * 8;
+  const int g = lane >> 2, t = lane & 3;
+  const int lrow = (lane & 7) + ((lane >> 3) & 1) * 8, lcol = (lane >> 4) * 8;
   const uint32_t a_lane = (uint32_t)((blk * 16 + lrow) * G::ROW_STRIDE + lcol * 2);
   const bool bvalid = g < B;
-  const bf16* act_lane = c.act + (bvalid ? g : 0) * AS + t * 2;
+  const uint32_t act_lane = smem_addr(c.act + (bvalid ? g : 0) * AS + t * 2);   // bytes, shared space
   const uint32_t ring0 = smem_addr(c.ring);
   const int groups = (a.r1 - a.r0 + G::OUT_ROWS - 1) / G::OUT_ROWS;
   float best[B];
@@ -344,11 +358,12 @@ __device__ void gemv_compute(Ctx& c, const TaskArgs& a) {
     float acc[NACC][4];
 #pragma unroll
     for (int j = 0; j < NACC; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-    for (int kc = 0; kc < G::NKC; ++kc, ++c.ring_n) {
-      const uint32_t slot = c.ring_n % cfg::STAGES, use = c.ring_n / cfg::STAGES;
-      c.consumer_wait(&c.full[slot], use & 1);
+    for (int kc = 0; kc < G::NKC; ++kc, ++ring_n) {
+      const uint32_t slot = ring_n % cfg::STAGES, use = ring_n / cfg::STAGES;
+      if (tracing) c.consumer_wait(&full[slot], use & 1);
+      else mbar_wait(&full[slot], use & 1);
       const uint32_t wbase = ring0 + slot * SLOT_STRIDE + a_lane;
-      const bf16* ak = act_lane + kc * G::KC;
+      const uint32_t ak = act_lane + kc * G::KC * 2;
 #pragma unroll
       for (int j0 = 0; j0 < STEPS; j0 += NACC) {
         uint32_t fa[NACC][4], fb[NACC][2];
@@ -358,8 +373,8 @@ __device__ void gemv_compute(Ctx& c, const TaskArgs& a) {
           fb[j][0] = fb[j][1] = 0u;
           if (j0 + j < STEPS && (G::NK16 % G::WPB == 0 || s < G::NK16)) {
             if (bvalid) {
-              fb[j][0] = *reinterpret_cast<const uint32_t*>(ak + s * 16);
-              fb[j][1] = *reinterpret_cast<const uint32_t*>(ak + s * 16 + 8);
+              fb[j][0] = lds32(ak + s * 32);
+              fb[j][1] = lds32(ak + s * 32 + 16);
             }
             ldmatrix_x4(wbase + s * 32, fa[j][0], fa[j][1], fa[j][2], fa[j][3]);
           }
@@ -372,17 +387,18 @@ __device__ void gemv_compute(Ctx& c, const TaskArgs& a) {
         }
       }
 #if defined(MK_EMPTY_ARRIVE_ALL_LANES)
-      mbar_arrive(&c.empty[slot]);   // every lane releases its own reads (sanitizer builds, see EMPTY_ARRIVALS)
+      mbar_arrive(&empty[slot]);     // every lane releases its own reads (sanitizer builds, see EMPTY_ARRIVALS)
 #else
       __syncwarp();                  // orders the warp's reads before lane 0's release
-      if (c.lane == 0) mbar_arrive(&c.empty[slot]);
+      if (lane == 0) mbar_arrive(&empty[slot]);
 #endif
+      if (MK_GEMV_MARK > 0 && grp * G::NKC + kc + 1 == MK_GEMV_MARK) c.mark_computed();
     }
 #pragma unroll
     for (int j = 1; j < NACC; ++j)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[0][i] += acc[j][i];
-    if (grp == groups - 1) c.mark_computed();
+    if (MK_GEMV_MARK == 0 && grp == groups - 1) c.mark_computed();
     // C fragment: acc[0], acc[1] = (row g, batch 2t, 2t+1); acc[2], acc[3] = (row g + 8, same batch)
     float* red = c.red + (grp & 1) * cfg::CWARPS * 16 * B;
     float* mine = red + c.warp * 16 * B;
@@ -410,6 +426,7 @@ __device__ void gemv_compute(Ctx& c, const TaskArgs& a) {
       }
     }
   }
+  c.ring_n = ring_n;
   if constexpr (KIND == LMHEAD) {
 #pragma unroll
     for (int b = 0; b < B; ++b) {
