@@ -1,6 +1,9 @@
 """The generated megakernel source executes the schedule it was generated from (no GPU needed)."""
 import re
+from dataclasses import replace
 from pathlib import Path
+
+import pytest
 
 from trtllm_mk.codegen import generate_source
 from trtllm_mk.gpus import get_gpu
@@ -61,8 +64,6 @@ def test_stage_flags_follow_the_schedule():
 def test_inflight_caps_follow_the_plan():
     # the loader's in-flight caps are plan fields: the generated constants change with them, and a
     # plan whose chain cap exceeds the streaming cap is refused before codegen
-    import pytest
-    from dataclasses import replace
     spec = load_spec(ROOT / "configs" / "models" / "llama-3.2-1b.json")
     plan = TilePlan(qkv_rows=24, o_rows=16, gateup_rows=64, down_rows=16, down_ksplit=2, lm_rows=976)
     gpu = get_gpu("H100-SXM")

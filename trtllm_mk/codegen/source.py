@@ -67,8 +67,9 @@ def kernel_smem_bytes(graph: StepGraph) -> int:
     """Mirror of SMEM_TOTAL in mk_kernel.cuh."""
     p, B = graph.plan, graph.dims["B"]
     act = (act_smem_bytes(graph) + 127) // 128 * 128
+    bars = 2 * p.stages + 2 * SIG_SLOTS + 1   # ring full / empty, signal queue, the loader's chain hint
     return (p.stages * (p.slot_bytes + SLOT_PAD) + act + 2 * p.consumer_warps * MMA_ROWS * B * 4 + 256 * 4
-            + (2 * p.stages + 2 * SIG_SLOTS + 1) * 8)
+            + bars * 8)
 
 
 def _ref_expr(graph: StepGraph, task: Task, ref, offsets: dict[str, int]) -> str:
