@@ -18,7 +18,7 @@ CALL = re.compile(r"run_task<mk::(\w+)>\(c, mk::TaskArgs\{([^{]*)\{")
 def sm_calls(src: str) -> dict[int, list[tuple[str, list[str]]]]:
     """Per SM case of run_program: (kind, scalar TaskArgs fields) of every task call, in order."""
     out, sm = {}, None
-    for line in src[src.index("void run_program"):].splitlines():
+    for line in src[src.index("mk::Ctx run_program"):].splitlines():
         m = re.match(r"\s*case (\d+): \{", line)
         if m:
             sm = int(m.group(1))

@@ -72,13 +72,13 @@ __device__ void attn_load(Ctx& c, const TaskArgs& a) {
     for (int kv = 0; kv < 2; ++kv) {
       const uint32_t n = c.ring_n + kv_slot(b, kv), slot = n % cfg::STAGES, use = n / cfg::STAGES;
       if (kv == 0) c.loader_throttle(n);   // (the V slot's predecessor is this task's K slot)
-      if (kv == 0 || cfg::KV_SLOTS == 2) c.loader_wait(&c.empty[slot], (use & 1) ^ 1);
-      dst[kv] = c.ring + (size_t)slot * SLOT_STRIDE + kv_slot_offset(kv);
-      bar[kv] = &c.full[slot];
+      if (kv == 0 || cfg::KV_SLOTS == 2) c.loader_wait(&c.empty()[slot], (use & 1) ^ 1);
+      dst[kv] = c.ring() + (size_t)slot * SLOT_STRIDE + kv_slot_offset(kv);
+      bar[kv] = &c.full()[slot];
     }
 #if defined(MK_USE_BULK_COPY)
     const uint64_t evict_first = evict_first_policy();
-    if (c.lane == 0) {
+    if (c.lane() == 0) {
       if (cfg::KV_SLOTS == 2) {
         mbar_expect_tx(bar[0], r.ring_n * RB);
         mbar_expect_tx(bar[1], r.ring_n * RB);
@@ -88,7 +88,7 @@ __device__ void attn_load(Ctx& c, const TaskArgs& a) {
     }
     __syncwarp();
     const int groups = (r.ring_n + 7) / 8;
-    for (int i = c.lane; i < 2 * groups; i += 32) {
+    for (int i = c.lane(); i < 2 * groups; i += 32) {
       const int kv = i / groups, u1 = min(r.ring_n, (i % groups) * 8 + 8);
       for (int u = (i % groups) * 8; u < u1;) {
         const int t = r.t0 + u, n = min(u1 - u, cfg::TPB - t % cfg::TPB);
@@ -100,7 +100,7 @@ __device__ void attn_load(Ctx& c, const TaskArgs& a) {
 #else
     constexpr int V16 = cfg::D / 8;   // 16-byte vectors per token row
     for (int kv = 0; kv < 2; ++kv) {
-      for (int i = c.lane; i < r.ring_n * V16; i += 32) {
+      for (int i = c.lane(); i < r.ring_n * V16; i += 32) {
         const int u = i / V16;
         cp_async16(dst[kv] + kv_ring_offset(u) + (i % V16) * 16,
                    p.kv_pool + kv_offset(p, a.layer, b, r.t0 + u, kv, a.group) + (i % V16) * 8);
@@ -143,7 +143,7 @@ static_assert(ATTN_ROWS * 4 + cfg::B * (int)sizeof(AttnRow) <= cfg::ACT_SMEM_BYT
 
 __device__ void attn_prologue(Ctx& c, const TaskArgs& a) {
   const Params& p = *c.p;
-  float* sm = reinterpret_cast<float*>(c.act);
+  float* sm = reinterpret_cast<float*>(c.act());
   for (int i = threadIdx.x; i < cfg::B * cfg::D / 2; i += CTHREADS) {
     const int b = i / (cfg::D / 2), j = i % (cfg::D / 2);
     float sn, cs;
@@ -178,18 +178,18 @@ __device__ void prepare_qkv(Ctx& c, const TaskArgs& a, int b, float* sm) {
   if (MK_ATTN_MARK == 1 && b == 0) c.mark();
   const float* rope = sm + ATTN_ROPE + b * cfg::D;
   // one warp per head (q heads 0..G-1, k = head G); v (head G+1) is only rounded
-  for (int h = c.warp; h < cfg::G + 1; h += cfg::CWARPS) {
+  for (int h = c.warp(); h < cfg::G + 1; h += cfg::CWARPS) {
     float* hv = sm + h * cfg::D;
     if constexpr (cfg::QK_NORM) {
       const float* nw = sm + ATTN_NORM + (h < cfg::G ? 0 : cfg::D);
       float ss = 0.f;
-      for (int i = c.lane; i < cfg::D; i += 32) ss = fmaf(hv[i], hv[i], ss);
+      for (int i = c.lane(); i < cfg::D; i += 32) ss = fmaf(hv[i], hv[i], ss);
       const float rstd = rsqrtf(warp_sum(ss) / cfg::D + cfg::EPS);
       __syncwarp();
-      for (int i = c.lane; i < cfg::D; i += 32) hv[i] = hv[i] * rstd * nw[i];
+      for (int i = c.lane(); i < cfg::D; i += 32) hv[i] = hv[i] * rstd * nw[i];
       __syncwarp();
     }
-    for (int i = c.lane; i < cfg::D / 2; i += 32) {
+    for (int i = c.lane(); i < cfg::D / 2; i += 32) {
       const float cs = rope[i], sn = rope[cfg::D / 2 + i];
       const float x1 = hv[i], x2 = hv[i + cfg::D / 2];
       hv[i] = x1 * cs - x2 * sn;
@@ -197,12 +197,12 @@ __device__ void prepare_qkv(Ctx& c, const TaskArgs& a, int b, float* sm) {
     }
     __syncwarp();
     if (h == cfg::G) {
-      for (int i = c.lane; i < cfg::D; i += 32) fresh[i] = f_to_bf16(hv[i]);
+      for (int i = c.lane(); i < cfg::D; i += 32) fresh[i] = f_to_bf16(hv[i]);
     } else {
       // lane 4h + t of an mma's A operand, k step ks: rows h (hi, lo) and 8 + h (mid), columns
       // 16 ks + 2t, + 1 and 16 ks + 8 + 2t, + 1: words {hi, mid, hi+8, mid+8, lo, lo+8}
       uint32_t* qf = reinterpret_cast<uint32_t*>(sm + ATTN_QF);
-      for (int i = c.lane; i < KSTEPS * 4; i += 32) {
+      for (int i = c.lane(); i < KSTEPS * 4; i += 32) {
         const int ks = i / 4, t = i % 4, k = ks * 16 + 2 * t;
         uint32_t* w = qf + ((ks * 4 * cfg::G) + 4 * h + t) * 8;
         split3_bf16x2(hv[k], hv[k + 1], w[0], w[1], w[4]);
@@ -219,7 +219,7 @@ __device__ void prepare_qkv(Ctx& c, const TaskArgs& a, int b, float* sm) {
 // the consumers copy them from the cache into the row's ring regions, in the ring's layout, once the
 // previous round's tiles are done with them. Not inlined: contexts the schedule was built for never
 // call it, and its code stays out of the hot function.
-__device__ __noinline__ void attn_fetch_late(const Params& p, const TaskArgs& a, int b, int t0, int base, int cnt,
+__device__ __noinline__ void attn_fetch_late(const Params& p, int layer, int group, int b, int t0, int base, int cnt,
                                              unsigned char* k_ring, unsigned char* v_ring) {
   constexpr int V16 = cfg::D / 8;   // 16-byte vectors per token row
   constexpr int BATCH = 4;          // loads in flight per thread before their stores
@@ -230,7 +230,7 @@ __device__ __noinline__ void attn_fetch_late(const Params& p, const TaskArgs& a,
     for (int j = 0; j < BATCH; ++j) {
       const int i = i0 + j * CTHREADS, kv = i / (cnt * V16), u = i % (cnt * V16) / V16;
       if (i < 2 * cnt * V16)
-        v[j] = *reinterpret_cast<const bf16x8*>(p.kv_pool + kv_offset(p, a.layer, b, t0 + base + u, kv, a.group) +
+        v[j] = *reinterpret_cast<const bf16x8*>(p.kv_pool + kv_offset(p, layer, b, t0 + base + u, kv, group) +
                                                 (i % V16) * 8);
     }
 #pragma unroll
@@ -322,12 +322,12 @@ __device__ __forceinline__ void attn_tile(WarpAttn& st, const uint32_t* qf, bool
 
 __device__ void attn_compute(Ctx& c, const TaskArgs& a) {
   const Params& p = *c.p;
-  float* sm = reinterpret_cast<float*>(c.act);
+  float* sm = reinterpret_cast<float*>(c.act());
   const AttnRow* rows = reinterpret_cast<const AttnRow*>(sm + ATTN_ROWS);
   const uint32_t ring0 = c.ring_n;
-  const int g = c.lane >> 2, t = c.lane & 3;
+  const int g = c.lane() >> 2, t = c.lane() & 3;
   // this lane's ldmatrix row in a tile (K and V): token j at byte column col
-  const int j = (c.lane & 7) + (c.lane >> 4) * 8, col = ((c.lane >> 3) & 1) * 16;
+  const int j = (c.lane() & 7) + (c.lane() >> 4) * 8, col = ((c.lane() >> 3) & 1) * 16;
   for (int b = 0; b < cfg::B; ++b) {
     const AttnRow r = rows[b];
     const int n = max(0, r.t1 - r.t0);                 // tokens of this split (0: past the sequence)
@@ -341,7 +341,7 @@ __device__ void attn_compute(Ctx& c, const TaskArgs& a) {
       for (int i = threadIdx.x; i < 2 * cfg::D / 8; i += CTHREADS)
         reinterpret_cast<bf16x8*>(i < cfg::D / 8 ? kd : vd)[i % (cfg::D / 8)] = reinterpret_cast<const bf16x8*>(fresh)[i];
     }
-    const uint32_t* qf = reinterpret_cast<const uint32_t*>(sm + ATTN_QF) + c.lane * 8;
+    const uint32_t* qf = reinterpret_cast<const uint32_t*>(sm + ATTN_QF) + c.lane() * 8;
     // this row's cached K/V in the ring (the loader copied it before the task's wait)
     uint32_t slots[2];
     unsigned char* region[2];
@@ -349,8 +349,8 @@ __device__ void attn_compute(Ctx& c, const TaskArgs& a) {
     for (int k = 0; k < 2; ++k) {
       const uint32_t nr = ring0 + kv_slot(b, k);
       slots[k] = nr % cfg::STAGES;
-      if (k == 0 || cfg::KV_SLOTS == 2) c.consumer_wait(&c.full[slots[k]], (nr / cfg::STAGES) & 1);
-      region[k] = c.ring + (size_t)slots[k] * SLOT_STRIDE + kv_slot_offset(k);
+      if (k == 0 || cfg::KV_SLOTS == 2) c.consumer_wait(&c.full()[slots[k]], (nr / cfg::STAGES) & 1);
+      region[k] = c.ring() + (size_t)slots[k] * SLOT_STRIDE + kv_slot_offset(k);
     }
     if (MK_ATTN_MARK == 0 && b == 0) c.mark();
     WarpAttn st;
@@ -364,14 +364,14 @@ __device__ void attn_compute(Ctx& c, const TaskArgs& a) {
     // last round's last token, read from its bf16 row
     bool late = false;
     for (int base = 0, cnt = r.ring_n;; cnt = min(cfg::KV_CAP, cached - base)) {
-      if (late) attn_fetch_late(p, a, b, r.t0, base, cnt, region[0], region[1]);
+      if (late) attn_fetch_late(p, a.layer, a.group, b, r.t0, base, cnt, region[0], region[1]);
       const bool last = base + cnt >= cached;
       const int total = cnt + (last && owns ? 1 : 0);
       const uint32_t fk = smem_addr(fresh), fv = fk + RB;
       auto row = [&](int u, int kv, uint32_t f) -> uint32_t {   // ring row of round token u (or the new one)
         return u < cnt ? smem_addr(region[kv]) + kv_ring_offset(u) : f;
       };
-      for (int tile = c.warp; tile < 8 * ((total + 127) / 128); tile += cfg::CWARPS) {
+      for (int tile = c.warp(); tile < 8 * ((total + 127) / 128); tile += cfg::CWARPS) {
         const int u0 = (tile >> 3) * 128 + (tile & 7);   // token j of the tile: u0 + 8 j
         if (u0 >= total) continue;
         const uint32_t k_addr = row(u0 + 8 * j, 0, fk) + col, v_addr = row(u0 + 8 * j, 1, fv) + col;
@@ -394,17 +394,17 @@ __device__ void attn_compute(Ctx& c, const TaskArgs& a) {
     for (int k = 0; k < 2; ++k) {
       if (k == 1 && cfg::KV_SLOTS == 1) break;
 #if defined(MK_EMPTY_ARRIVE_ALL_LANES)
-      mbar_arrive(&c.empty[slots[k]]);
+      mbar_arrive(&c.empty()[slots[k]]);
 #else
       __syncwarp();
-      if (c.lane == 0) mbar_arrive(&c.empty[slots[k]]);
+      if (c.lane() == 0) mbar_arrive(&c.empty()[slots[k]]);
 #endif
     }
     // the warps' (max, sum, o) meet in shared memory, then merge under their common max
     st.l += __shfl_xor_sync(0xffffffffu, st.l, 1);
     st.l += __shfl_xor_sync(0xffffffffu, st.l, 2);
-    if (g < cfg::G && t == 0) *reinterpret_cast<float2*>(sm + ATTN_MERGE_ML + (c.warp * cfg::G + g) * 2) = make_float2(st.m, st.l);
-    float* mo = sm + (c.warp * cfg::G + 2 * t) * cfg::D + g;   // head 2t, column g
+    if (g < cfg::G && t == 0) *reinterpret_cast<float2*>(sm + ATTN_MERGE_ML + (c.warp() * cfg::G + g) * 2) = make_float2(st.m, st.l);
+    float* mo = sm + (c.warp() * cfg::G + 2 * t) * cfg::D + g;   // head 2t, column g
 #pragma unroll
     for (int i = 0; i < KSTEPS; ++i) {
       if (2 * t < cfg::G) { mo[i * 16] = st.o[i][0]; mo[i * 16 + 8] = st.o[i][2]; }

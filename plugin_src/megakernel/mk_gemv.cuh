@@ -23,7 +23,6 @@ __host__ __device__ constexpr int max_i(int a, int b) { return a > b ? a : b; }
 // output rows travel together (slot rows [0, RS/2) are gate, [RS/2, RS) are up).
 constexpr int ROW_PAD = 16;
 constexpr int ACT_PAD = 8;                 // bf16 after each staged activation row (same bank skew)
-constexpr int SLOT_STRIDE = cfg::SLOT_BYTES + cfg::SLOT_PAD;
 constexpr int MAX_BLOCKS = 4;              // 16-row blocks per slot (SLOT_PAD covers 64 rows of skew)
 static_assert(cfg::SLOT_PAD >= 16 * MAX_BLOCKS * ROW_PAD, "slot padding must cover the row skew");
 
@@ -98,25 +97,25 @@ __device__ void gemv_load(Ctx& c, const TaskArgs& a) {
     for (int kc = 0; kc < G::NKC; ++kc, ++c.ring_n) {
       const uint32_t slot = c.ring_n % cfg::STAGES, use = c.ring_n / cfg::STAGES;
       c.loader_throttle(c.ring_n);
-      c.loader_wait(&c.empty[slot], (use & 1) ^ 1);  // first use of a slot passes at once
-      unsigned char* dst = c.ring + (size_t)slot * SLOT_STRIDE;
+      c.loader_wait(&c.empty()[slot], (use & 1) ^ 1);  // first use of a slot passes at once
+      unsigned char* dst = c.ring() + (size_t)slot * SLOT_STRIDE;
 #if defined(MK_USE_BULK_COPY)
       // lane 0 announces the bytes, then the lanes issue one bulk copy per weight row each
-      if (c.lane == 0) mbar_expect_tx(&c.full[slot], valid * KindTraits<KIND>::PAIR * G::KC * 2);
+      if (c.lane() == 0) mbar_expect_tx(&c.full()[slot], valid * KindTraits<KIND>::PAIR * G::KC * 2);
       __syncwarp();
-      for (int j = c.lane; j < G::RS; j += 32) {
+      for (int j = c.lane(); j < G::RS; j += 32) {
         if (j % G::OUT_ROWS < valid)
           bulk_copy_g2s(dst + j * G::ROW_STRIDE, weight_row<KIND>(*c.p, a, grp, j) + kc * G::KC, G::KC * 2,
-                        &c.full[slot], evict_first);
+                        &c.full()[slot], evict_first);
       }
 #else
       for (int j = 0; j < G::RS; ++j) {
         if (j % G::OUT_ROWS >= valid) continue;
         const bf16x8* src = reinterpret_cast<const bf16x8*>(weight_row<KIND>(*c.p, a, grp, j) + kc * G::KC);
         bf16x8* d = reinterpret_cast<bf16x8*>(dst + j * G::ROW_STRIDE);
-        for (int v = c.lane; v < G::KC / 8; v += 32) cp_async16(d + v, src + v);
+        for (int v = c.lane(); v < G::KC / 8; v += 32) cp_async16(d + v, src + v);
       }
-      cp_async_arrive(&c.full[slot]);
+      cp_async_arrive(&c.full()[slot]);
 #endif
     }
   }
@@ -140,7 +139,7 @@ __device__ __forceinline__ void store_act4(Ctx& c, int b, int i, float4 v) {
   uint2 out;
   out.x = *reinterpret_cast<uint32_t*>(&lo);
   out.y = *reinterpret_cast<uint32_t*>(&hi);
-  *reinterpret_cast<uint2*>(c.act + b * AS + 4 * i) = out;
+  *reinterpret_cast<uint2*>(c.act() + b * AS + 4 * i) = out;
 }
 
 __device__ __forceinline__ float4 load_norm_w4(const bf16* nw, int i) {
@@ -159,13 +158,13 @@ __device__ __forceinline__ void rms_scales(Ctx& c, float (&ss)[cfg::B]) {
 #pragma unroll
   for (int b = 0; b < cfg::B; ++b) {
     const float t = warp_sum(ss[b]);
-    if (c.lane == 0) c.scratch[c.warp * cfg::B + b] = t;
+    if (c.lane() == 0) c.scratch()[c.warp() * cfg::B + b] = t;
   }
   consumer_sync(CTHREADS);
 #pragma unroll
   for (int b = 0; b < cfg::B; ++b) {
     float tot = 0.f;
-    for (int w = 0; w < cfg::CWARPS; ++w) tot += c.scratch[w * cfg::B + b];
+    for (int w = 0; w < cfg::CWARPS; ++w) tot += c.scratch()[w * cfg::B + b];
     ss[b] = rsqrtf(tot / cfg::H + cfg::EPS);
   }
 }
@@ -300,12 +299,12 @@ __device__ __forceinline__ void warp_argmax(float& best, int& bi) {
 
 __device__ void block_argmax(Ctx& c, float& best, int& bi) {
   warp_argmax(best, bi);
-  if (c.lane == 0) { c.scratch[c.warp] = best; reinterpret_cast<int*>(c.scratch)[128 + c.warp] = bi; }
+  if (c.lane() == 0) { c.scratch()[c.warp()] = best; reinterpret_cast<int*>(c.scratch())[128 + c.warp()] = bi; }
   consumer_sync(CTHREADS);
   if (threadIdx.x == 0) {
     for (int w = 1; w < cfg::CWARPS; ++w) {
-      const float ov = c.scratch[w];
-      const int oi = reinterpret_cast<int*>(c.scratch)[128 + w];
+      const float ov = c.scratch()[w];
+      const int oi = reinterpret_cast<int*>(c.scratch())[128 + w];
       if (argmax_better(ov, oi, best, bi)) { best = ov; bi = oi; }
     }
   }
@@ -328,21 +327,21 @@ __device__ void gemv_compute(Ctx& c, const TaskArgs& a) {
   if (a.stage) stage_activation<KIND>(c, a);
   c.mark();
   c.set_chain_hint(0);
-  // Ctx lives in local memory, and the "memory" clobbers of the mbarrier asm make the compiler reload
-  // its fields after every wait: the slot loop keeps what it uses in registers (ncu: the per-slot
-  // LDL chain of lane / empty / ring_n stalled the chain's GEMVs), and ring_n goes back at the end.
-  const int lane = c.lane;
+  // The slot loop works on copies of the Ctx fields it uses and writes ring_n back at the end. (v10:
+  // while Ctx lived in local memory, the mbarrier asm's "memory" clobbers reloaded them every slot;
+  // since v11 Ctx travels in registers and the copies only keep the loop's state in one place.)
+  const int lane = c.lane();
   const bool tracing = c.tracing;
-  uint64_t* const full = c.full;
-  uint64_t* const empty = c.empty;
+  uint64_t* const full = c.full();
+  uint64_t* const empty = c.empty();
   uint32_t ring_n = c.ring_n;
-  const int blk = c.warp % G::NB, kw = c.warp / G::NB;
+  const int blk = c.warp() % G::NB, kw = c.warp() / G::NB;
   const int g = lane >> 2, t = lane & 3;
   const int lrow = (lane & 7) + ((lane >> 3) & 1) * 8, lcol = (lane >> 4) * 8;
   const uint32_t a_lane = (uint32_t)((blk * 16 + lrow) * G::ROW_STRIDE + lcol * 2);
   const bool bvalid = g < B;
-  const uint32_t act_lane = smem_addr(c.act + (bvalid ? g : 0) * AS + t * 2);   // bytes, shared space
-  const uint32_t ring0 = smem_addr(c.ring);
+  const uint32_t act_lane = smem_addr(c.act() + (bvalid ? g : 0) * AS + t * 2);   // bytes, shared space
+  const uint32_t ring0 = smem_addr(c.ring());
   const int groups = (a.r1 - a.r0 + G::OUT_ROWS - 1) / G::OUT_ROWS;
   float best[B];
   int bidx[B];
@@ -400,8 +399,8 @@ __device__ void gemv_compute(Ctx& c, const TaskArgs& a) {
       for (int i = 0; i < 4; ++i) acc[0][i] += acc[j][i];
     if (MK_GEMV_MARK == 0 && grp == groups - 1) c.mark_computed();
     // C fragment: acc[0], acc[1] = (row g, batch 2t, 2t+1); acc[2], acc[3] = (row g + 8, same batch)
-    float* red = c.red + (grp & 1) * cfg::CWARPS * 16 * B;
-    float* mine = red + c.warp * 16 * B;
+    float* red = c.red() + (grp & 1) * cfg::CWARPS * 16 * B;
+    float* mine = red + c.warp() * 16 * B;
     if (2 * t < B) { mine[g * B + 2 * t] = acc[0][0]; mine[(g + 8) * B + 2 * t] = acc[0][2]; }
     if (2 * t + 1 < B) { mine[g * B + 2 * t + 1] = acc[0][1]; mine[(g + 8) * B + 2 * t + 1] = acc[0][3]; }
     consumer_sync(CTHREADS);
@@ -431,18 +430,18 @@ __device__ void gemv_compute(Ctx& c, const TaskArgs& a) {
 #pragma unroll
     for (int b = 0; b < B; ++b) {
       warp_argmax(best[b], bidx[b]);
-      if (c.lane == 0) { c.scratch[c.warp * B + b] = best[b]; reinterpret_cast<int*>(c.scratch)[128 + c.warp * B + b] = bidx[b]; }
+      if (c.lane() == 0) { c.scratch()[c.warp() * B + b] = best[b]; reinterpret_cast<int*>(c.scratch())[128 + c.warp() * B + b] = bidx[b]; }
     }
   }
   consumer_sync(CTHREADS);  // all outputs stored before the task signals (and act/red reuse)
   if constexpr (KIND == LMHEAD) {
     if (threadIdx.x == 0) {
       for (int b = 0; b < B; ++b) {
-        float bv = c.scratch[b];
-        int bi = reinterpret_cast<int*>(c.scratch)[128 + b];
+        float bv = c.scratch()[b];
+        int bi = reinterpret_cast<int*>(c.scratch())[128 + b];
         for (int w = 1; w < cfg::CWARPS; ++w) {
-          const float ov = c.scratch[w * B + b];
-          const int oi = reinterpret_cast<int*>(c.scratch)[128 + w * B + b];
+          const float ov = c.scratch()[w * B + b];
+          const int oi = reinterpret_cast<int*>(c.scratch())[128 + w * B + b];
           if (argmax_better(ov, oi, bv, bi)) { bv = ov; bi = oi; }
         }
         p.lm_val[b * cfg::N_LM_TILES + a.tile] = bv;

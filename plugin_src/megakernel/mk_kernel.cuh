@@ -1,24 +1,14 @@
 // The persistent decode-step kernel: one CTA per SM, CWARPS consumer warps, 1 loader warp (it fills the
 // ring with GEMV weights and ATTN's cached K/V) and 1 signaller warp (it publishes finished tasks' events).
 // The generated source defines namespace cfg (shapes, tile plan, event counts) and
-// `run_program(Ctx&)`, each SM's static task list; this header supplies everything else.
+// `run_program(Ctx)`, each SM's static task list; this header supplies everything else. The layout of
+// shared memory and the per-thread context are in mk_params.cuh.
 #pragma once
 #include "mk_attention.cuh"
 #include "mk_misc.cuh"
 
 namespace mk {
 
-// Shared-memory layout (dynamic): [ring][activation / attention scratch][red][scratch][mbarriers]
-constexpr size_t SMEM_RING = (size_t)cfg::STAGES * SLOT_STRIDE;
-constexpr size_t SMEM_ACT = ((size_t)cfg::ACT_SMEM_BYTES + 127) / 128 * 128;
-constexpr size_t SMEM_RED = (size_t)2 * cfg::CWARPS * 16 * cfg::B * sizeof(float);
-constexpr size_t SMEM_SCRATCH = 256 * sizeof(float);   // values [0, 128) and indices [128, 256)
-// Signals in flight between the consumers and the signaller warp. Publishing an event costs a GPU-scope
-// release (a memory barrier that waits until the SM's stores are acknowledged: ~0.7 us idle, 1.3-4 us
-// while the loaders stream; benchmarks/micro/ring_stream.cu). The consumers hand each finished task to
-// the signaller through a small mbarrier queue and go on with their next task at once.
-constexpr int SIG_SLOTS = 4;
-constexpr size_t SMEM_BARS = (2 * cfg::STAGES + 2 * SIG_SLOTS + 1) * sizeof(uint64_t);   // + the chain hint
 // Arrivals that free a ring slot: one per consumer warp (lane 0 after __syncwarp, which orders the
 // other lanes' reads before its release). compute-sanitizer's racecheck does not credit __syncwarp to
 // lane 0's mbarrier release and reports the loader's next bulk copy into the slot as a race with
@@ -29,13 +19,14 @@ constexpr uint32_t EMPTY_ARRIVALS = cfg::CWARPS * 32;
 #else
 constexpr uint32_t EMPTY_ARRIVALS = cfg::CWARPS;
 #endif
-constexpr size_t SMEM_TOTAL = SMEM_RING + SMEM_ACT + SMEM_RED + SMEM_SCRATCH + SMEM_BARS;
 
 __device__ __forceinline__ void wait_all(Ctx& c, const TaskArgs& a) {
   if (threadIdx.x == 0) {
-    for (int i = 0; i < a.nw; ++i)
-      wait_counter(c.p->counters + a.w[i], cfg::EV_COUNT[a.w[i]] * (c.step + 1), c.p->error, a.w[i],
-                   (uint32_t)a.layer, (uint32_t)c.task_no);
+#pragma unroll   // constant indices keep TaskArgs in registers (a dynamic index puts it in local memory)
+    for (int i = 0; i < MAX_REFS; ++i)
+      if (i < a.nw)
+        wait_counter(c.p->counters + a.w[i], cfg::EV_COUNT[a.w[i]] * (c.step + 1), c.p->error, a.w[i],
+                     (uint32_t)a.layer, (uint32_t)c.task_no);
   }
   consumer_sync(CTHREADS);
 }
@@ -49,8 +40,8 @@ __device__ __forceinline__ void hand_off_signals(Ctx& c, const TaskArgs& a) {
   const uint32_t slot = c.sig_n % SIG_SLOTS, use = c.sig_n / SIG_SLOTS;
   ++c.sig_n;
   if (threadIdx.x == 0) {
-    mbar_wait(&c.sig_empty[slot], (use & 1) ^ 1);   // first use of a slot passes at once
-    mbar_arrive(&c.sig_full[slot]);
+    mbar_wait(&c.sig_empty()[slot], (use & 1) ^ 1);   // first use of a slot passes at once
+    mbar_arrive(&c.sig_full()[slot]);
   }
 }
 
@@ -59,32 +50,36 @@ __device__ __forceinline__ void publish_signals(Ctx& c, const TaskArgs& a) {
   if (a.ns == 0) return;
   const uint32_t slot = c.sig_n % SIG_SLOTS, use = c.sig_n / SIG_SLOTS;
   ++c.sig_n;
-  if (c.lane == 0) {
-    mbar_wait(&c.sig_full[slot], use & 1);
-    for (int i = 0; i < a.ns; ++i) signal_event(c.p->counters + a.s[i]);
-    mbar_arrive(&c.sig_empty[slot]);
+  if (c.lane() == 0) {
+    mbar_wait(&c.sig_full()[slot], use & 1);
+#pragma unroll
+    for (int i = 0; i < MAX_REFS; ++i)
+      if (i < a.ns) signal_event(c.p->counters + a.s[i]);
+    mbar_arrive(&c.sig_empty()[slot]);
   }
 }
 
+// One task of the SM's list, in every role. Not inlined (the list has hundreds of calls); the context
+// goes in and comes back by value, so it stays in registers across the call (mk_params.cuh Ctx).
 template <int KIND>
-__device__ __noinline__ void run_task(Ctx& c, TaskArgs a) {
-  if (c.loader) {
+__device__ __noinline__ Ctx run_task(Ctx c, TaskArgs a) {
+  if (c.loader()) {
     const uint64_t l0 = c.tracing ? globaltimer() : 0, blocked0 = c.loader_blocked;
     if constexpr (KIND == QKV || KIND == OPROJ || KIND == GATEUP || KIND == DOWN || KIND == LMHEAD) gemv_load<KIND>(c, a);
     else if constexpr (KIND == ATTN) attn_load(c, a);    // the cached K/V of the task's split
-    if (c.tracing && c.lane == 0) {
+    if (c.tracing && c.lane() == 0) {
       uint64_t* r = c.p->trace + ((size_t)blockIdx.x * cfg::TRACE_TASKS + c.task_no) * TRACE_WORDS;
       r[5] = l0; r[6] = globaltimer(); r[7] = c.loader_blocked - blocked0;
     }
     ++c.task_no;
-    return;
+    return c;
   }
-  if (c.signaller) {
+  if (c.signaller()) {
     publish_signals(c, a);
-    if (c.tracing && c.lane == 0 && a.ns > 0)
+    if (c.tracing && c.lane() == 0 && a.ns > 0)
       c.p->trace[((size_t)blockIdx.x * cfg::TRACE_TASKS + c.task_no) * TRACE_WORDS + 10] = globaltimer();
     ++c.task_no;
-    return;
+    return c;
   }
   uint64_t t0 = 0, t1 = 0, t_sig = 0;
   c.full_wait = 0;
@@ -107,30 +102,17 @@ __device__ __noinline__ void run_task(Ctx& c, TaskArgs a) {
     r[8] = c.t_computed ? c.t_computed : t_sig; r[9] = t_sig;
   }
   ++c.task_no;
+  return c;
 }
 
 }  // namespace mk
 
-__device__ void run_program(mk::Ctx& c);  // generated: this SM's static task list
+__device__ mk::Ctx run_program(mk::Ctx c);  // generated: this SM's static task list
 
 extern "C" __global__ void __launch_bounds__((cfg::CWARPS + 2) * 32, 1)
 mk_decode_step(const __grid_constant__ mk::Params p) {
-  extern __shared__ __align__(128) unsigned char smem[];
   mk::Ctx c;
   c.p = &p;
-  c.warp = threadIdx.x / 32;
-  c.lane = threadIdx.x % 32;
-  c.loader = c.warp == cfg::CWARPS;
-  c.signaller = c.warp == cfg::CWARPS + 1;
-  c.ring = smem;
-  c.act = reinterpret_cast<mk::bf16*>(smem + mk::SMEM_RING);
-  c.red = reinterpret_cast<float*>(smem + mk::SMEM_RING + mk::SMEM_ACT);
-  c.scratch = c.red + 2 * cfg::CWARPS * 16 * cfg::B;   // after both red buffers (SMEM_RED)
-  c.full = reinterpret_cast<uint64_t*>(smem + mk::SMEM_RING + mk::SMEM_ACT + mk::SMEM_RED + mk::SMEM_SCRATCH);
-  c.empty = c.full + cfg::STAGES;
-  c.sig_full = c.empty + cfg::STAGES;
-  c.sig_empty = c.sig_full + mk::SIG_SLOTS;
-  c.chain_hint = reinterpret_cast<uint32_t*>(c.sig_empty + mk::SIG_SLOTS);
   c.sig_n = 0;
   c.ring_n = 0;
   c.task_no = 0;
@@ -143,26 +125,26 @@ mk_decode_step(const __grid_constant__ mk::Params p) {
   if (threadIdx.x == 0) {
     for (int s = 0; s < cfg::STAGES; ++s) {
 #if defined(MK_USE_BULK_COPY)
-      mk::mbar_init(&c.full[s], 1);
+      mk::mbar_init(&c.full()[s], 1);
 #else
-      mk::mbar_init(&c.full[s], 32);
+      mk::mbar_init(&c.full()[s], 32);
 #endif
-      mk::mbar_init(&c.empty[s], mk::EMPTY_ARRIVALS);
+      mk::mbar_init(&c.empty()[s], mk::EMPTY_ARRIVALS);
     }
     for (int s = 0; s < mk::SIG_SLOTS; ++s) {
-      mk::mbar_init(&c.sig_full[s], 1);
-      mk::mbar_init(&c.sig_empty[s], 1);
+      mk::mbar_init(&c.sig_full()[s], 1);
+      mk::mbar_init(&c.sig_empty()[s], 1);
     }
-    *c.chain_hint = 0;
+    *c.chain_hint() = 0;
 #if __CUDA_ARCH__ >= 900
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 #endif
   }
   __syncthreads();
-  run_program(c);
-  if (c.tracing && (threadIdx.x == 0 || (c.loader && c.lane == 0))) {
+  c = run_program(c);
+  if (c.tracing && (threadIdx.x == 0 || (c.loader() && c.lane() == 0))) {
     uint64_t* r = p.trace + (size_t)gridDim.x * cfg::TRACE_TASKS * mk::TRACE_WORDS + (size_t)blockIdx.x * 4;
-    if (c.loader) { r[0] = c.loader_blocked; r[1] = mk::globaltimer(); }
+    if (c.loader()) { r[0] = c.loader_blocked; r[1] = mk::globaltimer(); }
     else { r[2] = mk::globaltimer(); r[3] = 0; }
   }
   __syncthreads();

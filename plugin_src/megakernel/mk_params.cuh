@@ -51,38 +51,74 @@ struct Params {
 
 constexpr int TRACE_WORDS = 11;  // per task (mirror: trtllm_mk/runtime/trace.py TRACE_WORDS)
 
+constexpr int MAX_REFS = 4;   // waits / signals per task (mirror: codegen.source.MAX_REFS)
+
 struct TaskArgs {
   int layer, r0, r1, k0, k1, group, split, tile;
   int stage;      // GEMV kinds: 1 = stage the activation, 0 = reuse the previous task's (same input)
-  int nw, w[4];   // flat counter indices to wait on (codegen.source.MAX_REFS)
-  int ns, s[4];   // flat counter indices to signal
+  int nw, w[MAX_REFS];   // flat counter indices to wait on
+  int ns, s[MAX_REFS];   // flat counter indices to signal
 };
 
-// Shared-memory weight ring shared by the loader warp and the consumer warps. Both roles walk the
-// same static task list and count ring slots identically, so no slot bookkeeping crosses roles.
+// Shared-memory layout (dynamic): [ring][activation / attention scratch][red][scratch][mbarriers]
+constexpr int SLOT_STRIDE = cfg::SLOT_BYTES + cfg::SLOT_PAD;   // a ring slot: weights + row skew (mk_gemv.cuh)
+constexpr size_t SMEM_RING = (size_t)cfg::STAGES * SLOT_STRIDE;
+constexpr size_t SMEM_ACT = ((size_t)cfg::ACT_SMEM_BYTES + 127) / 128 * 128;
+constexpr size_t SMEM_RED = (size_t)2 * cfg::CWARPS * 16 * cfg::B * sizeof(float);
+constexpr size_t SMEM_SCRATCH = 256 * sizeof(float);   // values [0, 128) and indices [128, 256)
+// Signals in flight between the consumers and the signaller warp. Publishing an event costs a GPU-scope
+// release (a memory barrier that waits until the SM's stores are acknowledged: ~0.7 us idle, 1.3-4 us
+// while the loaders stream; benchmarks/micro/ring_stream.cu). The consumers hand each finished task to
+// the signaller through a small mbarrier queue and go on with their next task at once.
+constexpr int SIG_SLOTS = 4;
+constexpr size_t SMEM_BARS = (2 * cfg::STAGES + 2 * SIG_SLOTS + 1) * sizeof(uint64_t);   // + the chain hint
+constexpr size_t SMEM_TOTAL = SMEM_RING + SMEM_ACT + SMEM_RED + SMEM_SCRATCH + SMEM_BARS;
+constexpr size_t SMEM_BARS_AT = SMEM_RING + SMEM_ACT + SMEM_RED + SMEM_SCRATCH;
+
+extern __shared__ __align__(128) unsigned char smem[];   // the kernel's dynamic shared memory
+
+// Per-thread execution context, passed by value into each task and returned (mk_kernel.cuh run_task),
+// so it lives in registers: a Ctx in memory (a reference into a non-inlined task) sat in local memory,
+// ~30 loads and 8 stores per warp and task, which took the L1 that deeper rings need (ncu, H100:
+// local-load L1 misses 0.1% / 2.3% / 33% at 4 / 5 / 6 ring stages; benchmarks/NOTES.md, v11). What
+// is fixed per thread (role, lane, shared-memory regions) is derived, not stored.
+// The loader warp and the consumer warps walk the same static task list and count ring slots
+// identically, so no slot bookkeeping crosses roles.
 struct Ctx {
   const Params* p;
-  bool loader;
-  bool signaller;    // the warp that publishes events (mk_kernel.cuh hand_off_signals)
-  int warp, lane;
   uint32_t step;
   uint32_t ring_n;   // slots used so far on this SM
-  unsigned char* ring;
-  uint64_t* full;    // [STAGES] loader -> consumers: slot holds its weights
-  uint64_t* empty;   // [STAGES] consumers -> loader: slot may be overwritten
-  uint64_t* sig_full;   // [SIG_SLOTS] consumers -> signaller: a finished task's events may be published
-  uint64_t* sig_empty;  // [SIG_SLOTS] signaller -> consumers: published, the queue entry is free
-  uint32_t sig_n;       // tasks with signals handed over (consumers) / published (signaller) so far
-  bf16* act;         // resident bf16 activation of the current GEMV (also attention scratch)
-  float* red;        // [2][CWARPS][B] cross-warp partial sums (double-buffered by row group)
-  float* scratch;    // small reductions
+  uint32_t sig_n;    // tasks with signals handed over (consumers) / published (signaller) so far
   int task_no;       // running task number (diagnostics, trace row)
   bool tracing;      // p->trace != nullptr
   uint64_t t_mark;   // trace: when the current task's activation was staged
   uint64_t loader_blocked;  // trace: ns the loader waited for a free ring slot
   uint64_t full_wait;       // trace: ns consumer thread 0 waited for ring slots to fill (this task)
   uint64_t t_computed;      // trace: when the task's reduction finished (before its output stores)
-  uint32_t* chain_hint;      // shared word: the consumers are on the dependency chain (loader_throttle)
+
+  __device__ __forceinline__ int warp() const { return threadIdx.x / 32; }
+  __device__ __forceinline__ int lane() const { return threadIdx.x % 32; }
+  __device__ __forceinline__ bool loader() const { return warp() == cfg::CWARPS; }
+  __device__ __forceinline__ bool signaller() const { return warp() == cfg::CWARPS + 1; }  // publishes events
+  // the weight ring: STAGES slots of SLOT_STRIDE bytes
+  __device__ __forceinline__ unsigned char* ring() const { return smem; }
+  // resident bf16 activation of the current GEMV (also attention scratch)
+  __device__ __forceinline__ bf16* act() const { return reinterpret_cast<bf16*>(smem + SMEM_RING); }
+  // [2][CWARPS][B] cross-warp partial sums (double-buffered by row group)
+  __device__ __forceinline__ float* red() const { return reinterpret_cast<float*>(smem + SMEM_RING + SMEM_ACT); }
+  __device__ __forceinline__ float* scratch() const {   // small reductions
+    return reinterpret_cast<float*>(smem + SMEM_RING + SMEM_ACT + SMEM_RED);
+  }
+  // [STAGES] loader -> consumers: slot holds its weights
+  __device__ __forceinline__ uint64_t* full() const { return reinterpret_cast<uint64_t*>(smem + SMEM_BARS_AT); }
+  // [STAGES] consumers -> loader: slot may be overwritten
+  __device__ __forceinline__ uint64_t* empty() const { return full() + cfg::STAGES; }
+  // [SIG_SLOTS] consumers -> signaller: a finished task's events may be published
+  __device__ __forceinline__ uint64_t* sig_full() const { return full() + 2 * cfg::STAGES; }
+  // [SIG_SLOTS] signaller -> consumers: published, the queue entry is free
+  __device__ __forceinline__ uint64_t* sig_empty() const { return sig_full() + SIG_SLOTS; }
+  // shared word: the consumers are on the dependency chain (loader_throttle)
+  __device__ __forceinline__ uint32_t* chain_hint() const { return reinterpret_cast<uint32_t*>(sig_empty() + SIG_SLOTS); }
 
   // Loader wait for a free slot; with tracing on, the time the ring was full is accumulated.
   __device__ __forceinline__ void loader_wait(uint64_t* bar, uint32_t parity) {
@@ -99,12 +135,12 @@ struct Ctx {
     uint32_t cap = cfg::INFLIGHT;
     if constexpr (cfg::INFLIGHT_CHAIN < cfg::INFLIGHT) {
       uint32_t on_chain = 0;
-      if (lane == 0) on_chain = atomicOr(chain_hint, 0u);   // atomics: a hint, read without ordering
+      if (lane() == 0) on_chain = atomicOr(chain_hint(), 0u);   // atomics: a hint, read without ordering
       if (__shfl_sync(0xffffffffu, on_chain, 0)) cap = cfg::INFLIGHT_CHAIN;
     }
     if (cap < (uint32_t)cfg::STAGES && n >= cap) {
       const uint32_t m = n - cap;   // slot m's next use is m + STAGES > n: its fill phase is current or done
-      timed_wait(&full[m % cfg::STAGES], (m / cfg::STAGES) & 1, loader_blocked, true);
+      timed_wait(&full()[m % cfg::STAGES], (m / cfg::STAGES) & 1, loader_blocked, true);
     }
 #endif
   }
@@ -113,7 +149,7 @@ struct Ctx {
   __device__ __forceinline__ void set_chain_hint(uint32_t v) {
 #if defined(MK_USE_BULK_COPY)
     if constexpr (cfg::INFLIGHT_CHAIN < cfg::INFLIGHT)
-      if (threadIdx.x == 0) atomicExch(chain_hint, v);
+      if (threadIdx.x == 0) atomicExch(chain_hint(), v);
 #endif
   }
   // Consumer wait for a slot's bytes; with tracing on, thread 0 accumulates the time it waited.

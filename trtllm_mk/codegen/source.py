@@ -17,7 +17,7 @@ from ..smem import ACT_PAD, MMA_ROWS, SLOT_PAD, attention_kv_ring, attention_scr
 
 KERNEL_NAME = "mk_decode_step"
 MAX_REFS = 4  # TaskArgs holds up to 4 waits and 4 signals
-SIG_SLOTS = 4  # signal queue entries between consumers and the signaller warp (mirror: mk_kernel.cuh)
+SIG_SLOTS = 4  # signal queue entries between consumers and the signaller warp (mirror: mk_params.cuh)
 HEADER_ORDER = ["mk_common.cuh", "mk_params.cuh", "mk_gemv.cuh", "mk_attention.cuh", "mk_misc.cuh", "mk_kernel.cuh"]
 
 
@@ -64,7 +64,7 @@ def act_smem_bytes(graph: StepGraph) -> int:
 
 
 def kernel_smem_bytes(graph: StepGraph) -> int:
-    """Mirror of SMEM_TOTAL in mk_kernel.cuh."""
+    """Mirror of SMEM_TOTAL in mk_params.cuh."""
     p, B = graph.plan, graph.dims["B"]
     act = (act_smem_bytes(graph) + 127) // 128 * 128
     bars = 2 * p.stages + 2 * SIG_SLOTS + 1   # ring full / empty, signal queue, the loader's chain hint
@@ -89,7 +89,7 @@ def _task_call(graph: StepGraph, task: Task, offsets: dict[str, int], prev: Task
     s = [_ref_expr(graph, task, r, offsets) for r in task.signals] + ["0"] * (MAX_REFS - len(task.signals))
     tile = task.index if task.kind == Kind.LMHEAD else 0
     stage = 0 if prev is not None and task.reuses_staged_input(prev) else 1
-    return (f"run_task<mk::{task.kind.name}>(c, mk::TaskArgs{{{layer}, {task.r0}, {task.r1}, {task.k0}, {task.k1}, "
+    return (f"c = run_task<mk::{task.kind.name}>(c, mk::TaskArgs{{{layer}, {task.r0}, {task.r1}, {task.k0}, {task.k1}, "
             f"{task.group}, {task.split}, {tile}, {stage}, {len(task.waits)}, {{{', '.join(w)}}}, "
             f"{len(task.signals)}, {{{', '.join(s)}}}}});")
 
@@ -147,7 +147,7 @@ def generate_source(schedule: Schedule, tokens_per_block: int, max_seq_len: int,
     lines.append(f"__constant__ uint32_t EV_COUNT[{len(counts)}] = {{{', '.join(map(str, counts))}}};")
     lines.append("}  // namespace cfg")
     lines.append(_inline_headers())
-    lines.append("__device__ void run_program(mk::Ctx& c) {")
+    lines.append("__device__ mk::Ctx run_program(mk::Ctx c) {")
     lines.append("  using mk::run_task;")
     lines.append("  switch (blockIdx.x) {")
     for sm, prog in enumerate(schedule.programs):
@@ -166,6 +166,7 @@ def generate_source(schedule: Schedule, tokens_per_block: int, max_seq_len: int,
         lines.append("  } break;")
     lines.append("  default: break;")
     lines.append("  }")
+    lines.append("  return c;")
     lines.append("}")
     layout = KernelLayout(grid=schedule.num_sms, block=(p.consumer_warps + 2) * 32, smem_bytes=smem,
                           event_offsets=offsets, num_counters=len(counts), n_lm_tiles=d["n_lm_tiles"],
