@@ -327,14 +327,7 @@ __device__ void gemv_compute(Ctx& c, const TaskArgs& a) {
   if (a.stage) stage_activation<KIND>(c, a);
   c.mark();
   c.set_chain_hint(0);
-  // The slot loop works on copies of the Ctx fields it uses and writes ring_n back at the end. (v10:
-  // while Ctx lived in local memory, the mbarrier asm's "memory" clobbers reloaded them every slot;
-  // since v11 Ctx travels in registers and the copies only keep the loop's state in one place.)
   const int lane = c.lane();
-  const bool tracing = c.tracing;
-  uint64_t* const full = c.full();
-  uint64_t* const empty = c.empty();
-  uint32_t ring_n = c.ring_n;
   const int blk = c.warp() % G::NB, kw = c.warp() / G::NB;
   const int g = lane >> 2, t = lane & 3;
   const int lrow = (lane & 7) + ((lane >> 3) & 1) * 8, lcol = (lane >> 4) * 8;
@@ -357,10 +350,9 @@ __device__ void gemv_compute(Ctx& c, const TaskArgs& a) {
     float acc[NACC][4];
 #pragma unroll
     for (int j = 0; j < NACC; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-    for (int kc = 0; kc < G::NKC; ++kc, ++ring_n) {
-      const uint32_t slot = ring_n % cfg::STAGES, use = ring_n / cfg::STAGES;
-      if (tracing) c.consumer_wait(&full[slot], use & 1);
-      else mbar_wait(&full[slot], use & 1);
+    for (int kc = 0; kc < G::NKC; ++kc, ++c.ring_n) {
+      const uint32_t slot = c.ring_n % cfg::STAGES, use = c.ring_n / cfg::STAGES;
+      c.consumer_wait(&c.full()[slot], use & 1);
       const uint32_t wbase = ring0 + slot * SLOT_STRIDE + a_lane;
       const uint32_t ak = act_lane + kc * G::KC * 2;
 #pragma unroll
@@ -386,10 +378,10 @@ __device__ void gemv_compute(Ctx& c, const TaskArgs& a) {
         }
       }
 #if defined(MK_EMPTY_ARRIVE_ALL_LANES)
-      mbar_arrive(&empty[slot]);     // every lane releases its own reads (sanitizer builds, see EMPTY_ARRIVALS)
+      mbar_arrive(&c.empty()[slot]);   // every lane releases its own reads (sanitizer builds, see EMPTY_ARRIVALS)
 #else
       __syncwarp();                  // orders the warp's reads before lane 0's release
-      if (lane == 0) mbar_arrive(&empty[slot]);
+      if (lane == 0) mbar_arrive(&c.empty()[slot]);
 #endif
       if (MK_GEMV_MARK > 0 && grp * G::NKC + kc + 1 == MK_GEMV_MARK) c.mark_computed();
     }
@@ -425,7 +417,6 @@ __device__ void gemv_compute(Ctx& c, const TaskArgs& a) {
       }
     }
   }
-  c.ring_n = ring_n;
   if constexpr (KIND == LMHEAD) {
 #pragma unroll
     for (int b = 0; b < B; ++b) {

@@ -23,7 +23,7 @@ constexpr uint32_t EMPTY_ARRIVALS = cfg::CWARPS;
 __device__ __forceinline__ void wait_all(Ctx& c, const TaskArgs& a) {
   if (threadIdx.x == 0) {
 #pragma unroll   // constant indices keep TaskArgs in registers (a dynamic index puts it in local memory)
-    for (int i = 0; i < MAX_REFS; ++i)
+    for (int i = 0; i < cfg::MAX_REFS; ++i)
       if (i < a.nw)
         wait_counter(c.p->counters + a.w[i], cfg::EV_COUNT[a.w[i]] * (c.step + 1), c.p->error, a.w[i],
                      (uint32_t)a.layer, (uint32_t)c.task_no);
@@ -53,7 +53,7 @@ __device__ __forceinline__ void publish_signals(Ctx& c, const TaskArgs& a) {
   if (c.lane() == 0) {
     mbar_wait(&c.sig_full()[slot], use & 1);
 #pragma unroll
-    for (int i = 0; i < MAX_REFS; ++i)
+    for (int i = 0; i < cfg::MAX_REFS; ++i)
       if (i < a.ns) signal_event(c.p->counters + a.s[i]);
     mbar_arrive(&c.sig_empty()[slot]);
   }

@@ -51,13 +51,11 @@ struct Params {
 
 constexpr int TRACE_WORDS = 11;  // per task (mirror: trtllm_mk/runtime/trace.py TRACE_WORDS)
 
-constexpr int MAX_REFS = 4;   // waits / signals per task (mirror: codegen.source.MAX_REFS)
-
 struct TaskArgs {
   int layer, r0, r1, k0, k1, group, split, tile;
   int stage;      // GEMV kinds: 1 = stage the activation, 0 = reuse the previous task's (same input)
-  int nw, w[MAX_REFS];   // flat counter indices to wait on
-  int ns, s[MAX_REFS];   // flat counter indices to signal
+  int nw, w[cfg::MAX_REFS];   // flat counter indices to wait on
+  int ns, s[cfg::MAX_REFS];   // flat counter indices to signal
 };
 
 // Shared-memory layout (dynamic): [ring][activation / attention scratch][red][scratch][mbarriers]
