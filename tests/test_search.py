@@ -387,6 +387,58 @@ def test_search_descends_from_the_wide_ring_start_too():
     init = ev(initial_plan(spec, 4, h100, h100.sm_count, 8192)).step_us
     assert stats.list_schedule_us <= wide * (1 + 1e-9) < init
 
+def test_slot_size_limit_of_the_calibration_bounds_every_start_and_the_search():
+    """max_slot_bytes (a measured limit: H100's 64 KB slots were slower than 32 KB ones) keeps larger
+    slots out of the initial plan, the wide-ring start and the searched plan; without it the same
+    search may use them."""
+    from trtllm_mk.search.plans import SLOT_SIZES, initial_plan, wide_ring_plan
+    spec = spec_of("llama-3.2-1b")
+    cal = replace(Calibration(), max_slot_bytes=8192)
+    slots = cal.slot_sizes(SLOT_SIZES)
+    assert slots and max(slots) == 8192 and Calibration().slot_sizes(SLOT_SIZES) == SLOT_SIZES
+    assert initial_plan(spec, 1, H100, H100.sm_count, 512, slots).slot_bytes <= 8192
+    assert wide_ring_plan(spec, 1, H100, H100.sm_count, 512, slots).slot_bytes <= 8192
+    assert wide_ring_plan(spec, 1, H100, H100.sm_count, 512).slot_bytes > 8192
+    sched, _ = search(spec, 1, H100, context_len=512, budget_s=1.0, seed=0, calibration=cal)
+    assert sched.plan.slot_bytes <= 8192
+
+
+def test_descent_sweeps_the_ring_first():
+    """With budget for one field only, the descent has tried every ring of its start plan and nothing
+    else (the ring decides what the other fields may take; swept last, it went untried)."""
+    from trtllm_mk.search.planeval import Evaluator, descend
+    from trtllm_mk.search.plans import initial_plan, ring_candidates
+    spec = spec_of("llama-3.2-1b")
+    cal = Calibration().resolved(H100)
+    ev = Evaluator(spec, 1, H100, cal, H100.sm_count, 512, 0)
+    start = initial_plan(spec, 1, H100, H100.sm_count, 512)
+    rings = ring_candidates(start, spec, 1, H100)
+    ev(start)
+    descend(ev, start, ev.work + sum(ev.work_of(ev.graph(p)) for p in rings if p != start) - 1.0)
+    tried = set(ev.cache)
+    assert tried == {start, *rings}
+
+
+def test_partial_slot_groups_cost_whole_slots_on_the_consumer():
+    """A GEMV task whose rows leave its last slot group part-empty: the loader copies only its rows
+    (fewer bytes per slot through the ring), the consumers reduce whole 16-row blocks (the same math
+    time as the full group)."""
+    from trtllm_mk.smem import slot_geometry
+    spec = spec_of("llama-3.2-1b")
+    g = build_step_graph(spec, 1, TilePlan(qkv_rows=24, stages=4, slot_bytes=32768), 512)
+    rates = sm_rates(H100, Calibration().resolved(H100), 1)
+    cal = Calibration().resolved(H100)
+    qkv = [t for t in g.layer if t.kind == Kind.QKV]
+    part = next(t for t in qkv if t.rows == 24)
+    full = replace(part, r1=part.r0 + 32, weight_bytes=part.weight_bytes // 24 * 32)   # two whole groups
+    geo = slot_geometry(part.k1 - part.k0, 1, 32768, 8)
+    assert geo.out_rows == 16 and geo.slots_for(24) == geo.slots_for(32)
+    cp, cf = task_cost(part, g, rates, cal), task_cost(full, g, rates, cal)
+    assert cp.comp == pytest.approx(cf.comp)
+    assert cp.fill == pytest.approx(part.weight_bytes / geo.slots_for(24)) and cp.fill < cf.fill == geo.fill_bytes
+    assert cp.ring < cf.ring
+
+
 SHIPPED = sorted((ROOT / "configs").glob("*.yaml"))
 
 

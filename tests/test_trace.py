@@ -49,7 +49,7 @@ def test_summary_recovers_the_simulated_sync_latency_and_step():
     s = summarize(sched, tasks, per_sm)
     assert s["tasks"] == sum(len(p.head) + sched.graph().num_layers * len(p.layer) + len(p.tail)
                              for p in sched.programs)
-    assert s["step_us"] == pytest.approx(res.makespan_us, abs=2e-3)
+    assert s["step_us"] == pytest.approx(res.makespan_us, abs=5.1e-3)   # printed to 0.01 us
     lat = s["event_latency_us"]
     assert lat["waits"] > 10
     assert lat["median"] == pytest.approx(SYNC_US, abs=2e-3)

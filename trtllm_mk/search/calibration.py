@@ -64,6 +64,10 @@ class Calibration:
     # H100: ~0.045 us per bulk copy whatever its length (256 B or 1 KB rows), so rows under ~1 KB
     # starve the ring.
     copy_issue_us: float = 0.01
+    # Largest ring slot (bytes) the search may use; 0 = any. A measured limit, not a model term: on
+    # H100 64 KB slots were 3-7% slower than 32 KB slots at the same ring bytes (every release of a
+    # streaming SM took 2-3x as long), which nothing in this model prices (benchmarks/NOTES.md).
+    max_slot_bytes: int = 0
     # Per output row group (16 x blocks rows): cross-warp reduction barrier and the epilogue stores.
     group_overhead_us: float = 0.1
     # Shared-memory bandwidth per SM per clock (bytes); the same on sm_80, sm_89 and sm_90.
@@ -82,6 +86,10 @@ class Calibration:
         clock = self.sm_clock_ghz or SM_CLOCK_GHZ.get(gpu.name, 1.5)
         bw = self.read_bandwidth or gpu.read_bandwidth
         return replace(self, fp32_lanes=lanes, sm_clock_ghz=clock, read_bandwidth=bw)
+
+    def slot_sizes(self, candidates: tuple[int, ...]) -> tuple[int, ...]:
+        """The ring slot sizes among ``candidates`` the search may use (see max_slot_bytes)."""
+        return tuple(s for s in candidates if not self.max_slot_bytes or s <= self.max_slot_bytes)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -17,7 +17,9 @@ A GEMV task has two sides (see simulate.py): the loader streams its ``weight`` b
 at ``rate`` = min(hbm share, ring round-trip bound, consumer pace, copy issue rate), where a ring of ``ring`` bytes in
 slots of ``fill`` bytes turns over once per (latency + fill / hbm + per-slot consume time); the
 consumer spends ``pre`` (overhead + staging the activation from L2: dependent passes x the loaded L2
-latency + bytes over the L2 rate), then ``comp`` on the math.
+latency + bytes over the L2 rate), then ``comp`` on the math. ``fill`` is the task's bytes per slot: a
+task whose rows end in a part-empty row group streams fewer bytes through each slot, while its
+consumers still reduce every 16-row block of every slot (``comp`` counts whole slots).
 Other kinds take ``dur`` on the consumer: ATTN its traced fixed latency (q/k/v from L2, RoPE, the
 merge) plus, for cached tokens beyond what the loader brings through the ring before the wait
 (smem.attention_kv_ring), the rounds in which the consumers copy them into the same ring slots
@@ -102,13 +104,16 @@ def task_cost(task: Task, graph: StepGraph, rates: Rates, cal: Calibration,
                                 plan.consumer_warps)
         nslots = geo.slots_for(task.rows)
         ngroups = -(-task.rows // geo.out_rows)
-        comp = task.weight_bytes / rates.gemv + nslots * cal.slot_overhead_us + ngroups * cal.group_overhead_us
+        # the consumers reduce whole slots (every 16-row block, valid rows or not), while the loader
+        # copies only a partial last group's rows: a task whose rows are not a multiple of the slot
+        # group's streams fewer bytes per slot through the same ring (fill) at the same consumer cost
+        comp = nslots * geo.fill_bytes / rates.gemv + nslots * cal.slot_overhead_us + ngroups * cal.group_overhead_us
         slot_t = comp / nslots
-        fill = float(geo.fill_bytes)
+        fill = task.weight_bytes / nslots
         ring = plan.stages * fill
         bw = rates.stream_rate(task.kind)
         turnover = cal.mem_latency_us + fill / bw + slot_t
-        issue = fill / (geo.rows_per_slot * cal.copy_issue_us)
+        issue = geo.k_chunk * 2 / cal.copy_issue_us        # one bulk copy per weight row piece
         rate = min(bw, ring / turnover, task.weight_bytes / comp, issue)
         stage = staging_passes(task.kind, d["H"], d["B"], plan.consumer_warps) * cal.l2_latency_us + task.act_bytes / rates.l2
         return TaskCost(True, float(task.weight_bytes), cal.task_overhead_us + stage, comp,

@@ -159,18 +159,20 @@ def with_ksplit(plan: TilePlan, field: str, k: int, spec: ModelSpec, num_sms: in
     return replace(plan, down_ksplit=k, down_rows=rows)
 
 
-def wide_ring_plan(spec: ModelSpec, batch: int, gpu: GpuSpec, num_sms: int, context_len: int) -> TilePlan | None:
+def wide_ring_plan(spec: ModelSpec, batch: int, gpu: GpuSpec, num_sms: int, context_len: int,
+                   slot_sizes: tuple[int, ...] = SLOT_SIZES) -> TilePlan | None:
     """A second starting point of the descent: the initial plan with the largest K-splits (smallest
     activations) and then the largest ring that fits. Where the ring decides the step (long contexts,
     whose attention chunks ride the ring; large batches, whose whole-K activations crowd it out), the
     descent from the initial plan can stall before it reaches such rings one field at a time."""
-    p = initial_plan(spec, batch, gpu, num_sms, context_len)
+    p = initial_plan(spec, batch, gpu, num_sms, context_len, slot_sizes)
     o_ks, d_ks = ksplit_candidates(spec)
     p = with_ksplit(with_ksplit(p, "o_ksplit", max(o_ks), spec, num_sms), "down_ksplit", max(d_ks), spec, num_sms)
-    return largest_ring(p, spec, batch, gpu)
+    return largest_ring(p, spec, batch, gpu, slot_sizes=slot_sizes)
 
 
-def initial_plan(spec: ModelSpec, batch: int, gpu: GpuSpec, num_sms: int, context_len: int) -> TilePlan:
+def initial_plan(spec: ModelSpec, batch: int, gpu: GpuSpec, num_sms: int, context_len: int,
+                 slot_sizes: tuple[int, ...] = SLOT_SIZES) -> TilePlan:
     """About four tasks per SM per GEMV kind, enough KV splits to give attention half the SMs, and
     the largest ring that leaves half of shared memory free (the search moves from here)."""
     def pick(cands: list[int], waves: int) -> int:
@@ -186,7 +188,7 @@ def initial_plan(spec: ModelSpec, batch: int, gpu: GpuSpec, num_sms: int, contex
                     down_rows=pick(wave_rows(spec.hidden_size, d_ks, num_sms), 4), down_ksplit=d_ks,
                     lm_rows=pick(wave_rows(spec.vocab_size, 1, num_sms, max_waves=LM_MAX_WAVES), 8),
                     attn_splits=s, stages=2, slot_bytes=4096, consumer_warps=8)
-    rings = ring_candidates(plan, spec, batch, gpu)
+    rings = ring_candidates(plan, spec, batch, gpu, slot_sizes)
     if not rings:
         raise ValueError(f"no tile plan fits {gpu.name}'s shared memory at batch {batch}")
     roomy = [p for p in rings if plan_smem(spec, batch, p).peak <= gpu.smem_per_block_optin // 2]

@@ -38,7 +38,7 @@ from .calibration import Calibration, load_calibration
 from .improve import improve
 from .naive import naive_plan, naive_programs
 from .planeval import SIM_LAYERS, Evaluator, better, descend, least_smem, trim
-from .plans import initial_plan, wide_ring_plan
+from .plans import SLOT_SIZES, initial_plan, wide_ring_plan
 from .simulate import SimResult, Simulator
 from .smemref import compare, search_families, trim_at_references
 
@@ -104,7 +104,8 @@ def search(spec: ModelSpec, batch: int, gpu: GpuSpec, context_len: int = 512, bu
     stats.floor_us = spec.decode_weight_bytes() / cal.read_bandwidth * 1e6 + cal.launch_us
 
     # work budgets (simulated task instances) from budget_s and a nominal speed, never the clock
-    ev = Evaluator(spec, batch, gpu, cal, nsm, context_len, seed)
+    slots = cal.slot_sizes(SLOT_SIZES)
+    ev = Evaluator(spec, batch, gpu, cal, nsm, context_len, seed, slot_sizes=slots)
     work = budget_s * NOMINAL_SIM_RATE
     # each of the two reference families: a descent (w_family), a trim (w_family / 2) and, after the
     # plan is chosen, a trim of the chosen plan at the family's time (w_family / 2)
@@ -124,10 +125,10 @@ def search(spec: ModelSpec, batch: int, gpu: GpuSpec, context_len: int = 512, bu
     # 2. plan search, then the families without K-split from the best plan found. The descent starts
     # from the better of the heuristic initial plan and the naive plan (list-scheduled, no barriers),
     # so the searched schedule never starts behind the baseline it must beat.
-    start = min((ev(initial_plan(spec, batch, gpu, nsm, context_len)), ev(nplan)), key=lambda e: e.step_us).plan
+    start = min((ev(initial_plan(spec, batch, gpu, nsm, context_len, slots)), ev(nplan)), key=lambda e: e.step_us).plan
     best, stats.sweeps = descend(ev, start, w_plans, tick=lambda: report("plans", ev.work))
     # a second descent from the wide-ring start, on a budget share of its own; the better one goes on
-    wide = wide_ring_plan(spec, batch, gpu, nsm, context_len)
+    wide = wide_ring_plan(spec, batch, gpu, nsm, context_len, slots)
     if wide is not None:
         other, _ = descend(ev, wide, ev.work + w_wide, tick=lambda: report("plans", ev.work))
         best = other if better(other, best) else best
