@@ -426,8 +426,8 @@ def test_partial_slot_groups_cost_whole_slots_on_the_consumer():
     from trtllm_mk.smem import slot_geometry
     spec = spec_of("llama-3.2-1b")
     g = build_step_graph(spec, 1, TilePlan(qkv_rows=24, stages=4, slot_bytes=32768), 512)
-    rates = sm_rates(H100, Calibration().resolved(H100), 1)
     cal = Calibration().resolved(H100)
+    rates = sm_rates(H100, cal, 1)
     qkv = [t for t in g.layer if t.kind == Kind.QKV]
     part = next(t for t in qkv if t.rows == 24)
     full = replace(part, r1=part.r0 + 32, weight_bytes=part.weight_bytes // 24 * 32)   # two whole groups

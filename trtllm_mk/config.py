@@ -319,7 +319,7 @@ def parse_config(data: Any, where: str = "<config>", base_dir: str | Path | None
     mode = mk_s.string("mode", "static", choices=MEGAKERNEL_MODES)
     if mode != "static":
         mk_s.fail("mode", f"'{mode}' is not implemented yet; only static is (use mode: static)")
-    budget = mk_s.number("search_budget_s", 60.0)
+    budget = mk_s.number("search_budget_s", MegakernelConfig.search_budget_s)
     if budget <= 0:
         mk_s.fail("search_budget_s", f"{budget:g} must be > 0 seconds, e.g. 60")
     seed = mk_s.integer("seed", 0, minimum=0)

@@ -124,8 +124,10 @@ def search(spec: ModelSpec, batch: int, gpu: GpuSpec, context_len: int = 512, bu
 
     # 2. plan search, then the families without K-split from the best plan found. The descent starts
     # from the better of the heuristic initial plan and the naive plan (list-scheduled, no barriers),
-    # so the searched schedule never starts behind the baseline it must beat.
-    start = min((ev(initial_plan(spec, batch, gpu, nsm, context_len, slots)), ev(nplan)), key=lambda e: e.step_us).plan
+    # so the searched schedule never starts behind the baseline it must beat (unless the naive plan's
+    # slots are ones the calibration rules out).
+    starts = [initial_plan(spec, batch, gpu, nsm, context_len, slots)] + ([nplan] if nplan.slot_bytes in slots else [])
+    start = min((ev(p) for p in starts), key=lambda e: e.step_us).plan
     best, stats.sweeps = descend(ev, start, w_plans, tick=lambda: report("plans", ev.work))
     # a second descent from the wide-ring start, on a budget share of its own; the better one goes on
     wide = wide_ring_plan(spec, batch, gpu, nsm, context_len, slots)
