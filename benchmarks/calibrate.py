@@ -37,11 +37,13 @@ from trtllm_mk.runtime.megakernel import build_decoder  # noqa: E402
 from trtllm_mk.search import Calibration, load_calibration, predict, search  # noqa: E402
 
 FIT_FIELDS = ("sync_us", "task_overhead_us", "launch_us")
-TRACE_FIELDS = ("sync_us", "l2_latency_us", "attn_fixed_us", "combine_fixed_us", "copy_issue_us")
+TRACE_FIELDS = ("sync_us", "l2_latency_us", "attn_fixed_us", "combine_fixed_us", "merge_split_us", "copy_issue_us")
 
 
 def constants_from_trace(summary: dict, gpu, cal: Calibration) -> dict:
-    """Per-task constants read off one trace summary (runtime/trace.py's ``summarize`` output)."""
+    """Per-task constants read off one trace summary (runtime/trace.py's ``summarize`` output); of
+    COMBINE's fixed part and the per-split merge cost, the one the traced plan shows: a plan with
+    COMBINE tasks has the former, one whose OPROJ merges the partials (o_merge) the latter."""
     from trtllm_mk.graph import TilePlan, build_step_graph
     from trtllm_mk.graph.tasks import Kind
     from trtllm_mk.search.cost import cost_table
@@ -56,19 +58,24 @@ def constants_from_trace(summary: dict, gpu, cal: Calibration) -> dict:
     base = {}
     for t, c in zip(graph.layer, ct.layer):
         base.setdefault(t.kind, c.dur)
-    staged = [kinds[k]["mean_staging_us"] for k in ("OPROJ", "DOWN") if k in kinds]
+    # one-pass stagings of a plain slice: DOWN's, and OPROJ's unless it merges the partials
+    staged = [kinds[k]["mean_staging_us"] for k in (("DOWN",) if plan.o_merge else ("OPROJ", "DOWN")) if k in kinds]
     # GATEUP streams the shortest rows (two row sets share a slot), so its loader is bound by the
     # rate of row copies: traced body / row copies per task is the time per copy
     gu = next(t for t in graph.layer if t.kind == Kind.GATEUP)
     geo = slot_geometry(gu.k1 - gu.k0, 2, plan.slot_bytes, plan.consumer_warps)
     copies = geo.slots_for(gu.rows) * geo.rows_per_slot
-    return {
+    out = {
         "sync_us": summary["event_latency_us"]["median"],
         "l2_latency_us": sum(staged) / len(staged),
         "attn_fixed_us": max(0.0, kinds["ATTN"]["mean_body_us"] - base[Kind.ATTN]),
-        "combine_fixed_us": max(0.0, kinds["COMBINE"]["mean_body_us"] - base[Kind.COMBINE]),
         "copy_issue_us": kinds["GATEUP"]["mean_body_us"] / copies,
     }
+    if plan.o_merge:   # OPROJ's staging beyond a plain slice's is the merge of the S splits
+        out["merge_split_us"] = max(0.0, kinds["OPROJ"]["mean_staging_us"] - kinds["DOWN"]["mean_staging_us"]) / plan.attn_splits
+    else:
+        out["combine_fixed_us"] = max(0.0, kinds["COMBINE"]["mean_body_us"] - base[Kind.COMBINE])
+    return out
 
 
 def merge_calibration(path: Path, values: dict, note_key: str, note: str) -> Path:
@@ -154,13 +161,15 @@ def calibrate_from_traces(paths: list[str], out_dir: Path) -> int:
     gpu = get_gpu(gpu_names.pop())
     cal = load_calibration(gpu, out_dir)
     per = [constants_from_trace(s, gpu, cal) for s in summaries]
-    fitted = {f: round(sum(p[f] for p in per) / len(per), 3) for f in TRACE_FIELDS}
-    print(f"{'trace':<34}" + "".join(f"{f:>18}" for f in TRACE_FIELDS))
+    fields = [f for f in TRACE_FIELDS if any(f in p for p in per)]   # each averaged over the traces that show it
+    fitted = {f: round(sum(p[f] for p in per if f in p) / sum(f in p for p in per), 3) for f in fields}
+    print(f"{'trace':<34}" + "".join(f"{f:>18}" for f in fields))
     for s, p in zip(summaries, per):
-        print(f"{s['model'] + ' b' + str(s['batch']):<34}" + "".join(f"{p[f]:>18.3f}" for f in TRACE_FIELDS))
-    print(f"{'mean (written)':<34}" + "".join(f"{fitted[f]:>18.3f}" for f in TRACE_FIELDS))
+        print(f"{s['model'] + ' b' + str(s['batch']):<34}"
+              + "".join(f"{p[f]:>18.3f}" if f in p else f"{'-':>18}" for f in fields))
+    print(f"{'mean (written)':<34}" + "".join(f"{fitted[f]:>18.3f}" for f in fields))
     path = merge_calibration(out_dir / f"{gpu.name}.json", fitted, "_trace_source",
-                             f"{', '.join(TRACE_FIELDS)}: from traces of "
+                             f"{', '.join(fields)}: from traces of "
                              + ", ".join(f"{s['model']} b{s['batch']}" for s in summaries)
                              + f" on {summaries[0].get('device', gpu.name)} (benchmarks/calibrate.py --from-trace)")
     print(f"wrote {path}")

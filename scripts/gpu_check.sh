@@ -36,12 +36,13 @@ fi
 if has sanitize; then
   # racecheck twice: the production kernel (its only reports should be the ring-slot release that
   # racecheck cannot credit, see EMPTY_ARRIVALS in mk_kernel.cuh) and the all-lanes-release variant
-  for run in memcheck:0 racecheck:0 racecheck:1; do
-    tool=${run%:*} all=${run#*:}
-    MK_SMOKE_SHORT=1 MK_SMOKE_ARRIVE_ALL=$all timeout 240 compute-sanitizer --tool $tool --print-limit 20 \
-      python scripts/mk_smoke.py tiny-llama > "$OUT/sanitize_${tool}_$all.log" 2>&1
-    echo "$tool (all-lanes release $all) exit $?: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Hazard|Invalid" \
-      "$OUT/sanitize_${tool}_$all.log" | tail -3)" | tee -a "$OUT/sanitize.txt"
+  # (and memcheck / all-lanes racecheck again on a plan whose OPROJ merges the attention partials)
+  for run in memcheck:0:0 racecheck:0:0 racecheck:1:0 memcheck:0:1 racecheck:1:1; do
+    IFS=: read -r tool all merge <<< "$run"
+    MK_SMOKE_SHORT=1 MK_SMOKE_ARRIVE_ALL=$all MK_SMOKE_MERGE=$merge timeout 240 compute-sanitizer --tool $tool \
+      --print-limit 20 python scripts/mk_smoke.py tiny-llama > "$OUT/sanitize_${tool}_${all}_$merge.log" 2>&1
+    echo "$tool (all-lanes release $all, o_merge $merge) exit $?: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Hazard|Invalid" \
+      "$OUT/sanitize_${tool}_${all}_$merge.log" | tail -3)" | tee -a "$OUT/sanitize.txt"
   done
 fi
 if has trace; then

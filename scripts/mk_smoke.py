@@ -1,7 +1,9 @@
 """Development smoke test of the megakernel on a GPU: decode-only prefill + greedy decode, compared
 step by step with HuggingFace transformers (fp32) on random weights; then a timing of the step.
 Usage: python scripts/mk_smoke.py [tiny-llama|tiny-qwen3|tiny-qwen2|llama-1b] [batch] [--prebuild]
-(--prebuild: compile the kernel into the cubin cache for a 132-SM H100 without a GPU)"""
+(--prebuild: compile the kernel into the cubin cache for a 132-SM H100 without a GPU; MK_SMOKE_MERGE=1:
+a plan whose OPROJ merges the attention partials, TilePlan.o_merge)"""
+import dataclasses
 import os
 import sys
 import time
@@ -47,6 +49,8 @@ def main():
     big = spec.hidden_size >= 1024
     plan = TilePlan(qkv_rows=32 if big else 8, o_rows=16 if big else 8, gateup_rows=64 if big else 8,
                     down_rows=16 if big else 8, lm_rows=1024 if big else 64, attn_splits=8, stages=6, slot_bytes=32768)  # 6 x 33 KB ring
+    if os.environ.get("MK_SMOKE_MERGE") == "1":   # OPROJ merges the attention partials (no COMBINE tasks)
+        plan = dataclasses.replace(plan, o_merge=True, o_ksplit=spec.num_kv_heads)
     sch = Schedule(spec=spec, batch=B, plan=plan, num_sms=nsm, gpu="H100-SXM", programs=[])
     g = build_step_graph(spec, B, plan)
     sch.programs = naive_programs(g, nsm)

@@ -58,3 +58,15 @@ def test_from_trace_rejects_an_unreadable_file(tmp_path, capsys):
     bad.write_text("{not json")
     assert calibrate_from_traces([str(bad)], tmp_path) == 2
     assert "not a readable trace summary" in capsys.readouterr().err
+
+
+def test_merge_split_cost_from_an_o_merge_trace(summary):
+    """A plan whose OPROJ merges the partials has no COMBINE to read: its per-split merge cost is what
+    OPROJ's staging takes beyond DOWN's plain slice, per split; DOWN alone gives the L2 round trip."""
+    summary["plan"] = dict(summary["plan"], o_merge=True, o_ksplit=8, attn_splits=8)
+    summary["kinds"]["OPROJ"]["mean_staging_us"] = 0.8 + 8 * 0.125
+    del summary["kinds"]["COMBINE"]
+    c = constants_from_trace(summary, H100, Calibration())
+    assert "combine_fixed_us" not in c
+    assert c["merge_split_us"] == pytest.approx(0.125)
+    assert c["l2_latency_us"] == pytest.approx(0.8)

@@ -74,3 +74,26 @@ def test_inflight_caps_follow_the_plan():
         assert f"constexpr int INFLIGHT_CHAIN = {chain};" in src
     with pytest.raises(ValueError, match="inflight_chain"):
         schedule_plan(spec, 1, gpu, replace(plan, inflight_slots=1, inflight_chain=2), 512)
+
+
+def test_oproj_merge_and_next_step_prefetch_are_emitted():
+    # o_merge is a compile-time constant of the kernel; each SM's program ends with the prefetch of
+    # the first weights its loader streams in the next step (its first GEMV of the layer template)
+    spec = load_spec(ROOT / "configs" / "models" / "llama-3.2-1b.json")
+    plan = TilePlan(qkv_rows=24, o_rows=128, o_ksplit=8, gateup_rows=64, down_rows=128, down_ksplit=8, lm_rows=976)
+    gpu = get_gpu("H100-SXM")
+    for merge in (False, True):
+        sched = schedule_plan(spec, 1, gpu, replace(plan, o_merge=merge), 512)
+        src, _ = generate_source(sched, 16, 256, True)
+        assert f"constexpr bool O_MERGE = {'true' if merge else 'false'};" in src
+        assert ("run_task<mk::COMBINE>" in src) != merge
+    g = sched.graph()
+    cases = src[src.index("mk::Ctx run_program"):].split("  case ")[1:]
+    for sm, (prog, case) in enumerate(zip(sched.programs, cases)):
+        first = next((g.layer[i] for i in prog.layer if g.layer[i].kind.streams_weights), None)
+        m = re.search(r"prefetch_next_step<mk::(\w+)>\(c, mk::TaskArgs\{0, (\d+), (\d+), (\d+), (\d+),", case)
+        if first is None:   # an SM without weights in its layers (attention only) prefetches nothing
+            assert m is None, f"SM {sm}"
+            continue
+        assert m and (m.group(1), *map(int, m.groups()[1:])) == (first.kind.name, first.r0, first.r1, first.k0,
+                                                                  first.k1), f"SM {sm}"

@@ -15,7 +15,7 @@ import torch
 from test_verify import random_legal_schedule, round_robin_schedule
 from trtllm_mk.backends.torch_prefill import TorchPrefill
 from trtllm_mk.executor import CpuExecutor, EventMachine
-from trtllm_mk.graph import TilePlan
+from trtllm_mk.graph import Kind, TilePlan, build_step_graph
 from trtllm_mk.kv_cache import PagedKVCache
 from trtllm_mk.model.random_weights import random_weights
 from trtllm_mk.model.spec import spec_from_hf_config
@@ -94,6 +94,32 @@ def test_exact_mode_matches_full_sequence_prefill(family):
         ref = oracle.logits(seqs)
         assert _rel(logits, ref) < 1e-5
         assert torch.equal(nxt, ref.argmax(-1).to(torch.int32))
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_oproj_merge_exact_and_equal_to_combine(family):
+    """TilePlan.o_merge: OPROJ merges the split partials of its K-chunk's heads itself (no COMBINE
+    tasks). It must reproduce the dense fp32 model (with one K-chunk per KV group), and with the
+    same OPROJ tiling it computes COMBINE's arithmetic on the same partials: equal logits bit for bit."""
+    spec = _spec(family)
+    w = _weights(spec)
+    oracle = _Oracle(spec, w)
+    merged = dataclasses.replace(KSPLIT, o_merge=True, o_ksplit=spec.num_kv_heads)
+    g = build_step_graph(spec, 2, merged)
+    assert not any(t.kind == Kind.COMBINE for t in g.layer) and "combine_done" not in g.events
+    assert g.events["attn_done"].counts[0] == (merged.attn_splits,) * spec.num_kv_heads
+    out, _ = _decode(spec, w, round_robin_schedule(spec, merged, 5, batch=2), PROMPTS, 3,
+                     ["round_robin", "random", "sequential"], exact=True)
+    for logits, nxt, seqs in out:
+        ref = oracle.logits(seqs)
+        assert _rel(logits, ref) < 1e-5
+        assert torch.equal(nxt, ref.argmax(-1).to(torch.int32))
+    runs = []
+    for o_merge in (False, True):   # one OPROJ K-chunk: x gets one add per element, in any order
+        plan = dataclasses.replace(PLAN, o_merge=o_merge)
+        runs.append(_decode(spec, w, round_robin_schedule(spec, plan, 5, batch=2), PROMPTS, 3, ["random"])[0])
+    for (l0, n0, _), (l1, n1, _) in zip(*runs):
+        assert torch.equal(l0, l1) and torch.equal(n0, n1)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])

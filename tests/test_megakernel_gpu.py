@@ -26,7 +26,8 @@ from trtllm_mk.model.rope import rope_inv_freq
 from trtllm_mk.model.spec import spec_from_hf_config
 from trtllm_mk.reference import ReferenceDecoder
 from trtllm_mk.schedule import Schedule
-from trtllm_mk.search import naive_schedule, search
+from trtllm_mk.search import naive_schedule, schedule_plan, search
+from trtllm_mk.search.plans import with_ksplit
 
 pytestmark = pytest.mark.gpu
 
@@ -181,18 +182,45 @@ def test_two_schedules_both_correct_and_differ():
         check(run_and_compare(spec, 1, w, steps=64, schedule=sch), 3e-2)
 
 
+def _plan_variant(spec, batch, gpu=None, **fields) -> Schedule:
+    """The searched schedule of (spec, batch) at context 256 with tile-plan fields replaced, list-
+    scheduled (a plan the search need not have picked)."""
+    gpu = gpu or _gpu()
+    sch, _ = search(spec, batch, gpu, context_len=256, budget_s=5.0, seed=0)
+    plan = sch.plan
+    if "o_ksplit" in fields:
+        plan = with_ksplit(plan, "o_ksplit", fields.pop("o_ksplit"), spec, gpu.sm_count)
+    return schedule_plan(spec, batch, gpu, dataclasses.replace(plan, **fields), 256)
+
+
+@pytest.mark.parametrize("o_merge", [False, True])
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3"])
-def test_long_context_beyond_the_ring_capacity(name):
+def test_oproj_merge_and_combine_plans(name, o_merge):
+    """OPROJ that merges the split partials itself (TilePlan.o_merge: no COMBINE tasks) and OPROJ
+    after COMBINE, with one K-chunk per KV group, compute the same step."""
+    spec = _spec(name)
+    sch = _plan_variant(spec, 2, o_merge=o_merge, o_ksplit=spec.num_kv_heads)
+    assert any(t.kind.name == "COMBINE" for t in sch.graph().layer) != o_merge
+    check(run_and_compare(spec, 2, _weights(spec), steps=64, schedule=sch), 3e-2)
+
+
+# (model, KV splits, KV slots per batch row, tokens each row's K and V hold in the ring) of the
+# long-context test, with a ring of 2 x 8 KB slots
+LONG_CONTEXT = [("tiny-llama", 8, 1, 64), ("tiny-llama", 4, 2, 128), ("tiny-qwen3", 8, 2, 64)]
+
+
+@pytest.mark.parametrize("name,splits,kv_slots,cap", LONG_CONTEXT)
+def test_long_context_beyond_the_ring_capacity(name, splits, kv_slots, cap):
     """ATTN takes at most KV_CAP cached tokens per split through the ring; at a context beyond the
     one the schedule was built for, the rest of each split is read from the cache after the wait.
-    tiny-llama holds K and V in one slot per row, tiny-qwen3 in one slot each (KV_SLOTS 1 and 2)."""
+    K and V share a slot per row or take one each; with 128 tokens a region has rows past the bank
+    skew's restart at 64 (the rows that overlapped before v13)."""
     from trtllm_mk.smem import attention_kv_ring
     spec = _spec(name)
-    sch, _ = search(spec, 2, _gpu(), context_len=256, budget_s=5.0, seed=0)
-    p = sch.plan
-    _, cap = attention_kv_ring(spec.head_dim, p.slot_bytes, p.attn_splits, 256)
+    sch = _plan_variant(spec, 2, attn_splits=splits, stages=2, slot_bytes=8192)
+    assert attention_kv_ring(spec.head_dim, 8192, splits, 256) == (kv_slots, cap)
     first_len = 640
-    assert -(-(first_len + 1) // p.attn_splits) > cap, "the prompt must overflow the ring's K/V capacity"
+    assert -(-(first_len + 1) // splits) > cap, "the prompt must overflow the ring's K/V capacity"
     check(run_and_compare(spec, 2, _weights(spec), steps=32, schedule=sch, first_len=first_len), 3e-2)
 
 
@@ -205,6 +233,18 @@ def test_real_widths_one_layer_agree_exactly(name):
     tile, index or reduction shows up as 1e-1 or more."""
     spec = dataclasses.replace(_spec(name), num_layers=1)
     res = run_and_compare(spec, 4, _weights(spec), steps=32, budget_s=5.0)
+    check(res, 1e-2, exact=5e-3)
+    assert res.flips <= 2
+
+
+@pytest.mark.parametrize("o_merge", [False, True])
+@pytest.mark.parametrize("name", REAL)
+def test_real_widths_one_layer_either_attention_merge(name, o_merge):
+    """The same exact one-layer check on the plan with the other attention merge than the searched
+    one (COMBINE tasks, or OPROJ merging the partials of its K-chunk: TilePlan.o_merge)."""
+    spec = dataclasses.replace(_spec(name), num_layers=1)
+    sch = _plan_variant(spec, 4, o_merge=o_merge, o_ksplit=spec.num_kv_heads if o_merge else 1)
+    res = run_and_compare(spec, 4, _weights(spec), steps=32, schedule=sch)
     check(res, 1e-2, exact=5e-3)
     assert res.flips <= 2
 
@@ -248,6 +288,17 @@ def _prebuild() -> None:
         if spec.name == "tiny-llama" and batch == 1:
             scheds.append(naive_schedule(spec, build_step_graph(spec, 1, sch.plan), gpu))
         for s in scheds:
+            src, _ = generate_source(s, TPB, MAX_SEQ, use_bulk_copy=gpu.has_tma)
+            path, _ = compile_cubin(src, gpu.nvcc_arch)
+            print(spec.name, spec.num_layers, batch, path, flush=True)
+    # the plan variants the tests force
+    variants = [(_spec(n), 2, dict(o_merge=m, o_ksplit=_spec(n).num_kv_heads)) for n in ("tiny-llama", "tiny-qwen3")
+                for m in (False, True)]
+    variants += [(dataclasses.replace(_spec(n), num_layers=1), 4, dict(o_merge=m, o_ksplit=_spec(n).num_kv_heads if m else 1))
+                 for n in REAL for m in (False, True)]
+    variants += [(_spec(n), 2, dict(attn_splits=s, stages=2, slot_bytes=8192)) for n, s, _, _ in LONG_CONTEXT]
+    for spec, batch, fields in variants:
+        for s in (_plan_variant(spec, batch, gpu, **fields),):
             src, _ = generate_source(s, TPB, MAX_SEQ, use_bulk_copy=gpu.has_tma)
             path, _ = compile_cubin(src, gpu.nvcc_arch)
             print(spec.name, spec.num_layers, batch, path, flush=True)

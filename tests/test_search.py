@@ -107,22 +107,42 @@ def test_attention_cost_counts_only_tokens_past_the_ring():
     per-token consumer cost; the tokens the ring holds were loaded before the wait and cost nothing
     on the consumer."""
     from trtllm_mk.search.cost import cost_table
+    from trtllm_mk.smem import attention_chunk
     spec = spec_of("llama-3.1-8b")
-    cal = Calibration(l2_latency_us=0.5, attn_late_token_us=0.01)
+    cal = Calibration(l2_latency_us=0.5, attn_late_token_us=0.01, attn_tile_us=0.3)
     plan = TilePlan(slot_bytes=16384, attn_splits=16)             # K and V of 64 tokens in a slot each
     dur = {}
     for ctx in (512, 1000, 2047, 3071):
         g = build_step_graph(spec, 1, plan, ctx)
         ct = cost_table(g, H100, cal)
         dur[ctx] = next(c.dur for t, c in zip(g.layer, ct.layer) if t.kind == Kind.ATTN)
-        flops = next(t.flops for t in g.layer if t.kind == Kind.ATTN)
-        dur[ctx] -= flops / ct.rates.attn
+        tiles = -(-attention_chunk(ctx, 16) // 16)                # 16-token tiles, 8 warps take turns
+        dur[ctx] -= -(-tiles // plan.consumer_warps) * 0.3
     assert dur[1000] == pytest.approx(dur[512])                  # 63 tokens per split: all in the ring
     token = 2 * spec.head_dim * 2
     # 2048 / 16 = 128 tokens per split: 64 late, one round
     assert dur[2047] - dur[512] == pytest.approx(2 * 0.5 + 64 * (token / ct.rates.hbm + 0.01), rel=1e-3)
     # 3072 / 16 = 192 tokens: 128 late, two rounds of 64
     assert dur[3071] - dur[512] == pytest.approx(4 * 0.5 + 128 * (token / ct.rates.hbm + 0.01), rel=1e-3)
+
+
+def test_attention_math_costs_tile_rounds():
+    """The consumer warps take a split's 16-token tensor-core tiles in turns: up to 16 x warps tokens
+    are one round of attn_tile_us, one token more is two (1B, 8 warps: 65 tokens per split at context
+    512 with 8 splits, 129 with 4, both all in the ring), for every batch row in turn."""
+    from trtllm_mk.search.cost import cost_table
+    spec = spec_of("llama-3.2-1b")
+    cal = Calibration(attn_tile_us=0.5)
+
+    def attn(splits, batch=1):
+        g = build_step_graph(spec, batch, TilePlan(attn_splits=splits, slot_bytes=32768, stages=6), 512)
+        ct = cost_table(g, H100, cal)
+        t, c = next((t, c) for t, c in zip(g.layer, ct.layer) if t.kind == Kind.ATTN)
+        kv = batch * -(-512 // splits) * 2 * spec.head_dim * 2    # ring-borne K/V: not on the consumer
+        return c.dur - (t.act_bytes - kv) / ct.rates.l2
+
+    assert attn(4) - attn(8) == pytest.approx(0.5)
+    assert attn(8, batch=2) - attn(8) == pytest.approx(0.5)
 
 
 # ------------------------------------------------------------------------------ simulator, by hand
@@ -417,6 +437,25 @@ def test_descent_sweeps_the_ring_first():
     descend(ev, start, ev.work + sum(ev.work_of(ev.graph(p)) for p in rings if p != start) - 1.0)
     tried = set(ev.cache)
     assert tried == {start, *rings}
+
+
+def test_oproj_merge_is_searched_and_drops_the_combine_level():
+    """o_merge is a field of the descent; with it the graph has no COMBINE tasks, and the model
+    prices OPROJ's staging of the partials (S x the bytes of attn_out) instead."""
+    from trtllm_mk.search.planeval import FIELDS, Evaluator, field_variants
+    spec = spec_of("llama-3.2-1b")
+    cal = Calibration().resolved(H100)
+    ev = Evaluator(spec, 1, H100, cal, H100.sm_count, 512, 0)
+    plan = TilePlan(qkv_rows=24, o_rows=128, o_ksplit=8, gateup_rows=64, down_rows=128, down_ksplit=8,
+                    lm_rows=976, stages=6, slot_bytes=32768)
+    assert "o_merge" in FIELDS
+    assert {p.o_merge for p in field_variants("o_merge", plan, ev)} == {False, True}
+    combine, merged = (build_step_graph(spec, 1, replace(plan, o_merge=m), 512) for m in (False, True))
+    kinds = [{t.kind for t in g.layer} for g in (combine, merged)]
+    assert Kind.COMBINE in kinds[0] and Kind.COMBINE not in kinds[1]
+    o_c, o_m = ([t for t in g.layer if t.kind == Kind.OPROJ][0] for g in (combine, merged))
+    assert o_m.act_bytes - o_m.rows * 8 == plan.attn_splits * (o_c.act_bytes - o_c.rows * 8) * (64 + 2) // 64
+    assert ev(replace(plan, o_merge=True)).step_us < ev(plan).step_us
 
 
 def test_partial_slot_groups_cost_whole_slots_on_the_consumer():

@@ -9,6 +9,7 @@ from trtllm_mk.graph import TilePlan, build_step_graph
 from trtllm_mk.model.spec import load_spec
 from trtllm_mk.search.plans import no_k_tiling, no_ksplit, ring_candidates, valid
 from trtllm_mk.smem import (ACT_PAD, FIXED_BYTES, SLOT_PAD, attention_kv_ring, attention_scratch_bytes, fits,
+                             kv_region_bytes, kv_ring_offset,
                             plan_smem, slot_geometry, without_ksplit)
 
 MODELS = Path(__file__).resolve().parents[1] / "configs" / "models"
@@ -128,3 +129,22 @@ def test_attention_scratch_holds_q_fragments_or_the_merge():
     assert attention_scratch_bytes(8, 128, 2, 1) == ((8 + 3) * 128 + 2 * 128 * 8 + 128 + 256) * 4 + 32 == 15392
     # 4 heads, 8 warps (the 8B shapes): the merge ((8*4*130) floats) is the larger
     assert attention_scratch_bytes(4, 128, 8, 1) == (8 * 4 * 130 + 128 + 256) * 4 + 32
+
+
+@pytest.mark.parametrize("head_dim", [32, 64, 128, 256])
+def test_kv_ring_rows_never_overlap_and_keep_the_bank_skew(head_dim):
+    """The ATTN ring layout (mirror of mk_attention.cuh): every cached token's row lies after the
+    previous one's end (before v13 the skew of token 63 reached 112 bytes into token 64's row), the
+    eight rows an ldmatrix reads ({T, T + 8, ..., T + 56}) start in eight different 16-byte bank
+    groups, and every capacity the ring model hands out fits its slot with the skew."""
+    rb = 2 * head_dim
+    ends = [kv_ring_offset(u, head_dim) + rb for u in range(1024)]
+    assert all(kv_ring_offset(u + 1, head_dim) >= ends[u] for u in range(1023))
+    for base in range(0, 1024 - 64, 128):
+        for t in range(8):
+            groups = {kv_ring_offset(base + t + 8 * j, head_dim) % 128 // 16 for j in range(8)}
+            assert len(groups) == 8
+    for slot in (4096, 8192, 16384, 32768, 49152, 65536):
+        for ctx in (64, 512, 8192):
+            slots, cap = attention_kv_ring(head_dim, slot, 8, ctx)
+            assert (3 - slots) * kv_region_bytes(head_dim, cap) <= slot + SLOT_PAD

@@ -317,10 +317,12 @@ def test_bad_event_reference(good):
     assert rep.failed_check == "structure" and "attn_done[0][7] outside" in rep.errors[0]
 
 
-def test_oproj_ksplit_is_judged_like_brute_force():
+@pytest.mark.parametrize("o_merge", [False, True])
+def test_oproj_ksplit_is_judged_like_brute_force(o_merge):
     """OPROJ K-chunks add into x while QKV tiles of groups outside the chunk may still read x for
-    their norm; whatever the builder emits, the validator must agree with the brute-force checker."""
-    spec, plan = tiny_spec(1), dataclasses.replace(TINY_PLAN, o_ksplit=2)
+    their norm (and, with o_merge, read the split partials the next layer's ATTN overwrites);
+    whatever the builder emits, the validator must agree with the brute-force checker."""
+    spec, plan = tiny_spec(1), dataclasses.replace(TINY_PLAN, o_ksplit=2, o_merge=o_merge)
     s = round_robin_schedule(spec, plan, 4)
     g = s.graph()
     rep = validate(s, g)
@@ -342,7 +344,9 @@ def test_fast_on_qwen3_8b_shape():
 # every plan the builder emits is legal (OPROJ K-split included: qkv_all orders it)
 PLANS = [TINY_PLAN, dataclasses.replace(TINY_PLAN, qkv_rows=32, attn_splits=3, down_ksplit=1),
          dataclasses.replace(TINY_PLAN, o_ksplit=2, attn_splits=1),
-         dataclasses.replace(TINY_PLAN, gateup_rows=32, down_rows=64, lm_rows=64, embed_rows=64)]
+         dataclasses.replace(TINY_PLAN, gateup_rows=32, down_rows=64, lm_rows=64, embed_rows=64),
+         dataclasses.replace(TINY_PLAN, o_merge=True, o_ksplit=2, attn_splits=3),
+         dataclasses.replace(TINY_PLAN, o_merge=True)]
 
 
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])

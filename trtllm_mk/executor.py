@@ -232,7 +232,6 @@ class CpuExecutor:
         self.tokens.copy_(tokens)
         self.pos.copy_(pos)
         self.machine.run(self._execute, interleave, seed)
-        self.pos += 1   # the megakernel's last CTA does this after every task of the step
         return self.logits.clone(), self.tokens.clone()
 
     def _execute(self, task: Task, layer: int) -> None:
@@ -293,18 +292,28 @@ class CpuExecutor:
             self.part_ml[b, g, s, :, 0] = m
             self.part_ml[b, g, s, :, 1] = e.sum(-1)
 
-    def _combine(self, t: Task, layer: int) -> None:
-        g, G, d = t.group, self.G, self.d
+    def _merged(self, g: int) -> torch.Tensor:
+        """Group g's attention output [B, G*d], merged from its S split partials (COMBINE's merge;
+        OPROJ's under TilePlan.o_merge)."""
         m, l = self.part_ml[:, g, :, :, 0], self.part_ml[:, g, :, :, 1]     # [B, S, G]
         M = m.max(1, keepdim=True).values
         f = torch.exp(m - M)                   # empty splits have m = -inf: weight 0
         num = (f[..., None] * self.part_o[:, g]).sum(1)                   # [B, G, d]
         den = (f * l).sum(1)[..., None]
-        self.attn_out[:, g * G * d:(g + 1) * G * d] = (num / den).reshape(self.B, G * d)
+        return (num / den).reshape(self.B, self.G * self.d)
+
+    def _combine(self, t: Task, layer: int) -> None:
+        g, n = t.group, self.G * self.d
+        self.attn_out[:, g * n:(g + 1) * n] = self._merged(g)
 
     def _oproj(self, t: Task, layer: int) -> None:
         w = self.layers[layer]["o"][t.r0:t.r1, t.k0:t.k1]
-        self.x[:, t.r0:t.r1] += self._act(self.attn_out[:, t.k0:t.k1]) @ w.T
+        if self.graph.plan.o_merge:            # the chunk's heads, merged from the partials here
+            n = self.G * self.d
+            src = torch.cat([self._merged(g) for g in range(t.k0 // n, t.k1 // n)], dim=1)
+        else:
+            src = self.attn_out[:, t.k0:t.k1]
+        self.x[:, t.r0:t.r1] += self._act(src) @ w.T
 
     def _gateup(self, t: Task, layer: int) -> None:
         lw = self.layers[layer]
@@ -333,3 +342,4 @@ class CpuExecutor:
             nxt = int(self.pos[b]) + 1
             if nxt < self.history.shape[1]:
                 self.history[b, nxt] = tok[b]
+        self.pos += 1   # ARGMAX ends the step: every other task (all that read pos) precedes it

@@ -114,17 +114,33 @@ def attention_chunk(context_len: int, splits: int) -> int:
     return -(-(context_len + 1) // splits)
 
 
+def kv_ring_offset(u: int, head_dim: int) -> int:
+    """Byte offset of cached token ``u`` in an ATTN task's K (or V) region of the ring (mirror of
+    mk_attention.cuh kv_ring_offset): rows of 2 x head_dim bytes, a 16-byte bank skew per group of 8
+    tokens, restarting 128 bytes further on every 64 tokens so that no row reaches into the next."""
+    return u * 2 * head_dim + ((u >> 3) & 7) * 16 + (u >> 6) * 128
+
+
+def kv_region_bytes(head_dim: int, tokens: int) -> int:
+    """Bytes of a K (or V) region of ``tokens`` rows, skew included."""
+    return kv_ring_offset(tokens - 1, head_dim) + 2 * head_dim
+
+
 def attention_kv_ring(head_dim: int, slot_bytes: int, splits: int, context_len: int) -> tuple[int, int]:
     """How an ATTN task takes its cached K/V through the weight ring (mk_attention.cuh attn_load):
     ``(slots per batch row, tokens each row's K and V hold)``. One slot holds K in its first half and
     V in its second when the split's chunk at ``context_len`` fits; otherwise K and V take a slot each,
-    which doubles the tokens. K and V each also take 7 x 16 bytes of bank skew (kv_ring_offset), which
-    the slot's SLOT_PAD holds. Tokens of a split beyond that capacity are copied into the same slots
-    after the task's wait (long contexts), so any capacity is correct and this only decides what is
-    hidden."""
+    which doubles the tokens. The bank skew of the rows (kv_ring_offset) lives in the slot's SLOT_PAD;
+    where it does not fit (long rows in large slots), the capacity shrinks until it does. Tokens of a
+    split beyond that capacity are copied into the same slots after the task's wait (long contexts),
+    so any capacity is correct and this only decides what is hidden."""
     chunk = attention_chunk(context_len, splits)
     one = slot_bytes // (4 * head_dim)               # tokens of K + V in one slot
-    return (1, one) if one >= chunk else (2, 2 * one)
+    slots, cap = (1, one) if one >= chunk else (2, 2 * one)
+    regions = 3 - slots                               # K and V regions per slot
+    while cap > 1 and regions * kv_region_bytes(head_dim, cap) > slot_bytes + SLOT_PAD:
+        cap -= 1
+    return slots, cap
 
 
 def _align(n: int) -> int:

@@ -46,14 +46,17 @@ __device__ __forceinline__ SplitRange split_range(const Params& p, int b, int sp
 }
 
 // Ring layout of a batch row's cached K (or V): token u of the split's chunk at byte
-// u * RB + ((u / 8) % 8) * 16 of its region. The 16-byte skew per group of 8 tokens makes the eight
-// token rows of one ldmatrix block ({T, T + 8, ..., T + 56}: attn_compute's tiles) hit eight
-// different bank groups although a row is a multiple of 128 bytes long.
+// u * RB + ((u / 8) % 8) * 16 + (u / 64) * 128 of its region (mirror: trtllm_mk/smem.py
+// kv_ring_offset). The 16-byte skew per group of 8 tokens makes the eight token rows of one ldmatrix
+// block ({T, T + 8, ..., T + 56}: attn_compute's tiles) hit eight different bank groups although a
+// row is a multiple of 128 bytes long. The skew restarts every 64 tokens, 128 bytes further on:
+// token 63's row, skewed by 112 bytes, would otherwise reach 112 bytes into token 64's (until v13
+// it did, and a split with more than 64 tokens in the ring read those bytes of token 63 wrong).
 constexpr int RB = cfg::D * 2;                          // bytes of one bf16 K or V row
-constexpr int KV_REGION = cfg::KV_CAP * RB + 7 * 16;   // bytes of one row's K (or V) in the ring
+__device__ __host__ constexpr int kv_ring_offset(int u) { return u * RB + ((u >> 3) & 7) * 16 + (u >> 6) * 128; }
+constexpr int KV_REGION = kv_ring_offset(cfg::KV_CAP - 1) + RB;   // bytes of one row's K (or V) in the ring
 static_assert((3 - cfg::KV_SLOTS) * KV_REGION <= cfg::SLOT_BYTES + cfg::SLOT_PAD,
               "K/V and their skew exceed a ring slot (trtllm_mk/smem.py attention_kv_ring)");
-__device__ __forceinline__ int kv_ring_offset(int u) { return u * RB + ((u >> 3) & 7) * 16; }
 
 // Ring position (relative to the task's first slot) and byte offset of row b's K (kv = 0) or V.
 __device__ __forceinline__ int kv_slot(int b, int kv) { return b * cfg::KV_SLOTS + kv * (cfg::KV_SLOTS - 1); }
@@ -437,28 +440,7 @@ __device__ void combine_compute(Ctx& c, const TaskArgs& a) {
   const Params& p = *c.p;
   for (int i = threadIdx.x; i < cfg::B * cfg::G * cfg::D; i += CTHREADS) {
     const int b = i / (cfg::G * cfg::D), h = (i / cfg::D) % cfg::G, e = i % cfg::D;
-    const size_t base = ((size_t)b * cfg::NKV + a.group) * cfg::S * cfg::G + h;  // + s*G
-    // every split's (max, sum, o) loaded before any is used: one L2 round trip, not S dependent ones
-    float ms[cfg::S], ls[cfg::S], os[cfg::S];
-#pragma unroll
-    for (int s = 0; s < cfg::S; ++s) {
-      const float2 ml = __ldcg(reinterpret_cast<const float2*>(p.part_ml) + base + s * cfg::G);
-      ms[s] = ml.x;
-      ls[s] = ml.y;
-      os[s] = ld_act(p.part_o + (base + s * cfg::G) * cfg::D + e);
-    }
-    float M = -INFINITY;
-#pragma unroll
-    for (int s = 0; s < cfg::S; ++s) M = fmaxf(M, ms[s]);
-    float num = 0.f, den = 0.f;
-#pragma unroll
-    for (int s = 0; s < cfg::S; ++s) {
-      if (ms[s] == -INFINITY) continue;   // an empty split (t0 >= len)
-      const float f = __expf(ms[s] - M);
-      num += f * os[s];
-      den += f * ls[s];
-    }
-    p.attn_out[(size_t)b * cfg::QD + (a.group * cfg::G + h) * cfg::D + e] = num / den;
+    p.attn_out[(size_t)b * cfg::QD + (a.group * cfg::G + h) * cfg::D + e] = merge_splits(p, b, a.group, h, e);
   }
   consumer_sync(CTHREADS);
 }

@@ -187,6 +187,10 @@ __device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32
       ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(policy)
       : "memory");
 }
+// Bring `bytes` (a multiple of 16) at `src` into L2 without waiting for them (nothing tracks them).
+__device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
+}
 #else
 // sm_80 / sm_89: the loader warp's 32 lanes issue 16-byte cp.async copies; each lane's
 // cp.async.mbarrier.arrive.noinc fires once its copies land (the full barrier counts 32 arrivals).

@@ -121,6 +121,32 @@ __device__ void gemv_load(Ctx& c, const TaskArgs& a) {
   }
 }
 
+// The next step's head, prefetched into L2 at the end of this one: once an SM's last task is done,
+// consumer warp 0 prefetches the weights its loader streams first in the next step (its first GEMV
+// task of layer 0, up to a ring's worth), and ARGMAX the next token's embedding row. The step's tail
+// (the LM head's uneven end, ARGMAX, the launch gap) leaves HBM mostly idle, and the next step starts
+// with an empty ring: its first QKV and EMBED then read L2 (H100: 1B -3..5 us, 8B shapes -20..29 us
+// per step; benchmarks/NOTES.md, v13). sm_90 bulk-copy path only; MK_PREFETCH_NEXT=0 turns it off.
+#ifndef MK_PREFETCH_NEXT
+#define MK_PREFETCH_NEXT 1
+#endif
+template <int KIND>
+__device__ __noinline__ Ctx prefetch_next_step(Ctx c, TaskArgs a) {
+#if defined(MK_USE_BULK_COPY) && MK_PREFETCH_NEXT
+  using G = Geometry<KindTraits<KIND>::KT, KindTraits<KIND>::PAIR>;
+  if (c.warp() == 0) {
+    const int groups = (a.r1 - a.r0 + G::OUT_ROWS - 1) / G::OUT_ROWS;
+    for (int grp = 0, n = 0; grp < groups; ++grp) {
+      const int valid = min_i(G::OUT_ROWS, a.r1 - a.r0 - grp * G::OUT_ROWS);
+      for (int kc = 0; kc < G::NKC && n < cfg::STAGES; ++kc, ++n)
+        for (int j = c.lane(); j < G::RS; j += 32)
+          if (j % G::OUT_ROWS < valid) bulk_prefetch_l2(weight_row<KIND>(*c.p, a, grp, j) + kc * G::KC, G::KC * 2);
+    }
+  }
+#endif
+  return c;
+}
+
 // ------------------------------------------------------------------------------- consumer side
 // Where a GEMV's "reduction done" trace mark is taken: 0 after its last slot's mma (the default), N > 0
 // after the consumers have released the task's N-th ring slot (diagnosis: how the consumer time of a
@@ -167,6 +193,33 @@ __device__ __forceinline__ void rms_scales(Ctx& c, float (&ss)[cfg::B]) {
     for (int w = 0; w < cfg::CWARPS; ++w) tot += c.scratch()[w * cfg::B + b];
     ss[b] = rsqrtf(tot / cfg::H + cfg::EPS);
   }
+}
+
+// Element e of head h of KV group g, batch row b, of the attention output, merged from ATTN's S split
+// partials: the one merge of COMBINE and of OPROJ's staging under TilePlan.o_merge. Every split's
+// (max, sum, o) is loaded before any is used: one L2 round trip, not S dependent ones.
+__device__ __forceinline__ float merge_splits(const Params& p, int b, int g, int h, int e) {
+  const size_t base = ((size_t)b * cfg::NKV + g) * cfg::S * cfg::G + h;  // + s*G
+  float ms[cfg::S], ls[cfg::S], os[cfg::S];
+#pragma unroll
+  for (int s = 0; s < cfg::S; ++s) {
+    const float2 ml = __ldcg(reinterpret_cast<const float2*>(p.part_ml) + base + s * cfg::G);
+    ms[s] = ml.x;
+    ls[s] = ml.y;
+    os[s] = ld_act(p.part_o + (base + s * cfg::G) * cfg::D + e);
+  }
+  float M = -INFINITY;
+#pragma unroll
+  for (int s = 0; s < cfg::S; ++s) M = fmaxf(M, ms[s]);
+  float num = 0.f, den = 0.f;
+#pragma unroll
+  for (int s = 0; s < cfg::S; ++s) {
+    if (ms[s] == -INFINITY) continue;   // an empty split (t0 >= len)
+    const float f = __expf(ms[s] - M);
+    num += f * os[s];
+    den += f * ls[s];
+  }
+  return num / den;
 }
 
 template <int KIND>
@@ -237,6 +290,14 @@ __device__ void stage_activation(Ctx& c, const TaskArgs& a) {
       }
     }
     consumer_sync(CTHREADS);   // act complete; scratch free again
+  } else if constexpr (KIND == OPROJ && cfg::O_MERGE) {
+    // attn_out of the chunk's heads, merged here from the split partials (no COMBINE tasks)
+    constexpr int AS = KT + ACT_PAD;
+    for (int i = tid; i < cfg::B * KT; i += CTHREADS) {
+      const int b = i / KT, k = a.k0 + i % KT, head = k / cfg::D;
+      c.act()[b * AS + i % KT] = f_to_bf16(merge_splits(p, b, head / cfg::G, head % cfg::G, k % cfg::D));
+    }
+    consumer_sync(CTHREADS);
   } else {
     const float* src = KIND == OPROJ ? p.attn_out : p.act;
     constexpr int ROW = KIND == OPROJ ? cfg::QD : cfg::I;

@@ -86,13 +86,15 @@ __device__ __noinline__ Ctx run_task(Ctx c, TaskArgs a) {
   c.t_computed = 0;
   if (c.tracing && threadIdx.x == 0) t0 = globaltimer();
   c.set_chain_hint(1);
+  [[maybe_unused]] int pos[cfg::B];
   if constexpr (KIND == ATTN) attn_prologue(c, a);   // step-invariant inputs, gathered before the wait
+  if constexpr (KIND == ARGMAX) argmax_prologue(c, pos);
   wait_all(c, a);
   if (c.tracing && threadIdx.x == 0) c.t_mark = t1 = globaltimer();
   if constexpr (KIND == EMBED) embed_compute(c, a);
   else if constexpr (KIND == ATTN) attn_compute(c, a);
   else if constexpr (KIND == COMBINE) combine_compute(c, a);
-  else if constexpr (KIND == ARGMAX) argmax_compute(c, a);
+  else if constexpr (KIND == ARGMAX) argmax_compute(c, a, pos);
   else gemv_compute<KIND>(c, a);
   if (c.tracing && threadIdx.x == 0) t_sig = globaltimer();
   hand_off_signals(c, a);
@@ -116,7 +118,7 @@ mk_decode_step(const __grid_constant__ mk::Params p) {
   c.sig_n = 0;
   c.ring_n = 0;
   c.task_no = 0;
-  c.step = *reinterpret_cast<volatile uint32_t*>(&p.control[0]);
+  c.step = *reinterpret_cast<volatile uint32_t*>(&p.control[0]);   // advanced by the last step's ARGMAX
   c.tracing = p.trace != nullptr;
   c.t_mark = 0;
   c.loader_blocked = 0;
@@ -146,16 +148,5 @@ mk_decode_step(const __grid_constant__ mk::Params p) {
     uint64_t* r = p.trace + (size_t)gridDim.x * cfg::TRACE_TASKS * mk::TRACE_WORDS + (size_t)blockIdx.x * 4;
     if (c.loader()) { r[0] = c.loader_blocked; r[1] = mk::globaltimer(); }
     else { r[2] = mk::globaltimer(); r[3] = 0; }
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    // The last CTA to finish advances the step state; every CTA has read pos/step by then.
-    __threadfence();
-    const uint32_t done = atomicAdd(&p.control[1], 1u);
-    if (done == (c.step + 1) * gridDim.x - 1) {
-      for (int b = 0; b < cfg::B; ++b) p.pos[b] += 1;
-      __threadfence();
-      atomicExch(&p.control[0], c.step + 1);
-    }
   }
 }

@@ -15,7 +15,21 @@ __device__ void embed_compute(Ctx& c, const TaskArgs& a) {
   consumer_sync(CTHREADS);
 }
 
-__device__ void argmax_compute(Ctx& c, const TaskArgs& a) {
+// ARGMAX's step-invariant input, read before its wait: this step's positions (nothing writes them
+// until ARGMAX itself), so the history store and the advance below cost no round trip on the tail.
+__device__ __forceinline__ void argmax_prologue(const Ctx& c, int (&pos)[cfg::B]) {
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int b = 0; b < cfg::B; ++b) pos[b] = ld_act(c.p->pos + b);
+  }
+}
+
+// The second-level argmax, and the end of the step: ARGMAX is the step's last task (it waits on every
+// LM-head tile, and every other task of the step precedes those), so no CTA reads pos or the step
+// counter after it, and it advances both itself; the next launch sees them at the kernel boundary. An
+// end-of-kernel "last CTA to finish" protocol put a fence, an atomic round trip and a read-modify-
+// write of pos after this task on the step's critical path (benchmarks/NOTES.md, v13).
+__device__ void argmax_compute(Ctx& c, const TaskArgs& a, const int (&pos)[cfg::B]) {
   const Params& p = *c.p;
   for (int b = 0; b < cfg::B; ++b) {
     float best = -INFINITY;
@@ -28,11 +42,15 @@ __device__ void argmax_compute(Ctx& c, const TaskArgs& a) {
     block_argmax(c, best, bi);
     if (threadIdx.x == 0) {
       p.tokens[b] = bi;
-      const int pos = ld_act(p.pos + b);
-      if (pos + 1 < cfg::HISTORY_LEN) p.history[(size_t)b * cfg::HISTORY_LEN + pos + 1] = bi;
+      if (pos[b] + 1 < cfg::HISTORY_LEN) p.history[(size_t)b * cfg::HISTORY_LEN + pos[b] + 1] = bi;
+      p.pos[b] = pos[b] + 1;
+#if defined(MK_USE_BULK_COPY) && MK_PREFETCH_NEXT
+      bulk_prefetch_l2(p.embed + (size_t)bi * cfg::H, cfg::H * 2);   // the next step's EMBED row
+#endif
     }
     consumer_sync(CTHREADS);
   }
+  if (threadIdx.x == 0) p.control[0] = c.step + 1;
 }
 
 }  // namespace mk

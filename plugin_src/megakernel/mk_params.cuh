@@ -34,7 +34,7 @@ struct Params {
   bf16* kv_pool;               // [L, num_blocks, 2, NKV, TPB, D]
   const int* block_table;      // [B, block_table_stride]
   uint32_t* counters;          // event counters (monotonic)
-  uint32_t* control;           // [0] step, [1] CTAs finished (monotonic)
+  uint32_t* control;           // [0] step (monotonic, advanced by the step's ARGMAX), [1..3] unused
   ErrorInfo* error;
   int64_t num_blocks;          // blocks per layer in kv_pool
   int64_t block_table_stride;

@@ -94,6 +94,14 @@ def _task_call(graph: StepGraph, task: Task, offsets: dict[str, int], prev: Task
             f"{len(task.signals)}, {{{', '.join(s)}}}}});")
 
 
+def _prefetch_call(task: Task) -> str:
+    """The SM's first layer-template GEMV task, as layer 0 of the next step: what its loader streams
+    first (mk_gemv.cuh prefetch_next_step; a no-op unless MK_PREFETCH_NEXT is defined)."""
+    none = ", ".join(["0"] * MAX_REFS)
+    return (f"c = mk::prefetch_next_step<mk::{task.kind.name}>(c, mk::TaskArgs{{0, {task.r0}, {task.r1}, {task.k0}, "
+            f"{task.k1}, 0, 0, 0, 0, 0, {{{none}}}, 0, {{{none}}}}});")
+
+
 def _inline_headers() -> str:
     out = []
     src = device_source_dir()
@@ -141,6 +149,7 @@ def generate_source(schedule: Schedule, tokens_per_block: int, max_seq_len: int,
         lines.append(f"constexpr int {k} = {v};")
     lines.append(f"constexpr bool QK_NORM = {'true' if spec.qk_norm else 'false'};")
     lines.append(f"constexpr bool QKV_BIAS = {'true' if spec.qkv_bias else 'false'};")
+    lines.append(f"constexpr bool O_MERGE = {'true' if p.o_merge else 'false'};")
     lines.append(f"constexpr float EPS = {spec.rms_norm_eps!r}f;")
     for name, off in offsets.items():
         lines.append(f"constexpr int EV_{name.upper()} = {off};")
@@ -163,6 +172,9 @@ def generate_source(schedule: Schedule, tokens_per_block: int, max_seq_len: int,
             lines.append("    }")
         for i, j in zip([None] + prog.tail[:-1], prog.tail):
             lines.append("    " + _task_call(graph, graph.tail[j], offsets, graph.tail[i] if i is not None else None))
+        first = next((graph.layer[j] for j in prog.layer if graph.layer[j].kind.streams_weights), None)
+        if first is not None:
+            lines.append("    " + _prefetch_call(first))
         lines.append("  } break;")
     lines.append("  default: break;")
     lines.append("  }")

@@ -5,8 +5,10 @@ Event granularity per edge follows producer and consumer partitions:
                         LMHEAD) reads all of x; row 0 is signalled by EMBED, row l+1 by layer l's DOWN.
   qkv_done    [L, nkv]  per KV group: attention of group g starts when group g's q/k/v rows are done.
   qkv_all     [L, 1]    only with an OPROJ K-split: every QKV tile (they read x, which OPROJ adds into).
-  attn_done   [L, nkv]  per KV group: the S split partials of group g.
-  combine_done[L, o_ksplit] per OPROJ K-chunk: an OPROJ chunk starts when its heads are combined.
+  attn_done   [L, nkv]  per KV group: the S split partials of group g ([L, o_ksplit] per OPROJ K-chunk
+                        with o_merge: OPROJ merges the partials of its chunk's groups itself).
+  combine_done[L, o_ksplit] per OPROJ K-chunk: an OPROJ chunk starts when its heads are combined
+                        (absent with o_merge).
   oproj_done  [L, 1]    whole: GATEUP's norm reads all of x.
   gateup_done [L, 1]    whole, not per K-chunk: DOWN adds into x, which GATEUP tasks of the same layer
                         read for their norm, so DOWN must wait for all of them (the race checker
@@ -98,25 +100,29 @@ def build_step_graph(spec: ModelSpec, batch: int, plan: TilePlan, context_len: i
 
     # ---------------- split-KV attention and combine, per KV group ---------------------------
     ctx_chunk = -(-context_len // S)
+    o_chunk = QD // plan.o_ksplit
+    groups_per_chunk = nkv // plan.o_ksplit
     for g in range(nkv):
         for s in range(S):
             part = (g * S + s) * G
+            done = EventRef("attn_done", 0, g // groups_per_chunk if plan.o_merge else g)
             add(kind=Kind.ATTN, group=g, split=s,
-                waits=(EventRef("qkv_done", 0, g),), signals=(EventRef("attn_done", 0, g),),
+                waits=(EventRef("qkv_done", 0, g),), signals=(done,),
                 reads=(Access("qkv", g * GR, (g + 1) * GR), Access("pos", 0, 1),
                        Access("kv", g * S + s, g * S + s + 1, layer=0)),
                 writes=(Access("kv", g * S + s, g * S + s + 1, layer=0),
                         Access("part_o", part * d, (part + G) * d), Access("part_ml", part * 2, (part + G) * 2)),
                 act_bytes=B * (ctx_chunk * 2 * d * 2 + GR * 4 + G * (d + 2) * 4),
                 flops=4 * B * ctx_chunk * G * d)
-    o_chunk = QD // plan.o_ksplit
-    groups_per_chunk = nkv // plan.o_ksplit
-    for g in range(nkv):
-        add(kind=Kind.COMBINE, group=g,
-            waits=(EventRef("attn_done", 0, g),), signals=(EventRef("combine_done", 0, g // groups_per_chunk),),
-            reads=(Access("part_o", g * S * G * d, (g + 1) * S * G * d), Access("part_ml", g * S * G * 2, (g + 1) * S * G * 2)),
-            writes=(Access("attn_out", g * G * d, (g + 1) * G * d),),
-            act_bytes=B * (S * G * (d + 2) * 4 + G * d * 4), flops=3 * B * S * G * d)
+    def partials(g0: int, g1: int) -> tuple[Access, Access]:   # the S split partials of groups [g0, g1)
+        return (Access("part_o", g0 * S * G * d, g1 * S * G * d), Access("part_ml", g0 * S * G * 2, g1 * S * G * 2))
+
+    if not plan.o_merge:
+        for g in range(nkv):
+            add(kind=Kind.COMBINE, group=g,
+                waits=(EventRef("attn_done", 0, g),), signals=(EventRef("combine_done", 0, g // groups_per_chunk),),
+                reads=partials(g, g + 1), writes=(Access("attn_out", g * G * d, (g + 1) * G * d),),
+                act_bytes=B * (S * G * (d + 2) * 4 + G * d * 4), flops=3 * B * S * G * d)
 
     # ---------------- O projection + residual (optionally K-split by head groups) -----------
     o_tiles = _tiles(H, plan.o_rows)
@@ -124,12 +130,20 @@ def build_step_graph(spec: ModelSpec, batch: int, plan: TilePlan, context_len: i
         for c in range(plan.o_ksplit):
             k0, k1 = c * o_chunk, (c + 1) * o_chunk
             split = plan.o_ksplit > 1
+            if plan.o_merge:   # the chunk's heads merged from the split partials while staging
+                ready = EventRef("attn_done", 0, c)
+                source = partials(c * groups_per_chunk, (c + 1) * groups_per_chunk)
+                staged = S * (k1 - k0) // d * (d + 2) * 4
+            else:
+                ready, source, staged = EventRef("combine_done", 0, c), (Access("attn_out", k0, k1),), (k1 - k0) * 4
+            # qkv_all first: it is long satisfied when the task starts waiting, so its round trip
+            # overlaps the wait for the chunk's heads instead of following it on the chain
             add(kind=Kind.OPROJ, r0=a, r1=b, k0=k0, k1=k1,
-                waits=(EventRef("combine_done", 0, c),) + ((EventRef("qkv_all", 0, 0),) if split else ()),
+                waits=((EventRef("qkv_all", 0, 0),) if split else ()) + (ready,),
                 signals=(EventRef("oproj_done", 0, 0),),
-                reads=(Access("attn_out", k0, k1),) + (() if split else (Access("x", a, b),)),
+                reads=source + (() if split else (Access("x", a, b),)),
                 writes=(Access("x", a, b, add=split),),
-                weight_bytes=(b - a) * (k1 - k0) * wb, act_bytes=B * ((k1 - k0) * 4 + (b - a) * 8),
+                weight_bytes=(b - a) * (k1 - k0) * wb, act_bytes=B * (staged + (b - a) * 8),
                 flops=2 * B * (b - a) * (k1 - k0))
 
     # ---------------- norm + gate/up + SiLU*mul ---------------------------------------------
@@ -170,12 +184,15 @@ def build_step_graph(spec: ModelSpec, batch: int, plan: TilePlan, context_len: i
     events = {
         "resid_ready": Event("resid_ready", L + 1, 1, ((len(head),),) + ((n_down,),) * L, True),
         "qkv_done": Event("qkv_done", L, nkv, (tuple(qkv_counts),) * L, True),
-        "attn_done": Event("attn_done", L, nkv, ((S,) * nkv,) * L, True),
-        "combine_done": Event("combine_done", L, plan.o_ksplit, ((groups_per_chunk,) * plan.o_ksplit,) * L, True),
+        "attn_done": (Event("attn_done", L, plan.o_ksplit, ((S * groups_per_chunk,) * plan.o_ksplit,) * L, True)
+                      if plan.o_merge else Event("attn_done", L, nkv, ((S,) * nkv,) * L, True)),
         "oproj_done": Event("oproj_done", L, 1, ((len(o_tiles) * plan.o_ksplit,),) * L, True),
         "gateup_done": Event("gateup_done", L, 1, ((len(gu_tiles),),) * L, True),
         "lm_done": Event("lm_done", 1, 1, ((len(lm_tiles),),), False),
     }
+    if not plan.o_merge:
+        events["combine_done"] = Event("combine_done", L, plan.o_ksplit, ((groups_per_chunk,) * plan.o_ksplit,) * L,
+                                       True)
     if plan.o_ksplit > 1:
         events["qkv_all"] = Event("qkv_all", L, 1, ((len(qkv_tiles),),) * L, True)
     dims = dict(B=B, L=L, H=H, I=I, V=V, nh=nh, nkv=nkv, d=d, G=G, S=S, GR=GR, QKVR=QKVR, QD=QD,

@@ -17,14 +17,16 @@ GPU applies when it stages an activation in shared memory as the input of a GEMV
                                 part_o[b,h,s] = sum_t exp(q·k_t/sqrt(d) - m) v_t, part_ml = (m, l)
   COMBINE group g               attn_out[b, h*d:(h+1)*d] = merge of the S partials of head h
   OPROJ  rows [r0,r1) of H,     x[b,r] += W_o[r, k0:k1]·bf16(attn_out[b, k0:k1])   (K-split: atomic add)
-         k [k0,k1) of nh*d
+         k [k0,k1) of nh*d      with TilePlan.o_merge there are no COMBINE tasks: OPROJ merges the S
+                                partials of its heads itself (the same merge) as it stages attn_out
   GATEUP rows [r0,r1) of I      xn = bf16(rmsnorm(x[b]) * ln2); act[b,r] = silu(W_g[r]·xn) * (W_u[r]·xn)
   DOWN   rows [r0,r1) of H,     x[b,r] += W_d[r, k0:k1]·bf16(act[b, k0:k1])        (K-split: atomic add)
          k [k0,k1) of I
   LMHEAD rows [r0,r1) of V      xn = bf16(rmsnorm(x[b]) * norm); logits[b,r] = W_lm[r]·xn;
                                 lm_val/lm_idx[b, tile] = max and first argmax of the tile
-  ARGMAX                        tokens[b] = first argmax over tiles; history[b, pos[b]+1] = tokens[b]
-After every task of the step, the last CTA to finish advances pos[b] += 1 and step += 1.
+  ARGMAX                        tokens[b] = first argmax over tiles; history[b, pos[b]+1] = tokens[b];
+                                then pos[b] += 1 and step += 1: ARGMAX is the step's last task (every
+                                other task precedes the LM-head tiles it waits on)
 """
 from __future__ import annotations
 
@@ -143,15 +145,23 @@ class TilePlan:
     lm_rows: int = 1024
     embed_rows: int = 0        # 0: one EMBED task per 1024 columns of H
     attn_splits: int = 8       # KV splits per group
+    # OPROJ merges the attention partials of its K-chunk's heads while staging its input, instead of
+    # COMBINE tasks writing attn_out: one dependent level (a release, a poll, a load) less on the
+    # chain QKV -> ATTN -> OPROJ, for S x the staging bytes (pays with an o_ksplit that gives each
+    # OPROJ task few heads).
+    o_merge: bool = False
     stages: int = 4            # shared-memory ring slots for weight tiles
     slot_bytes: int = 32768    # bytes per ring slot
     consumer_warps: int = 8
     # Ring slots the loader keeps requested and not yet landed; the rest of the ring only buffers.
-    # Every outstanding copy lengthens the queue the chain's L2 round trips wait in. sm_90 bulk-copy
-    # path only; not searched (the cost model does not price queueing); the defaults were measured on
-    # H100 (benchmarks/NOTES.md, v9).
+    # Every outstanding copy lengthens the queue the chain's L2 round trips wait in, and beyond ~2 x 32
+    # KB per SM more copies add no bandwidth. sm_90 bulk-copy path only; not searched (the cost model
+    # does not price queueing); the defaults were measured on H100 (benchmarks/NOTES.md): 2 while
+    # streaming (v9; 3 and 4 are slower on every shape, v13), and no tighter cap on the chain since
+    # o_merge shortened it (v13: a cap of 1 there, v9's choice, kept the ring from filling during the
+    # chain: 1B +21 us, 8B +12 us, Qwen3-8B +58 us per step).
     inflight_slots: int = 2    # while the consumers stream weights
-    inflight_chain: int = 1    # while they wait on an event, stage an input or run ATTN / COMBINE
+    inflight_chain: int = 2    # while they wait on an event, stage an input or run ATTN / COMBINE
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -43,6 +43,16 @@ class Calibration:
     # task bodies). ATTN's cached K/V comes through the ring before its wait (cost.py).
     attn_fixed_us: float = 4.0
     combine_fixed_us: float = 2.0
+    # Consumer time per ATTN split that a merge of the split partials takes (COMBINE, and OPROJ's
+    # staging under TilePlan.o_merge): each split adds a (max, sum, o) load per element and an exp; the
+    # loads are issued together, but their count, not their bytes, sets the time (traced on H100:
+    # OPROJ staging 0.57 us for attn_out, 1.52 us merging 8 splits, 2.33 us merging 16).
+    merge_split_us: float = 0.1
+    # One round of ATTN's tensor-core tiles: each consumer warp's 16-token tile (scores, softmax, P V
+    # for the group's heads). A split of more tokens than 16 x consumer warps takes more rounds (H100,
+    # llama-3.2-1b at context 512: 4 splits, two rounds, measured 0.5 us per layer slower than 8 splits
+    # with one round, although merging 4 fewer splits saves ~0.4 us).
+    attn_tile_us: float = 0.8
     # Consumer time per cached token (per batch row) an ATTN task copies into its ring slots itself,
     # after its wait, beyond what the loader brought before it (long contexts), on top of the rounds'
     # memory latencies and the tokens' bytes at the HBM share (fitted to measured steps at context

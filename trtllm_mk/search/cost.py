@@ -39,6 +39,8 @@ __all__ = ["Calibration", "load_calibration", "Rates", "sm_rates", "TaskCost", "
            "cost_table", "default_streaming", "streaming_key", "Streaming"]
 
 
+ATTN_TILE_TOKENS = 16   # tokens of one ATTN tensor-core tile (mk_attention.cuh attn_tile)
+
 Streaming = tuple[tuple[int, int], ...]   # ((kind, SMs streaming that kind), ...), sorted: a dict key
 
 
@@ -116,6 +118,8 @@ def task_cost(task: Task, graph: StepGraph, rates: Rates, cal: Calibration,
         issue = geo.k_chunk * 2 / cal.copy_issue_us        # one bulk copy per weight row piece
         rate = min(bw, ring / turnover, task.weight_bytes / comp, issue)
         stage = staging_passes(task.kind, d["H"], d["B"], plan.consumer_warps) * cal.l2_latency_us + task.act_bytes / rates.l2
+        if task.kind == Kind.OPROJ and plan.o_merge:   # the partials of every split, merged while staging
+            stage += d["S"] * cal.merge_split_us
         return TaskCost(True, float(task.weight_bytes), cal.task_overhead_us + stage, comp,
                         slot_t, fill, ring, rate, stage=stage)
     if task.kind == Kind.ATTN:
@@ -128,14 +132,18 @@ def task_cost(task: Task, graph: StepGraph, rates: Rates, cal: Calibration,
         late_row = max(0, attention_chunk(d["context_len"], d["S"]) - cap)    # per batch row
         late, rounds = d["B"] * late_row, d["B"] * -(-late_row // cap)
         late_us = rounds * 2 * cal.l2_latency_us + late * (token / rates.hbm + cal.attn_late_token_us)
+        # the consumer warps take the split's 16-token tensor-core tiles in turns and a warp's tiles
+        # run one after another (mk_attention.cuh attn_compute): the math costs tile rounds, not FLOPs
+        tiles = -(-attention_chunk(d["context_len"], d["S"]) // ATTN_TILE_TOKENS)
+        tile_rounds = d["B"] * -(-tiles // plan.consumer_warps)
         dur = (cal.task_overhead_us + cal.attn_fixed_us + late_us
-               + max(0, task.act_bytes - kv) / rates.l2 + task.flops / rates.attn)
+               + max(0, task.act_bytes - kv) / rates.l2 + tile_rounds * cal.attn_tile_us)
     elif task.kind == Kind.EMBED:
         rows = task.r1 - task.r0
         emb = d["B"] * rows * 2                      # bf16 embedding rows come from HBM
         dur = cal.task_overhead_us + emb / rates.hbm + (task.act_bytes - emb) / rates.l2
     else:                                            # COMBINE, ARGMAX: L2-resident partials
-        fixed = cal.combine_fixed_us if task.kind == Kind.COMBINE else cal.l2_latency_us
+        fixed = cal.combine_fixed_us + d["S"] * cal.merge_split_us if task.kind == Kind.COMBINE else cal.l2_latency_us
         dur = cal.task_overhead_us + fixed + task.act_bytes / rates.l2 + task.flops / rates.attn
     return TaskCost(False, dur=dur)
 

@@ -30,8 +30,8 @@ MAX_SWEEPS = 3
 # The ring comes first: its depth decides how much of the chain the loaders stream through and how
 # much shared memory the other fields may take; swept last, a descent that ran out of budget never
 # tried it (v11: the searched 4 x 32 KB ring was 2-3% slower than 6 x 32 KB on every H100 shape).
-FIELDS = ("ring", "attn_splits", "qkv_rows", "o_ksplit", "o_rows", "gateup_rows", "down_ksplit", "down_rows",
-          "lm_rows", "consumer_warps")
+FIELDS = ("ring", "attn_splits", "qkv_rows", "o_ksplit", "o_merge", "o_rows", "gateup_rows", "down_ksplit",
+          "down_rows", "lm_rows", "consumer_warps")
 LISTSCHED_COST = 6.0    # one list-scheduled template task costs about as much as this many simulated ones
 
 Admit = Callable[[TilePlan, ModelSpec], bool]

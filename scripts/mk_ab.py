@@ -1,0 +1,112 @@
+"""A/B of megakernel variants in one process, timed in interleaved rounds.
+
+    python scripts/mk_ab.py llama-3.2-1b --variant shipped --variant merge8:o_merge=1,o_ksplit=8,o_rows=128 \
+        --variant pref:+MK_PREFETCH_NEXT=1 [--batch 1] [--context 512] [--rounds 7] [--steps 100]
+    python scripts/mk_ab.py llama-3.2-1b --variant ... --prebuild          # compile only (no GPU needed)
+
+A variant is ``NAME[:ITEM,ITEM...]``: ``field=value`` replaces a tile plan field of the benchmark's
+schedule (scripts/mk_trace.py --set), ``+MACRO=value`` defines a diagnostic macro of the device
+headers (--define). Every variant binds the same random weights; each round times every variant once
+(median of ``--steps`` CUDA-graph replays after warm-up), in a rotated order, so slow drift of the
+GPU (clocks, temperature) shows up as spread within a variant instead of as a difference between
+variants. Prints per variant the median of its rounds' medians, their range, and the change against
+the first variant with the range of the per-round differences.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mk_trace import make_schedule  # noqa: E402
+from benchmarks.megakernel_system import HEADROOM, TOKENS_PER_BLOCK  # noqa: E402
+from trtllm_mk.gpus import detect_gpu, get_gpu  # noqa: E402
+from trtllm_mk.model.registry import resolve_model  # noqa: E402
+
+
+def parse_variant(text: str) -> tuple[str, dict, tuple[str, ...]]:
+    name, _, items = text.partition(":")
+    sets, defines = {}, []
+    for it in filter(None, items.split(",")):
+        if it.startswith("+"):
+            defines.append(it[1:])
+        else:
+            k, _, v = it.partition("=")
+            sets[k] = int(v)
+    return name, sets, tuple(defines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("--variant", action="append", required=True, help="NAME[:field=v,+MACRO=v,...]")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--prebuild", action="store_true")
+    ap.add_argument("--gpu", default="H100-SXM", help="with --prebuild: the target GPU")
+    a = ap.parse_args()
+    spec = resolve_model(a.model).spec
+    variants = [parse_variant(v) for v in a.variant]
+    if a.prebuild:
+        from trtllm_mk.codegen import compile_cubin, generate_source
+        gpu = get_gpu(a.gpu)
+        for name, sets, defines in variants:
+            s = make_schedule(spec, a.batch, a.context, gpu, sets)
+            src, _ = generate_source(s, TOKENS_PER_BLOCK, a.context + HEADROOM, use_bulk_copy=gpu.has_tma,
+                                     defines=defines)
+            path, _ = compile_cubin(src, gpu.nvcc_arch)
+            print(f"{name}: predicted {s.predicted_step_us:.1f} us -> {path.name}")
+        return
+
+    import torch
+    from benchmarks.timing import time_steps
+    from trtllm_mk.kv_cache import PagedKVCache
+    from trtllm_mk.model.random_weights import random_weights
+    from trtllm_mk.runtime.megakernel import build_decoder
+    gpu = detect_gpu()
+    dev = torch.device("cuda")
+    w = random_weights(spec, device=dev, seed=0)
+    max_seq = a.context + HEADROOM
+    tokens = torch.randint(0, spec.vocab_size, (a.batch,))
+    pos = torch.full((a.batch,), a.context)
+    runs = []
+    for name, sets, defines in variants:
+        s = make_schedule(spec, a.batch, a.context, gpu, sets)
+        cache = PagedKVCache.allocate(spec, a.batch, max_seq, TOKENS_PER_BLOCK, device=dev, fill=1.0)
+        dec = build_decoder(s, w, cache, gpu.nvcc_arch, gpu.has_tma, max_seq_len=max_seq, defines=defines)
+        dec.set_state(tokens, pos)
+        for _ in range(3):
+            dec.step()
+        dec.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            dec.step()
+        runs.append((name, s, dec, graph))
+        print(f"{name}: plan {s.plan.to_dict()} defines {list(defines)}; predicted {s.predicted_step_us:.1f} us",
+              flush=True)
+    p50 = {name: [] for name, *_ in runs}
+    for r in range(a.rounds):
+        order = runs[r % len(runs):] + runs[:r % len(runs)]
+        for name, _, dec, graph in order:
+            dec.set_state(tokens, pos)   # every round decodes the same positions
+            p50[name].append(time_steps(graph.replay, steps=a.steps, warmup=20).p50 * 1e3)
+            dec.synchronize()
+    ref = runs[0][0]
+    print(f"\n{a.model} b{a.batch} ctx {a.context} on {torch.cuda.get_device_name(0)}: median of {a.rounds} rounds "
+          f"of {a.steps}-replay medians (us)")
+    print("| variant | predicted | median | range | vs " + ref + " (range) |")
+    print("|---|---|---|---|---|")
+    for name, s, *_ in runs:
+        v = p50[name]
+        diff = [x - y for x, y in zip(v, p50[ref])]
+        print(f"| {name} | {s.predicted_step_us:.1f} | {statistics.median(v):.1f} | {min(v):.1f}..{max(v):.1f} | "
+              f"{statistics.median(diff):+.1f} ({min(diff):+.1f}..{max(diff):+.1f}) |")
+
+
+if __name__ == "__main__":
+    main()
