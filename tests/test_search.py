@@ -458,6 +458,18 @@ def test_oproj_merge_is_searched_and_drops_the_combine_level():
     assert ev(replace(plan, o_merge=True)).step_us < ev(plan).step_us
 
 
+def test_merge_cost_counts_the_elements_of_each_consumer_thread():
+    """A merge of the split partials (COMBINE, OPROJ under o_merge) costs per split, times the
+    elements each consumer thread merges one after another (8B shapes with 8 OPROJ K-chunks: 512
+    elements over 256 threads, two each)."""
+    from trtllm_mk.search.cost import merge_cost
+    cal = Calibration(merge_split_us=0.1)
+    assert merge_cost(8, 256, 8, cal) == pytest.approx(0.8)
+    assert merge_cost(8, 512, 8, cal) == pytest.approx(1.6)
+    assert merge_cost(16, 257, 8, cal) == pytest.approx(3.2)
+    assert merge_cost(8, 256, 4, cal) == pytest.approx(1.6)
+
+
 def test_partial_slot_groups_cost_whole_slots_on_the_consumer():
     """A GEMV task whose rows leave its last slot group part-empty: the loader copies only its rows
     (fewer bytes per slot through the ring), the consumers reduce whole 16-row blocks (the same math

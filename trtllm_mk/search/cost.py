@@ -97,6 +97,13 @@ def staging_passes(kind: Kind, hidden: int, batch: int, consumer_warps: int) -> 
     return 1
 
 
+def merge_cost(splits: int, elements: int, consumer_warps: int, cal: Calibration) -> float:
+    """Consumer time of merging ``elements`` attention outputs from their ``splits`` partials
+    (mk_gemv.cuh merge_splits): each consumer thread merges its elements one after another, each from
+    every split's (max, sum, o) loaded together."""
+    return splits * -(-elements // (32 * consumer_warps)) * cal.merge_split_us
+
+
 def task_cost(task: Task, graph: StepGraph, rates: Rates, cal: Calibration,
               geo: SlotGeometry | None = None) -> TaskCost:
     plan, d = graph.plan, graph.dims
@@ -119,7 +126,7 @@ def task_cost(task: Task, graph: StepGraph, rates: Rates, cal: Calibration,
         rate = min(bw, ring / turnover, task.weight_bytes / comp, issue)
         stage = staging_passes(task.kind, d["H"], d["B"], plan.consumer_warps) * cal.l2_latency_us + task.act_bytes / rates.l2
         if task.kind == Kind.OPROJ and plan.o_merge:   # the partials of every split, merged while staging
-            stage += d["S"] * cal.merge_split_us
+            stage += merge_cost(d["S"], d["B"] * (task.k1 - task.k0), plan.consumer_warps, cal)
         return TaskCost(True, float(task.weight_bytes), cal.task_overhead_us + stage, comp,
                         slot_t, fill, ring, rate, stage=stage)
     if task.kind == Kind.ATTN:
@@ -143,7 +150,8 @@ def task_cost(task: Task, graph: StepGraph, rates: Rates, cal: Calibration,
         emb = d["B"] * rows * 2                      # bf16 embedding rows come from HBM
         dur = cal.task_overhead_us + emb / rates.hbm + (task.act_bytes - emb) / rates.l2
     else:                                            # COMBINE, ARGMAX: L2-resident partials
-        fixed = cal.combine_fixed_us + d["S"] * cal.merge_split_us if task.kind == Kind.COMBINE else cal.l2_latency_us
+        fixed = (cal.combine_fixed_us + merge_cost(d["S"], d["B"] * d["G"] * d["d"], plan.consumer_warps, cal)
+                 if task.kind == Kind.COMBINE else cal.l2_latency_us)
         dur = cal.task_overhead_us + fixed + task.act_bytes / rates.l2 + task.flops / rates.attn
     return TaskCost(False, dur=dur)
 
