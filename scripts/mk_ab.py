@@ -21,8 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mk_trace import make_schedule  # noqa: E402
-from benchmarks.megakernel_system import HEADROOM, TOKENS_PER_BLOCK  # noqa: E402
+from mk_trace import captured_step, make_schedule, prebuild  # noqa: E402
 from trtllm_mk.gpus import detect_gpu, get_gpu  # noqa: E402
 from trtllm_mk.model.registry import resolve_model  # noqa: E402
 
@@ -53,39 +52,22 @@ def main() -> None:
     spec = resolve_model(a.model).spec
     variants = [parse_variant(v) for v in a.variant]
     if a.prebuild:
-        from trtllm_mk.codegen import compile_cubin, generate_source
-        gpu = get_gpu(a.gpu)
         for name, sets, defines in variants:
-            s = make_schedule(spec, a.batch, a.context, gpu, sets)
-            src, _ = generate_source(s, TOKENS_PER_BLOCK, a.context + HEADROOM, use_bulk_copy=gpu.has_tma,
-                                     defines=defines)
-            path, _ = compile_cubin(src, gpu.nvcc_arch)
+            s, path = prebuild(spec, a.batch, a.context, get_gpu(a.gpu), sets, defines)
             print(f"{name}: predicted {s.predicted_step_us:.1f} us -> {path.name}")
         return
 
     import torch
     from benchmarks.timing import time_steps
-    from trtllm_mk.kv_cache import PagedKVCache
     from trtllm_mk.model.random_weights import random_weights
-    from trtllm_mk.runtime.megakernel import build_decoder
     gpu = detect_gpu()
-    dev = torch.device("cuda")
-    w = random_weights(spec, device=dev, seed=0)
-    max_seq = a.context + HEADROOM
+    w = random_weights(spec, device="cuda", seed=0)
     tokens = torch.randint(0, spec.vocab_size, (a.batch,))
     pos = torch.full((a.batch,), a.context)
     runs = []
     for name, sets, defines in variants:
         s = make_schedule(spec, a.batch, a.context, gpu, sets)
-        cache = PagedKVCache.allocate(spec, a.batch, max_seq, TOKENS_PER_BLOCK, device=dev, fill=1.0)
-        dec = build_decoder(s, w, cache, gpu.nvcc_arch, gpu.has_tma, max_seq_len=max_seq, defines=defines)
-        dec.set_state(tokens, pos)
-        for _ in range(3):
-            dec.step()
-        dec.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            dec.step()
+        dec, graph = captured_step(s, w, a.context, gpu, defines, tokens)
         runs.append((name, s, dec, graph))
         print(f"{name}: plan {s.plan.to_dict()} defines {list(defines)}; predicted {s.predicted_step_us:.1f} us",
               flush=True)

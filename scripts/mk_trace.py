@@ -42,6 +42,34 @@ def make_schedule(spec, batch: int, context: int, gpu, sets: dict) -> Schedule:
     return schedule_plan(spec, batch, gpu, replace(sched.plan, **sets), context)
 
 
+def prebuild(spec, batch: int, context: int, gpu, sets: dict, defines: tuple[str, ...]) -> tuple[Schedule, Path]:
+    """Compile the kernel of (spec, batch, context, sets, defines) into the cubin cache (no GPU)."""
+    from trtllm_mk.codegen import compile_cubin, generate_source
+    s = make_schedule(spec, batch, context, gpu, sets)
+    src, _ = generate_source(s, TOKENS_PER_BLOCK, context + HEADROOM, use_bulk_copy=gpu.has_tma, defines=defines)
+    path, _ = compile_cubin(src, gpu.nvcc_arch)
+    return s, path
+
+
+def captured_step(s: Schedule, weights, context: int, gpu, defines: tuple[str, ...], tokens):
+    """A decoder of ``s`` bound to ``weights`` and a cache holding ``context`` tokens, warmed up, and a
+    CUDA graph of one of its steps: (decoder, graph)."""
+    import torch
+    from trtllm_mk.kv_cache import PagedKVCache
+    from trtllm_mk.runtime.megakernel import build_decoder
+    max_seq = context + HEADROOM
+    cache = PagedKVCache.allocate(s.spec, s.batch, max_seq, TOKENS_PER_BLOCK, device="cuda", fill=1.0)
+    dec = build_decoder(s, weights, cache, gpu.nvcc_arch, gpu.has_tma, max_seq_len=max_seq, defines=defines)
+    dec.set_state(tokens, torch.full((s.batch,), context))
+    for _ in range(3):
+        dec.step()
+    dec.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        dec.step()
+    return dec, graph
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("model")
@@ -59,36 +87,19 @@ def main() -> None:
     tag = (f"{a.model}_b{a.batch}" + "".join(f"_{k}{v}" for k, v in sets.items())
            + "".join(f"_{d.replace('=', '')}" for d in a.define))
     if a.prebuild:
-        from trtllm_mk.codegen import compile_cubin, generate_source
-        gpu = get_gpu(a.gpu)
-        s = make_schedule(spec, a.batch, a.context, gpu, sets)
-        src, _ = generate_source(s, TOKENS_PER_BLOCK, a.context + HEADROOM, use_bulk_copy=gpu.has_tma,
-                                 defines=tuple(a.define))
-        path, _ = compile_cubin(src, gpu.nvcc_arch)
+        s, path = prebuild(spec, a.batch, a.context, get_gpu(a.gpu), sets, tuple(a.define))
         print(f"{tag}: predicted {s.predicted_step_us:.1f} us -> {path.name}")
         return
 
     import torch
     from benchmarks.timing import time_steps
-    from trtllm_mk.kv_cache import PagedKVCache
     from trtllm_mk.model.random_weights import random_weights
-    from trtllm_mk.runtime.megakernel import build_decoder
     from trtllm_mk.runtime.trace import format_summary, plot_timeline, summarize
     gpu = detect_gpu()
     s = make_schedule(spec, a.batch, a.context, gpu, sets)
-    dev = torch.device("cuda")
-    w = random_weights(spec, device=dev, seed=0)
-    max_seq = a.context + HEADROOM
-    cache = PagedKVCache.allocate(spec, a.batch, max_seq, TOKENS_PER_BLOCK, device=dev, fill=1.0)
-    dec = build_decoder(s, w, cache, gpu.nvcc_arch, gpu.has_tma, max_seq_len=max_seq, defines=tuple(a.define))
+    w = random_weights(spec, device="cuda", seed=0)
     tokens = torch.randint(0, spec.vocab_size, (a.batch,))
-    dec.set_state(tokens, torch.full((a.batch,), a.context))
-    for _ in range(3):
-        dec.step()
-    dec.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        dec.step()
+    dec, graph = captured_step(s, w, a.context, gpu, tuple(a.define), tokens)
     dec.set_state(tokens, torch.full((a.batch,), a.context))
     stats = time_steps(graph.replay, steps=100, warmup=20)
     dec.synchronize()
