@@ -298,10 +298,9 @@ def _prebuild() -> None:
                  for n in REAL for m in (False, True)]
     variants += [(_spec(n), 2, dict(attn_splits=s, stages=2, slot_bytes=8192)) for n, s, _, _ in LONG_CONTEXT]
     for spec, batch, fields in variants:
-        for s in (_plan_variant(spec, batch, gpu, **fields),):
-            src, _ = generate_source(s, TPB, MAX_SEQ, use_bulk_copy=gpu.has_tma)
-            path, _ = compile_cubin(src, gpu.nvcc_arch)
-            print(spec.name, spec.num_layers, batch, path, flush=True)
+        src, _ = generate_source(_plan_variant(spec, batch, gpu, **fields), TPB, MAX_SEQ, use_bulk_copy=gpu.has_tma)
+        path, _ = compile_cubin(src, gpu.nvcc_arch)
+        print(spec.name, spec.num_layers, batch, fields, path, flush=True)
 
 
 if __name__ == "__main__":

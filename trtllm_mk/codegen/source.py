@@ -96,7 +96,7 @@ def _task_call(graph: StepGraph, task: Task, offsets: dict[str, int], prev: Task
 
 def _prefetch_call(task: Task) -> str:
     """The SM's first layer-template GEMV task, as layer 0 of the next step: what its loader streams
-    first (mk_gemv.cuh prefetch_next_step; a no-op unless MK_PREFETCH_NEXT is defined)."""
+    first, for mk_gemv.cuh prefetch_next_step (a no-op on the cp.async path and with MK_PREFETCH_NEXT=0)."""
     none = ", ".join(["0"] * MAX_REFS)
     return (f"c = mk::prefetch_next_step<mk::{task.kind.name}>(c, mk::TaskArgs{{0, {task.r0}, {task.r1}, {task.k0}, "
             f"{task.k1}, 0, 0, 0, 0, 0, {{{none}}}, 0, {{{none}}}}});")

@@ -114,6 +114,7 @@ def build_step_graph(spec: ModelSpec, batch: int, plan: TilePlan, context_len: i
                         Access("part_o", part * d, (part + G) * d), Access("part_ml", part * 2, (part + G) * 2)),
                 act_bytes=B * (ctx_chunk * 2 * d * 2 + GR * 4 + G * (d + 2) * 4),
                 flops=4 * B * ctx_chunk * G * d)
+
     def partials(g0: int, g1: int) -> tuple[Access, Access]:   # the S split partials of groups [g0, g1)
         return (Access("part_o", g0 * S * G * d, g1 * S * G * d), Access("part_ml", g0 * S * G * 2, g1 * S * G * 2))
 
