@@ -46,7 +46,7 @@ def constants_from_trace(summary: dict, gpu, cal: Calibration) -> dict:
     COMBINE tasks has the former, one whose OPROJ merges the partials (o_merge) the latter."""
     from trtllm_mk.graph import TilePlan, build_step_graph
     from trtllm_mk.graph.tasks import Kind
-    from trtllm_mk.search.cost import cost_table, merge_cost
+    from trtllm_mk.search.cost import cost_table, merge_units
     from trtllm_mk.smem import slot_geometry
     kinds = summary["kinds"]
     known = TilePlan.__dataclass_fields__
@@ -73,8 +73,8 @@ def constants_from_trace(summary: dict, gpu, cal: Calibration) -> dict:
     }
     if plan.o_merge:   # OPROJ's staging beyond a plain slice's is the merge of the S splits
         o = next(t for t in graph.layer if t.kind == Kind.OPROJ)
-        per = merge_cost(plan.attn_splits, graph.batch * (o.k1 - o.k0), plan.consumer_warps, replace(cal, merge_split_us=1.0))
-        out["merge_split_us"] = max(0.0, kinds["OPROJ"]["mean_staging_us"] - kinds["DOWN"]["mean_staging_us"]) / per
+        units = merge_units(plan.attn_splits, graph.batch * (o.k1 - o.k0), plan.consumer_warps)
+        out["merge_split_us"] = max(0.0, kinds["OPROJ"]["mean_staging_us"] - kinds["DOWN"]["mean_staging_us"]) / units
     else:
         out["combine_fixed_us"] = max(0.0, kinds["COMBINE"]["mean_body_us"] - base[Kind.COMBINE])
     return out

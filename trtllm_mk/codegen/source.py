@@ -89,17 +89,22 @@ def _task_call(graph: StepGraph, task: Task, offsets: dict[str, int], prev: Task
     s = [_ref_expr(graph, task, r, offsets) for r in task.signals] + ["0"] * (MAX_REFS - len(task.signals))
     tile = task.index if task.kind == Kind.LMHEAD else 0
     stage = 0 if prev is not None and task.reuses_staged_input(prev) else 1
-    return (f"c = run_task<mk::{task.kind.name}>(c, mk::TaskArgs{{{layer}, {task.r0}, {task.r1}, {task.k0}, {task.k1}, "
-            f"{task.group}, {task.split}, {tile}, {stage}, {len(task.waits)}, {{{', '.join(w)}}}, "
-            f"{len(task.signals)}, {{{', '.join(s)}}}}});")
+    return (f"c = run_task<mk::{task.kind.name}>(c, "
+            f"{_task_args(layer, task, task.group, task.split, tile, stage, w, len(task.waits), s, len(task.signals))});")
+
+
+def _task_args(layer: str, task: Task, group: int, split: int, tile: int, stage: int, w: list[str], nw: int,
+               s: list[str], ns: int) -> str:
+    """An mk::TaskArgs initializer (field order of mk_params.cuh TaskArgs)."""
+    return (f"mk::TaskArgs{{{layer}, {task.r0}, {task.r1}, {task.k0}, {task.k1}, {group}, {split}, {tile}, {stage}, "
+            f"{nw}, {{{', '.join(w)}}}, {ns}, {{{', '.join(s)}}}}}")
 
 
 def _prefetch_call(task: Task) -> str:
     """The SM's first layer-template GEMV task, as layer 0 of the next step: what its loader streams
     first, for mk_gemv.cuh prefetch_next_step (a no-op on the cp.async path and with MK_PREFETCH_NEXT=0)."""
-    none = ", ".join(["0"] * MAX_REFS)
-    return (f"c = mk::prefetch_next_step<mk::{task.kind.name}>(c, mk::TaskArgs{{0, {task.r0}, {task.r1}, {task.k0}, "
-            f"{task.k1}, 0, 0, 0, 0, 0, {{{none}}}, 0, {{{none}}}}});")
+    none = ["0"] * MAX_REFS
+    return f"c = mk::prefetch_next_step<mk::{task.kind.name}>(c, {_task_args('0', task, 0, 0, 0, 0, none, 0, none, 0)});"
 
 
 def _inline_headers() -> str:

@@ -97,11 +97,16 @@ def staging_passes(kind: Kind, hidden: int, batch: int, consumer_warps: int) -> 
     return 1
 
 
+def merge_units(splits: int, elements: int, consumer_warps: int) -> int:
+    """Split-merges on a consumer thread's path when ``elements`` attention outputs are merged from
+    their ``splits`` partials (mk_gemv.cuh merge_splits): each thread merges its elements one after
+    another, each from every split's (max, sum, o) loaded together."""
+    return splits * -(-elements // (32 * consumer_warps))
+
+
 def merge_cost(splits: int, elements: int, consumer_warps: int, cal: Calibration) -> float:
-    """Consumer time of merging ``elements`` attention outputs from their ``splits`` partials
-    (mk_gemv.cuh merge_splits): each consumer thread merges its elements one after another, each from
-    every split's (max, sum, o) loaded together."""
-    return splits * -(-elements // (32 * consumer_warps)) * cal.merge_split_us
+    """Consumer time of that merge: ``merge_split_us`` per unit."""
+    return merge_units(splits, elements, consumer_warps) * cal.merge_split_us
 
 
 def task_cost(task: Task, graph: StepGraph, rates: Rates, cal: Calibration,

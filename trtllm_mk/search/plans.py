@@ -90,8 +90,6 @@ def field_candidates(field: str, plan: TilePlan, spec: ModelSpec, num_sms: int, 
         return attn_split_candidates(spec, num_sms, context_len)
     if field == "consumer_warps":
         return list(CONSUMER_WARPS)
-    if field == "o_merge":
-        return [False, True]
     raise KeyError(field)
 
 
