@@ -51,8 +51,8 @@ def runtime_extension():
         return []
     return [Pybind11Extension(
         "trtllm_mk._mkrt",
-        ["plugin_src/runtime/megakernel_module.cpp", "plugin_src/runtime/bindings.cpp"],
-        include_dirs=[str(home / "include"), "plugin_src/runtime"],
+        ["trtllm_mk/runtime/csrc/megakernel_module.cpp", "trtllm_mk/runtime/csrc/bindings.cpp"],
+        include_dirs=[str(home / "include"), "trtllm_mk/runtime/csrc"],
         library_dirs=libdirs,
         libraries=["cuda"],
         cxx_std=17,

@@ -1,7 +1,7 @@
 """Cost-model calibration: fit the constants the simulator cannot know from datasheets and write
-benchmarks/calibration/<gpu>.json, which the search reads. Two sources:
+trtllm_mk/data/calibration/<gpu>.json, which the search reads. Two sources:
 
-    python benchmarks/calibrate.py [--out benchmarks/calibration] [--models llama-3.2-1b ...]     # GPU
+    python benchmarks/calibrate.py [--out trtllm_mk/data/calibration] [--models llama-3.2-1b ...]     # GPU
     python benchmarks/calibrate.py --from-trace trace_llama-3.2-1b_b1.json [...]               # no GPU
     python benchmarks/calibrate.py --from-measured benchmarks/results/<run>/measured.json        # no GPU
 

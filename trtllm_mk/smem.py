@@ -8,7 +8,7 @@ One persistent CTA per SM holds, in dynamic shared memory:
               through the activation below); a row of the task's K range that does not fit one slot
               travels in ``NKC`` pieces. Rows sit 16 bytes further apart than their length (bank skew
               for ldmatrix); SLOT_PAD holds that skew. The geometry mirrors ``Geometry`` in
-              plugin_src/megakernel/mk_gemv.cuh, so the ring the model fills is the ring that runs.
+              trtllm_mk/device/mk_gemv.cuh, so the ring the model fills is the ring that runs.
   activation  the task's input, resident for the whole task: ``batch x (K_range + 8)`` bf16 for a GEMV
               kind (8 elements of bank skew per row), where K-splitting (TilePlan.o_ksplit,
               down_ksplit) shrinks K_range; ATTN uses the same region as scratch (q/k/v of one KV

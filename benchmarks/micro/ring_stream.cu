@@ -1,5 +1,5 @@
 // Micro-benchmark: how fast can one loader warp per SM stream weights through an mbarrier ring?
-// It isolates the megakernel's weight path (plugin_src/megakernel/mk_gemv.cuh gemv_load) from the task
+// It isolates the megakernel's weight path (trtllm_mk/device/mk_gemv.cuh gemv_load) from the task
 // graph: every CTA streams its own rows of a large matrix (larger than L2) through STAGES x SLOT ring
 // slots, one copy per row piece of C bytes, as the kernel does; consumer warps only release slots.
 // Three tables: (1) what copy size, ring shape and issue scheme reach the HBM read bandwidth, and what

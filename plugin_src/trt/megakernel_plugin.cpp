@@ -150,7 +150,7 @@ std::string join_path(const std::string& dir, const char* file) {
 
 void check(CUresult r, const char* what) { check_cu(r, what); }
 
-// Host mirror of mk::Params (plugin_src/megakernel/mk_params.cuh); field order = PARAM_FIELDS in
+// Host mirror of mk::Params (trtllm_mk/device/mk_params.cuh); field order = PARAM_FIELDS in
 // trtllm_mk/runtime/megakernel.py. Passed by value to the kernel, so it is captured by value in a
 // CUDA graph: only the table behind `layers` is read through a pointer.
 struct HostParams {

@@ -1,7 +1,7 @@
 """Emit the config-specialized CUDA source of the megakernel from a Schedule.
 
 The output is one self-contained .cu file: a ``namespace cfg`` block with every shape, tile choice and
-event count as a compile-time constant, the device headers of plugin_src/megakernel inlined, and
+event count as a compile-time constant, the device headers of trtllm_mk/device inlined, and
 ``run_program``: for each SM a straight-line list of task calls (head, a loop over layers of the
 SM's layer program, tail). Nothing is decided at run time but the SM's own case of one switch.
 """
@@ -22,11 +22,8 @@ HEADER_ORDER = ["mk_common.cuh", "mk_params.cuh", "mk_gemv.cuh", "mk_attention.c
 
 
 def device_source_dir() -> Path:
-    here = Path(__file__).resolve()
-    for cand in (here.parents[2] / "plugin_src" / "megakernel", here.parent / "device"):
-        if (cand / "mk_kernel.cuh").exists():
-            return cand
-    raise FileNotFoundError("plugin_src/megakernel not found next to the trtllm_mk package")
+    """The device sources, shipped inside the package (package data)."""
+    return Path(__file__).resolve().parent.parent / "device"
 
 
 @dataclass(frozen=True)

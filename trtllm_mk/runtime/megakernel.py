@@ -19,7 +19,7 @@ from ..model.spec import ModelSpec
 from ..schedule import Schedule
 from .trace import TRACE_WORDS
 
-# Order and kinds of the fields of mk::Params (plugin_src/megakernel/mk_params.cuh).
+# Order and kinds of the fields of mk::Params (trtllm_mk/device/mk_params.cuh).
 PARAM_FIELDS = [
     "layers", "embed", "final_norm", "lm_head", "inv_freq", "x", "qkv", "part_o", "part_ml", "attn_out", "act",
     "logits", "lm_val", "lm_idx", "tokens", "pos", "history", "kv_pool", "block_table", "counters", "control",

@@ -30,7 +30,7 @@ from ..graph.tasks import HEAD, LAYER, TAIL, Kind
 from ..schedule import Schedule
 
 
-# words per task in the kernel's trace buffer (mirror: plugin_src/megakernel/mk_params.cuh TRACE_WORDS)
+# words per task in the kernel's trace buffer (mirror: trtllm_mk/device/mk_params.cuh TRACE_WORDS)
 TRACE_WORDS = 11
 
 

@@ -1,7 +1,7 @@
 """Constants of the cost model that are not datasheet facts, with defaults and an optional measured file.
 
 ``load_calibration(gpu)`` starts from the defaults below and overrides any field found in
-``benchmarks/calibration/<gpu name>.json`` (written by the calibration benchmark on a real GPU). A
+``trtllm_mk/data/calibration/<gpu name>.json`` (written by the calibration benchmark on a real GPU). A
 file with an unknown key or a negative value is rejected: a silently ignored typo would make every
 prediction quietly wrong.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 from ..errors import ConfigError
 from ..gpus import GpuSpec
 
-CALIBRATION_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "calibration"
+CALIBRATION_DIR = Path(__file__).resolve().parents[1] / "data" / "calibration"
 
 # Boost clocks (GHz) from the datasheets; the cost model needs them for the per-SM FMA and
 # shared-memory rates, which GpuSpec does not carry.
@@ -107,7 +107,7 @@ class Calibration:
 
 def load_calibration(gpu: GpuSpec | str, directory: Path | None = None) -> Calibration:
     """Defaults overridden by ``<directory>/<gpu>.json`` when it exists (directory defaults to
-    benchmarks/calibration of the source tree)."""
+    the package's data/calibration)."""
     name = gpu.name if isinstance(gpu, GpuSpec) else str(gpu)
     path = (directory or CALIBRATION_DIR) / f"{name}.json"
     cal = Calibration()

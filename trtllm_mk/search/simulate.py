@@ -1,6 +1,6 @@
 """Discrete-event simulation of one decode step of a schedule on the GPU's SMs.
 
-Machine model (the megakernel's, see plugin_src/megakernel/mk_gemv.cuh):
+Machine model (the megakernel's, see trtllm_mk/device/mk_gemv.cuh):
   * Per SM a LOADER streams the weights of the SM's GEMV tasks in program order, never waiting on
     events, only on ring space: byte q may be issued only once byte q - C was consumed (C = the ring's
     capacity for the task's kind). Issued bytes land ``mem_latency_us`` later.
