@@ -9,7 +9,7 @@ import pytest
 from trtllm_mk import verify
 from trtllm_mk.errors import ConfigError
 from trtllm_mk.gpus import get_gpu
-from trtllm_mk.graph import Event, EventRef, Kind, StepGraph, Task, TilePlan, build_step_graph
+from trtllm_mk.graph import Dims, Event, EventRef, Kind, StepGraph, Task, TilePlan, build_step_graph
 from trtllm_mk.graph.tasks import LAYER
 from trtllm_mk.model.spec import load_spec
 from trtllm_mk.report import write_report
@@ -151,7 +151,9 @@ CAL = Calibration(sync_us=1.0, mem_latency_us=0.8, launch_us=4.0)
 
 def _hand(tasks, costs, programs, events):
     """A one-layer graph of hand-made tasks with hand-given costs."""
-    g = StepGraph(1, 1, TilePlan(), [], tasks, [], events, {"context_len": 16, "S": 1, "B": 1, "d": 32})
+    dims = Dims(batch=1, layers=1, hidden=64, intermediate=64, vocab=64, heads=1, kv_heads=1, head_dim=32, group=1,
+                splits=1, group_rows=96, qkv_rows=96, q_dim=32, n_lm_tiles=1, context_len=16)
+    g = StepGraph(1, 1, TilePlan(), [], tasks, [], events, dims)
     ct = CostTable([], costs, [], None, streaming_sms(programs, g))
     return Simulator(g, H100, CAL, costs=ct).run(programs, record=True)
 

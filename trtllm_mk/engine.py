@@ -38,8 +38,8 @@ def kernel_json(schedule: Schedule, layout: KernelLayout, target: str) -> dict:
         "tokens_per_block": layout.tokens_per_block, "trace_tasks": layout.trace_tasks, "batch": schedule.batch, "attn_splits": schedule.plan.attn_splits,
         "event_offsets": layout.event_offsets, "target": target,
         "qk_norm": schedule.spec.qk_norm, "qkv_bias": schedule.spec.qkv_bias,
-        "dims": {"L": d["L"], "H": d["H"], "I": d["I"], "V": d["V"], "NH": d["nh"], "NKV": d["nkv"], "D": d["d"],
-                 "G": d["G"], "QKVR": d["QKVR"]},
+        "dims": {"L": d.layers, "H": d.hidden, "I": d.intermediate, "V": d.vocab, "NH": d.heads, "NKV": d.kv_heads, "D": d.head_dim,
+                 "G": d.group, "QKVR": d.qkv_rows},
     }
 
 

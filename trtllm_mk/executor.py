@@ -171,20 +171,20 @@ class CpuExecutor:
         if missing:
             raise ValueError(f"weights: missing {missing[0]} (+{len(missing) - 1} more)")
         dm = self.graph.dims
-        self.B, self.H, self.d, self.G, self.S = dm["B"], dm["H"], dm["d"], dm["G"], dm["S"]
-        self.nkv, self.GR, self.eps = dm["nkv"], dm["GR"], spec.rms_norm_eps
+        self.B, self.H, self.d, self.G, self.S = dm.batch, dm.hidden, dm.head_dim, dm.group, dm.splits
+        self.nkv, self.GR, self.eps = dm.kv_heads, dm.group_rows, spec.rms_norm_eps
         self._pack(weights)
         self.inv_freq = rope_inv_freq(spec)
         B, f32, i32 = self.B, torch.float32, torch.int32
         self.x = torch.zeros(B, self.H, dtype=f32)
-        self.qkv = torch.zeros(B, dm["QKVR"], dtype=f32)
+        self.qkv = torch.zeros(B, dm.qkv_rows, dtype=f32)
         self.part_o = torch.zeros(B, self.nkv, self.S, self.G, self.d, dtype=f32)
         self.part_ml = torch.zeros(B, self.nkv, self.S, self.G, 2, dtype=f32)
-        self.attn_out = torch.zeros(B, dm["QD"], dtype=f32)
-        self.act = torch.zeros(B, dm["I"], dtype=f32)
-        self.logits = torch.zeros(B, dm["V"], dtype=f32)
-        self.lm_val = torch.zeros(B, dm["n_lm_tiles"], dtype=f32)
-        self.lm_idx = torch.zeros(B, dm["n_lm_tiles"], dtype=i32)
+        self.attn_out = torch.zeros(B, dm.q_dim, dtype=f32)
+        self.act = torch.zeros(B, dm.intermediate, dtype=f32)
+        self.logits = torch.zeros(B, dm.vocab, dtype=f32)
+        self.lm_val = torch.zeros(B, dm.n_lm_tiles, dtype=f32)
+        self.lm_idx = torch.zeros(B, dm.n_lm_tiles, dtype=i32)
         self.tokens = torch.zeros(B, dtype=i32)
         self.pos = torch.zeros(B, dtype=i32)
         self.history = torch.full((B, cache.max_seq_len), -1, dtype=i32)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from ..errors import ModelError
 from ..model.spec import ModelSpec
-from .tasks import HEAD, LAYER, MAX_BATCH, TAIL, Access, Event, EventRef, Kind, StepGraph, Task, TilePlan
+from .tasks import HEAD, LAYER, MAX_BATCH, TAIL, Access, Dims, Event, EventRef, Kind, StepGraph, Task, TilePlan
 
 
 def _tiles(n: int, size: int) -> list[tuple[int, int]]:
@@ -196,7 +196,7 @@ def build_step_graph(spec: ModelSpec, batch: int, plan: TilePlan, context_len: i
                                        True)
     if plan.o_ksplit > 1:
         events["qkv_all"] = Event("qkv_all", L, 1, ((len(qkv_tiles),),) * L, True)
-    dims = dict(B=B, L=L, H=H, I=I, V=V, nh=nh, nkv=nkv, d=d, G=G, S=S, GR=GR, QKVR=QKVR, QD=QD,
-                n_lm_tiles=len(lm_tiles), context_len=context_len)
+    dims = Dims(batch=B, layers=L, hidden=H, intermediate=I, vocab=V, heads=nh, kv_heads=nkv, head_dim=d, group=G,
+                splits=S, group_rows=GR, qkv_rows=QKVR, q_dim=QD, n_lm_tiles=len(lm_tiles), context_len=context_len)
     return StepGraph(num_layers=L, batch=B, plan=plan, head=head, layer=layer, tail=tail,
                      events=events, dims=dims)

@@ -30,7 +30,7 @@ GPU applies when it stages an activation in shared memory as the input of a GEMV
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from enum import IntEnum
 
 
@@ -171,6 +171,26 @@ class TilePlan:
         return cls(**d)
 
 
+@dataclass(frozen=True)
+class Dims:
+    """The shapes one decode step is lowered with."""
+    batch: int           # sequences decoded per step (B)
+    layers: int          # L
+    hidden: int          # H
+    intermediate: int    # I
+    vocab: int           # V
+    heads: int           # query heads
+    kv_heads: int        # KV heads (= KV groups)
+    head_dim: int        # d
+    group: int           # query heads per KV head (G)
+    splits: int          # KV splits per group (S)
+    group_rows: int      # QKV output rows per KV group: (G + 2) * d
+    qkv_rows: int        # all QKV output rows: kv_heads * group_rows
+    q_dim: int           # heads * head_dim
+    n_lm_tiles: int      # LM-head tiles (argmax partials per row)
+    context_len: int     # context the ATTN cost estimates assume
+
+
 @dataclass
 class StepGraph:
     """One decode step as head / per-layer template / tail task lists plus event tensors."""
@@ -181,7 +201,7 @@ class StepGraph:
     layer: list[Task]
     tail: list[Task]
     events: dict[str, Event]
-    dims: dict[str, int] = field(default_factory=dict)   # H, I, V, QKVR, nh, nkv, d, G, S, ...
+    dims: Dims
 
     def phase_tasks(self, phase: str) -> list[Task]:
         return {HEAD: self.head, LAYER: self.layer, TAIL: self.tail}[phase]

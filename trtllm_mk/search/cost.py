@@ -129,33 +129,33 @@ def task_cost(task: Task, graph: StepGraph, rates: Rates, cal: Calibration,
         turnover = cal.mem_latency_us + fill / bw + slot_t
         issue = geo.k_chunk * 2 / cal.copy_issue_us        # one bulk copy per weight row piece
         rate = min(bw, ring / turnover, task.weight_bytes / comp, issue)
-        stage = staging_passes(task.kind, d["H"], d["B"], plan.consumer_warps) * cal.l2_latency_us + task.act_bytes / rates.l2
+        stage = staging_passes(task.kind, d.hidden, d.batch, plan.consumer_warps) * cal.l2_latency_us + task.act_bytes / rates.l2
         if task.kind == Kind.OPROJ and plan.o_merge:   # the partials of every split, merged while staging
-            stage += merge_cost(d["S"], d["B"] * (task.k1 - task.k0), plan.consumer_warps, cal)
+            stage += merge_cost(d.splits, d.batch * (task.k1 - task.k0), plan.consumer_warps, cal)
         return TaskCost(True, float(task.weight_bytes), cal.task_overhead_us + stage, comp,
                         slot_t, fill, ring, rate, stage=stage)
     if task.kind == Kind.ATTN:
         # the loader brings up to `cap` cached tokens per row through the ring before the task's wait
         # (their bytes ride along the weight stream); the consumers copy the rest in rounds of `cap`
-        chunk = -(-d["context_len"] // d["S"])
-        _, cap = attention_kv_ring(d["d"], plan.slot_bytes, d["S"], d["context_len"])
-        token = 2 * d["d"] * 2
-        kv = d["B"] * chunk * token
-        late_row = max(0, attention_chunk(d["context_len"], d["S"]) - cap)    # per batch row
-        late, rounds = d["B"] * late_row, d["B"] * -(-late_row // cap)
+        chunk = -(-d.context_len // d.splits)
+        _, cap = attention_kv_ring(d.head_dim, plan.slot_bytes, d.splits, d.context_len)
+        token = 2 * d.head_dim * 2
+        kv = d.batch * chunk * token
+        late_row = max(0, attention_chunk(d.context_len, d.splits) - cap)    # per batch row
+        late, rounds = d.batch * late_row, d.batch * -(-late_row // cap)
         late_us = rounds * 2 * cal.l2_latency_us + late * (token / rates.hbm + cal.attn_late_token_us)
         # the consumer warps take the split's 16-token tensor-core tiles in turns and a warp's tiles
         # run one after another (mk_attention.cuh attn_compute): the math costs tile rounds, not FLOPs
-        tiles = -(-attention_chunk(d["context_len"], d["S"]) // ATTN_TILE_TOKENS)
-        tile_rounds = d["B"] * -(-tiles // plan.consumer_warps)
+        tiles = -(-attention_chunk(d.context_len, d.splits) // ATTN_TILE_TOKENS)
+        tile_rounds = d.batch * -(-tiles // plan.consumer_warps)
         dur = (cal.task_overhead_us + cal.attn_fixed_us + late_us
                + max(0, task.act_bytes - kv) / rates.l2 + tile_rounds * cal.attn_tile_us)
     elif task.kind == Kind.EMBED:
         rows = task.r1 - task.r0
-        emb = d["B"] * rows * 2                      # bf16 embedding rows come from HBM
+        emb = d.batch * rows * 2                      # bf16 embedding rows come from HBM
         dur = cal.task_overhead_us + emb / rates.hbm + (task.act_bytes - emb) / rates.l2
     else:                                            # COMBINE, ARGMAX: L2-resident partials
-        fixed = (cal.combine_fixed_us + merge_cost(d["S"], d["B"] * d["G"] * d["d"], plan.consumer_warps, cal)
+        fixed = (cal.combine_fixed_us + merge_cost(d.splits, d.batch * d.group * d.head_dim, plan.consumer_warps, cal)
                  if task.kind == Kind.COMBINE else cal.l2_latency_us)
         dur = cal.task_overhead_us + fixed + task.act_bytes / rates.l2 + task.flops / rates.attn
     return TaskCost(False, dur=dur)
