@@ -2,8 +2,8 @@
 
 Checked against the PyTorch prefill backend (the logits of the last token of the whole sequence equal
 the decode step's logits) and, where it exists, the reference decoder; and across schedules and
-interleavings, which must not change the result (bit for bit when no task accumulates into x from
-several K-chunks)."""
+interleavings, which must not change the result, bit for bit: K-chunks add into the fixed-point
+residual, where the order of the adds cannot show."""
 from __future__ import annotations
 
 import dataclasses
@@ -177,14 +177,16 @@ def test_schedules_and_interleavings_agree_bitwise():
         assert torch.equal(pool, base_pool) and torch.equal(hist, base_hist)
 
 
-def test_ksplit_interleavings_agree_closely():
+def test_ksplit_interleavings_agree_bitwise():
+    """K-split OPROJ and DOWN chunks add into x in a different order under each schedule and
+    interleaving; the residual is fixed point (trtllm_mk/residual.py), so the results are identical."""
     spec = _spec("llama")
     w = _weights(spec, seed=2)
     a, _ = _decode(spec, w, round_robin_schedule(spec, KSPLIT, 4, batch=2), PROMPTS, 2, ["sequential"])
     b, _ = _decode(spec, w, random_legal_schedule(spec, KSPLIT, 5, random.Random(2), batch=2), PROMPTS, 2,
                    ["random"])
     for (l0, t0, _), (l1, t1, _) in zip(a, b):
-        assert _rel(l1, l0) < 1e-5 and torch.equal(t0, t1)
+        assert torch.equal(l1, l0) and torch.equal(t0, t1)
 
 
 def test_first_token_with_empty_splits_and_history():

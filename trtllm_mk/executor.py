@@ -19,6 +19,7 @@ from .graph import Kind, StepGraph, Task
 from .kv_cache import PagedKVCache
 from .model.rope import apply_rope, rope_inv_freq
 from .model.spec import ModelSpec
+from .residual import from_fixed, to_fixed
 from .schedule import Schedule
 from .verify import ScheduleError, check
 
@@ -176,7 +177,7 @@ class CpuExecutor:
         self._pack(weights)
         self.inv_freq = rope_inv_freq(spec)
         B, f32, i32 = self.B, torch.float32, torch.int32
-        self.x = torch.zeros(B, self.H, dtype=f32)
+        self.x = torch.zeros(B, self.H, dtype=torch.int64)   # fixed point (trtllm_mk/residual.py)
         self.qkv = torch.zeros(B, dm.qkv_rows, dtype=f32)
         self.part_o = torch.zeros(B, self.nkv, self.S, self.G, self.d, dtype=f32)
         self.part_ml = torch.zeros(B, self.nkv, self.S, self.G, 2, dtype=f32)
@@ -239,12 +240,12 @@ class CpuExecutor:
 
     # ------------------------------------------------------------------ task kinds
     def _norm_staged(self, w: torch.Tensor) -> torch.Tensor:
-        x = self.x
+        x = from_fixed(self.x)
         rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self._act(x * rstd * w)
 
     def _embed(self, t: Task, layer: int) -> None:
-        self.x[:, t.r0:t.r1] = self.embed[self.tokens.long(), t.r0:t.r1]
+        self.x[:, t.r0:t.r1] = to_fixed(self.embed[self.tokens.long(), t.r0:t.r1])
 
     def _qkv(self, t: Task, layer: int) -> None:
         lw = self.layers[layer]
@@ -313,7 +314,7 @@ class CpuExecutor:
             src = torch.cat([self._merged(g) for g in range(t.k0 // n, t.k1 // n)], dim=1)
         else:
             src = self.attn_out[:, t.k0:t.k1]
-        self.x[:, t.r0:t.r1] += self._act(src) @ w.T
+        self.x[:, t.r0:t.r1] += to_fixed(self._act(src) @ w.T)
 
     def _gateup(self, t: Task, layer: int) -> None:
         lw = self.layers[layer]
@@ -323,7 +324,7 @@ class CpuExecutor:
 
     def _down(self, t: Task, layer: int) -> None:
         w = self.layers[layer]["down"][t.r0:t.r1, t.k0:t.k1]
-        self.x[:, t.r0:t.r1] += self._act(self.act[:, t.k0:t.k1]) @ w.T
+        self.x[:, t.r0:t.r1] += to_fixed(self._act(self.act[:, t.k0:t.k1]) @ w.T)
 
     def _lmhead(self, t: Task, layer: int) -> None:
         out = self._norm_staged(self.final_norm) @ self.lm_head[t.r0:t.r1].T

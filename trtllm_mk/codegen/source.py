@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..graph import HEAD, LAYER, Kind, StepGraph, Task
+from ..residual import FRAC_BITS as RESID_FRAC_BITS
 from ..schedule import Schedule
 from ..smem import ACT_PAD, MMA_ROWS, SLOT_PAD, attention_kv_ring, attention_scratch_bytes
 
@@ -146,7 +147,8 @@ def generate_source(schedule: Schedule, tokens_per_block: int, max_seq_len: int,
                   O_KSPLIT=p.o_ksplit, DOWN_KSPLIT=p.down_ksplit, N_LM_TILES=d.n_lm_tiles,
                   ACT_SMEM_BYTES=act_smem_bytes(graph), NUM_COUNTERS=len(counts), SLOT_PAD=SLOT_PAD,
                   TRACE_TASKS=max(1, trace_tasks), KV_SLOTS=kv_slots, KV_CAP=kv_cap,
-                  INFLIGHT=p.inflight_slots, INFLIGHT_CHAIN=p.inflight_chain, MAX_REFS=MAX_REFS)
+                  INFLIGHT=p.inflight_slots, INFLIGHT_CHAIN=p.inflight_chain, MAX_REFS=MAX_REFS,
+                  RESID_FRAC_BITS=RESID_FRAC_BITS)
     for k, v in consts.items():
         lines.append(f"constexpr int {k} = {v};")
     lines.append(f"constexpr bool QK_NORM = {'true' if spec.qk_norm else 'false'};")

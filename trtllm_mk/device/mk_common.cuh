@@ -50,6 +50,24 @@ __device__ __forceinline__ float warp_max(float v) {
 __device__ __forceinline__ float ld_act(const float* p) { return __ldcg(p); }
 __device__ __forceinline__ int ld_act(const int* p) { return __ldcg(p); }
 
+// The residual stream is fixed point, int64 with cfg::RESID_FRAC_BITS fractional bits
+// (trtllm_mk/residual.py says why): K-split partial sums add into it in arrival order, and integer
+// addition makes that order invisible, so a step gives the same bits on every run.
+constexpr float RESID_SCALE = (float)(1ull << cfg::RESID_FRAC_BITS);
+constexpr float RESID_UNIT = 1.f / RESID_SCALE;
+__device__ __forceinline__ long long resid_fixed(float v) { return __float2ll_rn(v * RESID_SCALE); }
+__device__ __forceinline__ float resid_float(long long q) { return __ll2float_rn(q) * RESID_UNIT; }
+// Residual elements 4i .. 4i+3 of one batch row, read through L2 (see ld_act).
+__device__ __forceinline__ float4 ld_resid4(const long long* row, int i) {
+  const longlong2 lo = __ldcg(reinterpret_cast<const longlong2*>(row) + 2 * i);
+  const longlong2 hi = __ldcg(reinterpret_cast<const longlong2*>(row) + 2 * i + 1);
+  return make_float4(resid_float(lo.x), resid_float(lo.y), resid_float(hi.x), resid_float(hi.y));
+}
+// Add v to a residual element: a fire-and-forget reduction at L2 (no round trip stalls the warp).
+__device__ __forceinline__ void add_resid(long long* x, float v) {
+  atomicAdd(reinterpret_cast<unsigned long long*>(x), static_cast<unsigned long long>(resid_fixed(v)));
+}
+
 __device__ __forceinline__ uint64_t globaltimer() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));

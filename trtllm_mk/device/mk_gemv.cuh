@@ -244,11 +244,11 @@ __device__ void stage_activation(Ctx& c, const TaskArgs& a) {
 #pragma unroll
       for (int b = 0; b < cfg::B; ++b) {
         ss[b] = 0.f;
-        const float4* xb = reinterpret_cast<const float4*>(p.x + (size_t)b * cfg::H);
+        const long long* xb = p.x + (size_t)b * cfg::H;
 #pragma unroll
         for (int j = 0; j < VPT; ++j) {
           const int i = tid + j * CTHREADS;
-          xv[b][j] = (FULL || i < H4) ? __ldcg(xb + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+          xv[b][j] = (FULL || i < H4) ? ld_resid4(xb, i) : make_float4(0.f, 0.f, 0.f, 0.f);
           const float4 v = xv[b][j];
           ss[b] = fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, ss[b]))));
         }
@@ -267,12 +267,12 @@ __device__ void stage_activation(Ctx& c, const TaskArgs& a) {
 #pragma unroll
       for (int b = 0; b < cfg::B; ++b) {
         ss[b] = 0.f;
-        const float4* xb = reinterpret_cast<const float4*>(p.x + (size_t)b * cfg::H);
+        const long long* xb = p.x + (size_t)b * cfg::H;
 #pragma unroll
         for (int j = 0; j < VPT; ++j) {
           const int i = tid + j * CTHREADS;
           if (FULL || i < H4) {
-            const float4 v = __ldcg(xb + i);
+            const float4 v = ld_resid4(xb, i);
             ss[b] = fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, ss[b]))));
           }
         }
@@ -285,7 +285,7 @@ __device__ void stage_activation(Ctx& c, const TaskArgs& a) {
           const float4 w = load_norm_w4(nw, i);
 #pragma unroll
           for (int b = 0; b < cfg::B; ++b)
-            store_act4<KIND>(c, b, i, norm4(__ldcg(reinterpret_cast<const float4*>(p.x + (size_t)b * cfg::H) + i), ss[b], w));
+            store_act4<KIND>(c, b, i, norm4(ld_resid4(p.x + (size_t)b * cfg::H, i), ss[b], w));
         }
       }
     }
@@ -333,9 +333,8 @@ __device__ __forceinline__ void gemv_epilogue(const Params& p, const TaskArgs& a
     }
     p.qkv[(size_t)b * cfg::QKVR + r] = v;
   } else if constexpr (KIND == OPROJ || KIND == DOWN) {
-    // A fire-and-forget reduction at L2: no round trip stalls the warp (a load-add-store would), and
-    // K-split partials accumulate in place. With one writer per element the result is deterministic.
-    atomicAdd(p.x + (size_t)b * cfg::H + r, v);
+    // K-split partials accumulate in place, in fixed point: the same sum in every arrival order
+    add_resid(p.x + (size_t)b * cfg::H + r, v);
   } else if constexpr (KIND == GATEUP) {
     p.act[(size_t)b * cfg::I + r] = silu(v) * v_up;
   } else {

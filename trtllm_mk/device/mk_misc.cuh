@@ -10,7 +10,7 @@ __device__ void embed_compute(Ctx& c, const TaskArgs& a) {
   for (int i = threadIdx.x; i < cfg::B * n; i += CTHREADS) {
     const int b = i / n, r = a.r0 + i % n;
     const int tok = ld_act(p.tokens + b);
-    p.x[(size_t)b * cfg::H + r] = bf16_to_f(p.embed[(size_t)tok * cfg::H + r]);
+    p.x[(size_t)b * cfg::H + r] = resid_fixed(bf16_to_f(p.embed[(size_t)tok * cfg::H + r]));
   }
   consumer_sync(CTHREADS);
 }

@@ -19,7 +19,7 @@ struct Params {
   const bf16* final_norm;      // [H]
   const bf16* lm_head;         // [V, H] (the embedding when tied)
   const float* inv_freq;       // [D/2] RoPE inverse frequencies (llama3 scaling applied on the host)
-  float* x;                    // [B, H] residual stream
+  long long* x;                // [B, H] residual stream, fixed point (mk_common.cuh resid_fixed)
   float* qkv;                  // [B, QKVR] grouped q/k/v projection
   float* part_o;               // [B, NKV, S, G, D] attention partials
   float* part_ml;              // [B, NKV, S, G, 2] (max, sum of exp)

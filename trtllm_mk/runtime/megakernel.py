@@ -72,7 +72,7 @@ class DecodeBuffers:
         S, G = schedule.plan.attn_splits, spec.group_size
         qkvr = spec.num_kv_heads * (G + 2) * spec.head_dim
         return cls(
-            x=torch.empty(batch, spec.hidden_size, **f32),
+            x=torch.empty(batch, spec.hidden_size, dtype=torch.int64, device=device),   # fixed point
             qkv=torch.empty(batch, qkvr, **f32),
             part_o=torch.empty(batch, spec.num_kv_heads, S, G, spec.head_dim, **f32),
             part_ml=torch.empty(batch, spec.num_kv_heads, S, G, 2, **f32),
