@@ -14,7 +14,7 @@ import torch
 
 from test_verify import random_legal_schedule, round_robin_schedule
 from trtllm_mk.backends.torch_prefill import TorchPrefill
-from trtllm_mk.executor import CpuExecutor, EventMachine
+from trtllm_mk.executor import CpuExecutor, EventMachine, NonFiniteLogits
 from trtllm_mk.graph import Kind, TilePlan, build_step_graph
 from trtllm_mk.kv_cache import PagedKVCache
 from trtllm_mk.model.random_weights import random_weights
@@ -219,6 +219,24 @@ def test_argmax_ties_pick_first_index():
         tied = (logits[b] == logits[b].max()).nonzero().flatten().tolist()
         assert len(tied) >= 3 and tied[0] in (0, 7)   # 7/130/300 if positive, else every zero row
         assert int(nxt[b]) == tied[0]
+
+
+def test_nan_logits_never_win_and_an_all_nan_row_is_an_error():
+    """NaN logits are skipped by the argmax (as on the GPU), never turned into an index; a row with
+    no logit above -inf stops the step with a clear error instead of an out-of-range token."""
+    spec = _spec("mistral")
+    w = _weights(spec)
+    lm = w["lm_head.weight"].clone()
+    lm[::2] = float("nan")                             # every even row of the LM head, in every tile
+    ex = CpuExecutor(spec, {**w, "lm_head.weight": lm}, round_robin_schedule(spec, PLAN, 3, batch=2), _cache(spec, 2))
+    logits, nxt = ex.step(torch.tensor([7, 8]), torch.tensor([0, 0]))
+    for b in range(2):
+        finite = torch.where(logits[b].isnan(), -torch.inf, logits[b])
+        assert int(nxt[b]) == int(finite.argmax()) and int(nxt[b]) % 2 == 1
+    lm[:] = float("nan")
+    ex = CpuExecutor(spec, {**w, "lm_head.weight": lm}, round_robin_schedule(spec, PLAN, 3, batch=2), _cache(spec, 2))
+    with pytest.raises(NonFiniteLogits, match="all NaN or -inf"):
+        ex.step(torch.tensor([7, 8]), torch.tensor([0, 0]))
 
 
 def test_counters_are_monotonic_across_steps():

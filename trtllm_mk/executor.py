@@ -15,6 +15,7 @@ from typing import Callable
 
 import torch
 
+from .errors import UserError
 from .graph import Kind, StepGraph, Task
 from .kv_cache import PagedKVCache
 from .model.rope import apply_rope, rope_inv_freq
@@ -22,6 +23,12 @@ from .model.spec import ModelSpec
 from .residual import from_fixed, to_fixed
 from .schedule import Schedule
 from .verify import ScheduleError, check
+
+NO_TOKEN = 0x7FFFFFFF   # an argmax with no candidate (the device's initial index)
+
+
+class NonFiniteLogits(UserError):
+    """A decode step produced no usable logit for some row."""
 
 INTERLEAVES = ("round_robin", "random", "sequential")
 
@@ -329,15 +336,20 @@ class CpuExecutor:
     def _lmhead(self, t: Task, layer: int) -> None:
         out = self._norm_staged(self.final_norm) @ self.lm_head[t.r0:t.r1].T
         self.logits[:, t.r0:t.r1] = out
-        val, idx = out.max(-1)                 # torch returns the first index of the maximum
+        # as on the device: NaN never wins, and a tile with no logit above -inf has no candidate
+        val, idx = torch.nan_to_num(out, nan=-torch.inf, posinf=torch.inf).max(-1)   # first index of the max
         self.lm_val[:, t.index] = val
-        self.lm_idx[:, t.index] = idx.to(torch.int32) + t.r0
+        self.lm_idx[:, t.index] = torch.where(val > -torch.inf, idx.to(torch.int32) + t.r0, NO_TOKEN)
 
     def _argmax(self, t: Task, layer: int) -> None:
         best = self.lm_val.max(-1, keepdim=True).values
         # first argmax overall: the smallest index among the tiles that hold the maximum
         big = torch.iinfo(torch.int32).max
         tok = torch.where(self.lm_val == best, self.lm_idx, torch.full_like(self.lm_idx, big)).min(-1).values
+        bad = (tok == NO_TOKEN).nonzero().flatten().tolist()
+        if bad:
+            raise NonFiniteLogits(f"the logits of batch row {bad[0]} are all NaN or -inf (the weights or the KV "
+                                  "cache hold non-finite values)")
         self.tokens.copy_(tok)
         for b in range(self.B):
             nxt = int(self.pos[b]) + 1

@@ -235,8 +235,8 @@ __device__ __forceinline__ void signal_event(uint32_t* p) {
   asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(p) : "memory");
 }
 
-struct ErrorInfo {      // written by a timed-out waiter before it traps
-  uint32_t code;        // 1: event wait timed out
+struct ErrorInfo {      // the first fault of a step (the host reads it after the step)
+  uint32_t code;        // 1: event wait timed out (the waiter traps); 2: a row's logits are all NaN / -inf
   uint32_t sm;
   uint32_t event_index; // flat counter index
   uint32_t target;

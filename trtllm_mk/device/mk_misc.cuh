@@ -9,7 +9,8 @@ __device__ void embed_compute(Ctx& c, const TaskArgs& a) {
   const int n = a.r1 - a.r0;
   for (int i = threadIdx.x; i < cfg::B * n; i += CTHREADS) {
     const int b = i / n, r = a.r0 + i % n;
-    const int tok = ld_act(p.tokens + b);
+    int tok = ld_act(p.tokens + b);
+    if ((unsigned)tok >= (unsigned)cfg::V) tok = 0;   // never read outside the table (ARGMAX flags a bad row)
     p.x[(size_t)b * cfg::H + r] = resid_fixed(bf16_to_f(p.embed[(size_t)tok * cfg::H + r]));
   }
   consumer_sync(CTHREADS);
@@ -41,6 +42,10 @@ __device__ void argmax_compute(Ctx& c, const TaskArgs& a, const int (&pos)[cfg::
     }
     block_argmax(c, best, bi);
     if (threadIdx.x == 0) {
+      if (bi == 0x7fffffff) {   // no logit of the row is a number above -inf: report it, emit token 0
+        if (atomicCAS(&p.error->code, 0u, 2u) == 0u) { p.error->sm = blockIdx.x; p.error->layer = b; p.error->task = c.step; }
+        bi = 0;
+      }
       p.tokens[b] = bi;
       if (pos[b] + 1 < cfg::HISTORY_LEN) p.history[(size_t)b * cfg::HISTORY_LEN + pos[b] + 1] = bi;
       p.pos[b] = pos[b] + 1;

@@ -216,6 +216,9 @@ class MegakernelDecoder:
         e = [int(v) for v in self.buf.error.tolist()]
         if e[0] == 0:
             return "no device-side diagnostic recorded"
+        if e[0] == 2:
+            return (f"the logits of batch row {e[5]} were all NaN or -inf at step {e[6]} (the weights or the "
+                    "KV cache hold non-finite values); its token was set to 0")
         names = sorted(self.layout.event_offsets.items(), key=lambda kv: kv[1])
         ev = "?"
         for name, off in names:
