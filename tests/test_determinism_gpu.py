@@ -114,4 +114,7 @@ def test_ten_thousand_steps_with_the_cache_reused():
     # the last 128 steps: a new request in the same (reused) cache, teacher-forced against the reference
     res = run_and_compare(spec, batch, weights, steps=128, schedule=schedule, decoder=(dec, cache))
     print(f"{total} steps, {requests + batch} requests through one cache")
-    check(res, 3e-2)
+    # real widths: every step has bf16 rounding events (~1e-3 per layer, test_megakernel_gpu.py), so the
+    # bar is that of the real-width tests; a wrong cache block or position shows up as 1e-1 or more
+    check(res, 2e-2, exact=1e-2)
+    assert res.flips <= 0.05 * 128 * batch
