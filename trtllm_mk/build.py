@@ -28,10 +28,6 @@ def build_engine(cfg: DeploymentConfig, output_dir: str | Path | None = None, sh
     """Build the engine of ``cfg``; returns (engine directory, report dict)."""
     spec, gpu, mk = cfg.model_spec, cfg.gpu_spec, cfg.megakernel
     out = Path(output_dir or mk.output_dir)
-    if cfg.max_batch_size > MAX_BATCH:
-        raise ConfigError(f"max_batch_size: {cfg.max_batch_size} is more than the megakernel decodes per step "
-                          f"({MAX_BATCH}: the batch rows are the 8 columns of its tensor-core tile); "
-                          f"lower max_batch_size to at most {MAX_BATCH}")
     t0 = time.perf_counter()
     schedule, stats = search(spec, cfg.max_batch_size, gpu, context_len=mk.context_len, budget_s=mk.search_budget_s,
                              seed=mk.seed, show_progress=show_progress)
