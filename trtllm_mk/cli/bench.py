@@ -22,7 +22,7 @@ def latency_stats(values_ms: list[float]) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m trtllm_mk bench", description=__doc__.splitlines()[0])
     ap.add_argument("--engine", required=True)
-    ap.add_argument("--weights", default="random")
+    ap.add_argument("--weights", help="HF checkpoint directory, or 'random' (default: the engine's checkpoint)")
     ap.add_argument("--input-len", type=int, default=512)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--runs", type=int, default=5)

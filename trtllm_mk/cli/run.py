@@ -18,14 +18,15 @@ def parse_args(argv):
                     help="a prompt (text when the checkpoint has a tokenizer, else token ids like '1 2 3'); "
                          "repeat for a batch")
     ap.add_argument("--max-new-tokens", type=int, default=32)
-    ap.add_argument("--weights", default="random", help="HF checkpoint directory, or 'random' (default)")
+    ap.add_argument("--weights", help="HF checkpoint directory, or 'random' for random weights (default: the "
+                                      "checkpoint the engine was built from)")
     ap.add_argument("--simulate", action="store_true", help="decode on the CPU executor instead of the GPU")
     ap.add_argument("--seed", type=int, default=0, help="seed of random weights")
     return ap.parse_args(argv)
 
 
 def _tokenizer(weights: str):
-    if weights == "random":
+    if weights in ("random", "tensors"):
         return None
     p = Path(weights)
     if not any((p / f).exists() for f in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")):
@@ -45,9 +46,9 @@ def _token_ids(text: str) -> list[int]:
 def main(argv=None) -> int:
     args = parse_args(argv)
     from ..runtime.hybrid import HybridEngine
-    tok = _tokenizer(args.weights)
-    prompts = [tok.encode(p) if tok else _token_ids(p) for p in args.prompt]
     eng = HybridEngine(args.engine, weights=args.weights, simulate=args.simulate, seed=args.seed)
+    tok = _tokenizer(eng.weights_source)
+    prompts = [tok.encode(p) if tok else _token_ids(p) for p in args.prompt]
     res = eng.generate(prompts, args.max_new_tokens)
     for i, toks in enumerate(res.tokens):
         text = tok.decode(toks) if tok else " ".join(map(str, toks))
