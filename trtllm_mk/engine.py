@@ -129,8 +129,8 @@ class EngineDir:
             raise EngineError(f"{p}: no such engine directory; build one with "
                               "python build_scripts/build_engine.py --config <config.yaml>")
         for f in MANIFEST_FILES + ["manifest.json"]:
-            if not (p / f).exists():
-                raise EngineError(f"{p}: missing {f}; the engine is incomplete, rebuild it")
+            if not (p / f).is_file():
+                raise EngineError(f"{p}: missing {f} (or not a file); the engine is incomplete, rebuild it")
         try:
             manifest = json.loads((p / "manifest.json").read_text())
             config = json.loads((p / "config.json").read_text())
@@ -156,7 +156,11 @@ class EngineDir:
             digest = manifest["files"].get(f)
             if not isinstance(digest, str):
                 raise EngineError(f"{p / 'manifest.json'}: does not cover {f} (corrupted); rebuild the engine")
-            if check_hashes and _sha256(p / f) != digest:
+            try:
+                actual = _sha256(p / f) if check_hashes else digest
+            except OSError as e:
+                raise EngineError(f"{p / f}: cannot be read ({e.strerror}); rebuild the engine") from None
+            if actual != digest:
                 raise EngineError(f"{p / f}: corrupted (checksum differs from manifest.json); rebuild the engine")
         schedule = Schedule.load(p / "schedule.json")
         try:

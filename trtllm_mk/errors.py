@@ -32,7 +32,7 @@ def run_cli(main: Callable[[], int | None]) -> None:
     try:
         rc = main()
     except UserError as e:
-        msg = " ".join(str(e).split("\n")) if "\n" in str(e).strip() else str(e)
+        msg = " ".join(str(e).splitlines())   # one line, whatever line breaks a quoted value holds
         print(f"error: {msg}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:

@@ -53,12 +53,18 @@ def weight_files(ckpt_dir: str | Path) -> dict[str, list[str] | None]:
         index = json.loads(index_path.read_text())
     except json.JSONDecodeError as e:
         raise ModelError(f"{index_path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    except UnicodeDecodeError:
+        raise ModelError(f"{index_path}: not UTF-8 text (corrupted); copy or download it again") from None
+    except OSError as e:
+        raise ModelError(f"{index_path}: cannot be read ({e.strerror})") from None
     wmap = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(wmap, dict) or not wmap:
         raise ModelError(f"{index_path}: no 'weight_map' object mapping tensor names to shard files")
     files: dict[str, list[str]] = {}
     for name, fname in wmap.items():
-        files.setdefault(str(fname), []).append(name)
+        if not isinstance(fname, str) or "/" in fname or fname in ("", ".", ".."):
+            raise ModelError(f"{index_path}: weight_map entry {name!r} names no shard file in the checkpoint ({fname!r})")
+        files.setdefault(fname, []).append(name)
     missing = sorted(f for f in files if not (d / f).is_file())
     if missing:
         raise ModelError(f"{d}: shard file(s) listed in {INDEX_FILE} are missing: {_listing(missing)}")
