@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..graph import HEAD, LAYER, Kind, StepGraph, Task
 from ..schedule import Schedule
+from ..seam import emit_cuda, task_args_init
 from ..smem import ACT_PAD, MMA_ROWS, SLOT_PAD, attention_kv_ring, attention_scratch_bytes
 
 KERNEL_NAME = "mk_decode_step"
@@ -92,9 +93,9 @@ def _task_call(graph: StepGraph, task: Task, offsets: dict[str, int], prev: Task
 
 def _task_args(layer: str, task: Task, group: int, split: int, tile: int, stage: int, w: list[str], nw: int,
                s: list[str], ns: int) -> str:
-    """An mk::TaskArgs initializer (field order of mk_params.cuh TaskArgs)."""
-    return (f"mk::TaskArgs{{{layer}, {task.r0}, {task.r1}, {task.k0}, {task.k1}, {group}, {split}, {tile}, {stage}, "
-            f"{nw}, {{{', '.join(w)}}}, {ns}, {{{', '.join(s)}}}}}")
+    """An mk::TaskArgs initializer (trtllm_mk/seam.py TASK_ARGS)."""
+    return task_args_init(dict(layer=layer, r0=task.r0, r1=task.r1, k0=task.k0, k1=task.k1, group=group, split=split,
+                               tile=tile, stage=stage, nw=nw, w=w, ns=ns, s=s))
 
 
 def _prefetch_call(task: Task) -> str:
@@ -112,6 +113,8 @@ def _inline_headers() -> str:
         text = re.sub(r'^#pragma once\s*$', "", text, flags=re.M)
         text = re.sub(r'^#include "mk_[a-z_]+\.cuh"\s*$', "", text, flags=re.M)
         out.append(f"// ===== {name} =====\n{text}")
+        if name == "mk_common.cuh":   # the interface declarations follow the shared basics
+            out.append(f"// ===== trtllm_mk/seam.py (generated) =====\n{emit_cuda()}")
     return "\n".join(out)
 
 

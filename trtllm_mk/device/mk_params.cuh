@@ -1,62 +1,9 @@
-// Kernel parameters (passed by value as a __grid_constant__) and the per-CTA execution context.
-// The host side that fills Params is trtllm_mk/runtime/megakernel.py (field order = PARAM_FIELDS there).
+// The per-CTA execution context and the shared-memory layout. The interface declarations (Kind,
+// LayerWeights, Params, TaskArgs, TRACE_WORDS) are generated from trtllm_mk/seam.py ahead of this file.
 #pragma once
 #include "mk_common.cuh"
 
 namespace mk {
-
-// Device pointers of one layer's weights, HF layouts ([out, in] row-major), read in place.
-struct LayerWeights {
-  const bf16 *q, *k, *v, *o, *gate, *up, *down;
-  const bf16 *ln1, *ln2;                 // input_layernorm, post_attention_layernorm
-  const bf16 *q_norm, *k_norm;           // qwen3 QK-norm (null otherwise)
-  const bf16 *q_bias, *k_bias, *v_bias;  // qwen2 (null otherwise)
-};
-
-struct Params {
-  const LayerWeights* layers;  // [L], device array
-  const bf16* embed;           // [V, H]
-  const bf16* final_norm;      // [H]
-  const bf16* lm_head;         // [V, H] (the embedding when tied)
-  const float* inv_freq;       // [D/2] RoPE inverse frequencies (llama3 scaling applied on the host)
-  float* x;                    // [B, H] residual stream
-  float* qkv;                  // [B, QKVR] grouped q/k/v projection
-  float* part_o;               // [B, NKV, S, G, D] attention partials
-  float* part_ml;              // [B, NKV, S, G, 2] (max, sum of exp)
-  float* attn_out;             // [B, NH*D]
-  float* act;                  // [B, I] silu(gate) * up
-  float* logits;               // [B, V]
-  float* lm_val;               // [B, N_LM_TILES]
-  int* lm_idx;                 // [B, N_LM_TILES]
-  int* tokens;                 // [B] in: this step's token; out: the next token
-  int* pos;                    // [B] position of this step's token; advanced by the step
-  int* history;                // [B, HISTORY_LEN] history[b, pos+1] = generated token
-  bf16* kv_pool;               // [L, num_blocks, 2, NKV, TPB, D]
-  const int* block_table;      // [B, block_table_stride]
-  uint32_t* counters;          // event counters (monotonic)
-  uint32_t* control;           // [0] step (monotonic, advanced by the step's ARGMAX), [1..3] unused
-  ErrorInfo* error;
-  int64_t num_blocks;          // blocks per layer in kv_pool
-  int64_t block_table_stride;
-  // Optional per-task timeline (null: off). Per SM and task of the step, TRACE_WORDS words: consumer
-  // thread 0 writes globaltimer ns at [task start, waits satisfied, activation staged, signalled] and
-  // [4] the ns it waited for ring slots to fill; loader lane 0 writes [5] when it reached the task,
-  // [6] when it had issued the task's last copy, [7] the ns of that span it waited for a free slot;
-  // consumer thread 0 again: [8] reduction done (before the output stores), [9] about to hand the
-  // task's events to the signaller warp; [10] the signaller published them (0: the task has none).
-  // After the TRACE_TASKS x TRACE_WORDS words of every SM, one row of 4 per SM holds [loader ns
-  // blocked on a full ring, loader done, consumers done, 0]. Read by trtllm_mk/runtime/trace.py.
-  uint64_t* trace;
-};
-
-constexpr int TRACE_WORDS = 11;  // per task (mirror: trtllm_mk/runtime/trace.py TRACE_WORDS)
-
-struct TaskArgs {
-  int layer, r0, r1, k0, k1, group, split, tile;
-  int stage;      // GEMV kinds: 1 = stage the activation, 0 = reuse the previous task's (same input)
-  int nw, w[cfg::MAX_REFS];   // flat counter indices to wait on
-  int ns, s[cfg::MAX_REFS];   // flat counter indices to signal
-};
 
 // Shared-memory layout (dynamic): [ring][activation / attention scratch][red][scratch][mbarriers]
 constexpr int SLOT_STRIDE = cfg::SLOT_BYTES + cfg::SLOT_PAD;   // a ring slot: weights + row skew (mk_gemv.cuh)
