@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import seam
 from .codegen import KERNEL_NAME, KernelLayout, compile_cubin, generate_source
 from .errors import EngineError
 from .schedule import Schedule
@@ -40,6 +41,7 @@ def kernel_json(schedule: Schedule, layout: KernelLayout, target: str) -> dict:
         "qk_norm": schedule.spec.qk_norm, "qkv_bias": schedule.spec.qkv_bias,
         "dims": {"L": d.layers, "H": d.hidden, "I": d.intermediate, "V": d.vocab, "NH": d.heads, "NKV": d.kv_heads, "D": d.head_dim,
                  "G": d.group, "QKVR": d.qkv_rows},
+        "params": seam.params_layout_json(),
     }
 
 
