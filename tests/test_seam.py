@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import struct
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -70,3 +71,23 @@ def test_trace_words_are_the_seams():
     from trtllm_mk.runtime import trace
     assert trace.TRACE_WORDS == len(seam.TRACE_WORD_NAMES)
     assert f"constexpr int TRACE_WORDS = {trace.TRACE_WORDS};" in seam.emit_cuda()
+
+
+def test_generated_source_carries_the_smem_layout():
+    """The device reads its shared-memory offsets from the generated constants, which are the layout
+    the host allocates (KernelLayout.smem_bytes)."""
+    from trtllm_mk.codegen import generate_source
+    from trtllm_mk.codegen.source import kernel_smem_layout
+    from trtllm_mk.graph import TilePlan
+    from trtllm_mk.model.spec import load_spec
+    from trtllm_mk.schedule import Schedule, SMProgram
+
+    spec = load_spec(Path(__file__).resolve().parents[1] / "configs" / "models" / "tiny-llama.json")
+    plan = TilePlan(qkv_rows=32, o_rows=32, gateup_rows=32, down_rows=32, lm_rows=64, stages=3, slot_bytes=4096,
+                    o_ksplit=1, down_ksplit=2, attn_splits=2)
+    sched = Schedule(spec, 2, plan, 1, "test", [SMProgram()])
+    src, layout = generate_source(sched, 16, 128, True)
+    smem = kernel_smem_layout(sched.graph())
+    assert layout.smem_bytes == smem.total and f"constexpr size_t SMEM_TOTAL = {smem.total};" in src
+    for r in smem.regions:
+        assert f"constexpr size_t SMEM_{r.name.upper()}_AT = {r.offset}, SMEM_{r.name.upper()} = {r.size};" in src

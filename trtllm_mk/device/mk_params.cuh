@@ -5,28 +5,21 @@
 
 namespace mk {
 
-// Shared-memory layout (dynamic): [ring][activation / attention scratch][red][scratch][mbarriers]
-constexpr int SLOT_STRIDE = cfg::SLOT_BYTES + cfg::SLOT_PAD;   // a ring slot: weights + row skew (mk_gemv.cuh)
-constexpr size_t SMEM_RING = (size_t)cfg::STAGES * SLOT_STRIDE;
-constexpr size_t SMEM_ACT = ((size_t)cfg::ACT_SMEM_BYTES + 127) / 128 * 128;
-constexpr size_t SMEM_RED = (size_t)2 * cfg::CWARPS * 16 * cfg::B * sizeof(float);
-constexpr size_t SMEM_SCRATCH = 256 * sizeof(float);   // values [0, 128) and indices [128, 256)
-// Signals in flight between the consumers and the signaller warp. Publishing an event costs a GPU-scope
-// release (a memory barrier that waits until the SM's stores are acknowledged: ~0.7 us idle, 1.3-4 us
-// while the loaders stream; benchmarks/micro/ring_stream.cu). The consumers hand each finished task to
-// the signaller through a small mbarrier queue and go on with their next task at once.
-constexpr int SIG_SLOTS = 4;
-constexpr size_t SMEM_BARS = (2 * cfg::STAGES + 2 * SIG_SLOTS + 1) * sizeof(uint64_t);   // + the chain hint
-constexpr size_t SMEM_TOTAL = SMEM_RING + SMEM_ACT + SMEM_RED + SMEM_SCRATCH + SMEM_BARS;
-constexpr size_t SMEM_BARS_AT = SMEM_RING + SMEM_ACT + SMEM_RED + SMEM_SCRATCH;
+// The shared-memory layout (SLOT_STRIDE, SIG_SLOTS, SMEM_<region>_AT / SMEM_<region>) is generated from
+// trtllm_mk/smem.py smem_layout ahead of this file. The consumers hand each finished task to the
+// signaller warp through a queue of SIG_SLOTS mbarrier pairs and go on with their next task at once:
+// publishing an event is a GPU-scope release, which waits until the SM's stores are acknowledged.
+static_assert(SMEM_RING == (size_t)cfg::STAGES * SLOT_STRIDE && SMEM_ACT >= (size_t)cfg::ACT_SMEM_BYTES &&
+                  SMEM_RED == (size_t)2 * cfg::CWARPS * 16 * cfg::B * sizeof(float) &&
+                  SMEM_BARS == (2 * cfg::STAGES + 2 * SIG_SLOTS + 1) * sizeof(uint64_t),
+              "shared-memory layout and cfg disagree");
 
 extern __shared__ __align__(128) unsigned char smem[];   // the kernel's dynamic shared memory
 
 // Per-thread execution context, passed by value into each task and returned (mk_kernel.cuh run_task),
-// so it lives in registers: a Ctx in memory (a reference into a non-inlined task) sat in local memory,
-// ~30 loads and 8 stores per warp and task, which took the L1 that deeper rings need (ncu, H100:
-// local-load L1 misses 0.1% / 2.3% / 33% at 4 / 5 / 6 ring stages; benchmarks/NOTES.md, v11). What
-// is fixed per thread (role, lane, shared-memory regions) is derived, not stored.
+// so it lives in registers: a Ctx in memory (a reference into a non-inlined task) sits in local memory,
+// whose loads and stores take the L1 that deeper rings need (benchmarks/NOTES.md). What is fixed per
+// thread (role, lane, shared-memory regions) is derived, not stored.
 // The loader warp and the consumer warps walk the same static task list and count ring slots
 // identically, so no slot bookkeeping crosses roles.
 struct Ctx {
@@ -48,11 +41,11 @@ struct Ctx {
   // the weight ring: STAGES slots of SLOT_STRIDE bytes
   __device__ __forceinline__ unsigned char* ring() const { return smem; }
   // resident bf16 activation of the current GEMV (also attention scratch)
-  __device__ __forceinline__ bf16* act() const { return reinterpret_cast<bf16*>(smem + SMEM_RING); }
+  __device__ __forceinline__ bf16* act() const { return reinterpret_cast<bf16*>(smem + SMEM_ACT_AT); }
   // [2][CWARPS][B] cross-warp partial sums (double-buffered by row group)
-  __device__ __forceinline__ float* red() const { return reinterpret_cast<float*>(smem + SMEM_RING + SMEM_ACT); }
+  __device__ __forceinline__ float* red() const { return reinterpret_cast<float*>(smem + SMEM_RED_AT); }
   __device__ __forceinline__ float* scratch() const {   // small reductions
-    return reinterpret_cast<float*>(smem + SMEM_RING + SMEM_ACT + SMEM_RED);
+    return reinterpret_cast<float*>(smem + SMEM_SCRATCH_AT);
   }
   // [STAGES] loader -> consumers: slot holds its weights
   __device__ __forceinline__ uint64_t* full() const { return reinterpret_cast<uint64_t*>(smem + SMEM_BARS_AT); }
@@ -73,8 +66,8 @@ struct Ctx {
   // Every outstanding copy lengthens the queue that the dependency chain's L2 round trips (polls,
   // staging loads, releases) wait in, and beyond ~2 x 32 KB per SM more copies in flight add no
   // bandwidth; so cap = INFLIGHT while the consumers stream weights and INFLIGHT_CHAIN while they are
-  // on the chain (chain_hint). Measured on H100: benchmarks/NOTES.md, v9. The cp.async path (sm_80 /
-  // sm_89) is not throttled: it was never measured there.
+  // on the chain (chain_hint); the measurements are in benchmarks/NOTES.md. The cp.async path (sm_80 /
+  // sm_89) is not throttled: it has not been measured there.
   __device__ __forceinline__ void loader_throttle(uint32_t n) {
 #if defined(MK_USE_BULK_COPY)
     uint32_t cap = cfg::INFLIGHT;
