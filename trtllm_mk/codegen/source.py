@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..graph import HEAD, LAYER, Kind, StepGraph, Task
+from ..graph import LAYER, Kind, StepGraph, Task
 from ..schedule import Schedule
 from ..seam import emit_cuda, task_args_init
 from ..smem import (SIG_SLOTS, SLOT_PAD, SmemLayout, activation_bytes, attention_kv_ring, geometries, kv_region_bytes,
