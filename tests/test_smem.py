@@ -113,6 +113,16 @@ def test_model_covers_kernel_allocation(qwen8b):
     ]:
         g = build_step_graph(spec, batch, plan, 64)
         assert plan_smem(spec, batch, plan).peak >= codegen.kernel_smem_bytes(g)
+        # one layout: the plan model's ring, activation and red regions are the kernel's
+        layout = codegen.kernel_smem_layout(g)
+        sm = plan_smem(spec, batch, plan)
+        assert layout.region("ring").size == sm.ring and layout.region("red").size == sm.scratch
+        assert layout.region("act").size == (sm.activation + 127) // 128 * 128
+        end = 0
+        for r in layout.regions:   # contiguous, in the kernel's order
+            assert r.offset == end
+            end += r.size
+        assert [r.name for r in layout.regions] == ["ring", "act", "red", "scratch", "bars"]
 
 
 def test_attention_kv_ring_hand_checked():

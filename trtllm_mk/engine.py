@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import seam
 from .codegen import KERNEL_NAME, KernelLayout, arch_sm, compile_cubin, cubin_sm, generate_source
 from .errors import EngineError, UserError
 from .gpus import get_gpu
@@ -42,6 +43,7 @@ def kernel_json(schedule: Schedule, layout: KernelLayout, target: str) -> dict:
         "qk_norm": schedule.spec.qk_norm, "qkv_bias": schedule.spec.qkv_bias,
         "dims": {"L": d.layers, "H": d.hidden, "I": d.intermediate, "V": d.vocab, "NH": d.heads, "NKV": d.kv_heads, "D": d.head_dim,
                  "G": d.group, "QKVR": d.qkv_rows},
+        "params": seam.params_layout_json(),
     }
 
 

@@ -7,8 +7,6 @@
 
 namespace mk {
 
-enum Kind { EMBED = 0, QKV = 1, ATTN = 2, COMBINE = 3, OPROJ = 4, GATEUP = 5, DOWN = 6, LMHEAD = 7, ARGMAX = 8 };
-
 constexpr int CTHREADS = cfg::CWARPS * 32;
 static_assert(cfg::CWARPS * cfg::B <= 128, "scratch holds one partial (and one index) per consumer warp and batch row");
 

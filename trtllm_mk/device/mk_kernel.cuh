@@ -145,7 +145,7 @@ mk_decode_step(const __grid_constant__ mk::Params p) {
   __syncthreads();
   c = run_program(c);
   if (c.tracing && (threadIdx.x == 0 || (c.loader() && c.lane() == 0))) {
-    uint64_t* r = p.trace + (size_t)gridDim.x * cfg::TRACE_TASKS * mk::TRACE_WORDS + (size_t)blockIdx.x * 4;
+    uint64_t* r = p.trace + (size_t)gridDim.x * cfg::TRACE_TASKS * mk::TRACE_WORDS + (size_t)blockIdx.x * mk::TRACE_SM_WORDS;
     if (c.loader()) { r[0] = c.loader_blocked; r[1] = mk::globaltimer(); }
     else { r[2] = mk::globaltimer(); r[3] = 0; }
   }
