@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -66,8 +65,8 @@ def snapshot(d: Path, skip: Path | None = None) -> dict[str, bytes]:
 
 # ------------------------------------------------------------------ values a user might type
 junk = st.one_of(st.none(), st.booleans(), st.integers(-5, 10**7), st.floats(allow_nan=True, allow_infinity=True),
-                 st.text(max_size=12), st.lists(st.integers(-1, 5), max_size=3), st.dictionaries(st.text(max_size=4),
-                                                                                                 st.integers(), max_size=2))
+                 st.text(max_size=12), st.lists(st.integers(-1, 5), max_size=3),
+                 st.dictionaries(st.text(max_size=4), st.integers(), max_size=2))
 BASE = yaml.safe_load(TINY_YAML.read_text())
 TOP_KEYS = list(BASE) + ["max_num_tokens", "dtype", "name", "cuda_graph_config", "bogus_key"]
 SECTION_KEYS = {"kv_cache_config": ["tokens_per_block", "dtype", "free_gpu_memory_fraction", "typo"],
@@ -120,7 +119,8 @@ def model_config(draw) -> dict:
         if draw(st.integers(0, 5)) == 0:
             cfg.pop(key, None)
         else:
-            cfg[key] = draw(st.one_of(junk, st.integers(0, 4096), st.sampled_from(["silu", "gelu", "llama3", "Qwen3ForCausalLM"])))
+            names = st.sampled_from(["silu", "gelu", "llama3", "Qwen3ForCausalLM"])
+            cfg[key] = draw(st.one_of(junk, st.integers(0, 4096), names))
     return cfg
 
 

@@ -38,11 +38,12 @@ def kernel_json(schedule: Schedule, layout: KernelLayout, target: str) -> dict:
     return {
         "kernel": KERNEL_NAME, "grid": layout.grid, "block": layout.block, "smem_bytes": layout.smem_bytes,
         "num_counters": layout.num_counters, "n_lm_tiles": layout.n_lm_tiles, "history_len": layout.history_len,
-        "tokens_per_block": layout.tokens_per_block, "trace_tasks": layout.trace_tasks, "batch": schedule.batch, "attn_splits": schedule.plan.attn_splits,
+        "tokens_per_block": layout.tokens_per_block, "trace_tasks": layout.trace_tasks, "batch": schedule.batch,
+        "attn_splits": schedule.plan.attn_splits,
         "event_offsets": layout.event_offsets, "target": target,
         "qk_norm": schedule.spec.qk_norm, "qkv_bias": schedule.spec.qkv_bias,
-        "dims": {"L": d.layers, "H": d.hidden, "I": d.intermediate, "V": d.vocab, "NH": d.heads, "NKV": d.kv_heads, "D": d.head_dim,
-                 "G": d.group, "QKVR": d.qkv_rows},
+        "dims": {"L": d.layers, "H": d.hidden, "I": d.intermediate, "V": d.vocab, "NH": d.heads, "NKV": d.kv_heads,
+                 "D": d.head_dim, "G": d.group, "QKVR": d.qkv_rows},
         "params": seam.params_layout_json(),
     }
 
