@@ -31,29 +31,13 @@ GPU applies when it stages an activation in shared memory as the input of a GEMV
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from enum import IntEnum
+
+from ..kinds import Kind
 
 
 # The GEMV consumers multiply weight tiles by the batch on tensor cores (mma.m16n8k16): the batch
 # rows are the mma's 8 N columns, so one step decodes at most 8 sequences.
 MAX_BATCH = 8
-
-
-class Kind(IntEnum):
-    EMBED = 0
-    QKV = 1
-    ATTN = 2
-    COMBINE = 3
-    OPROJ = 4
-    GATEUP = 5
-    DOWN = 6
-    LMHEAD = 7
-    ARGMAX = 8
-
-    @property
-    def streams_weights(self) -> bool:
-        """Kinds whose weight tiles go through the shared-memory ring (GEMV tasks)."""
-        return self in (Kind.QKV, Kind.OPROJ, Kind.GATEUP, Kind.DOWN, Kind.LMHEAD)
 
 
 # Which phase a task belongs to. A schedule is layer-periodic: per SM, its HEAD tasks, then its

@@ -1,0 +1,115 @@
+"""Checks that two checkouts of trtllm_mk compute the same decode steps: for every shipped config,
+one schedule (searched by the reference checkout with the config's seed, on the config's model cut to
+a few layers) runs N CPU-executor steps under each checkout, and the tokens and logits must be
+bit-identical.
+
+Usage: python scripts/mk_equiv.py REFERENCE_CHECKOUT [--configs configs/*.yaml] [--layers 2]
+           [--steps 3] [--budget 2] [--work DIR]
+The current checkout is the one this script lives in. Exit code 0 when every config matches.
+
+Worker mode (run under one checkout's PYTHONPATH): --worker search|run CONFIG SCHEDULE [...]."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import glob
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent.parent
+
+
+def _spec_and_cfg(config: str, layers: int):
+    from trtllm_mk.config import load_config
+    cfg = load_config(config)
+    return cfg, dataclasses.replace(cfg.model_spec, num_layers=min(layers, cfg.model_spec.num_layers))
+
+
+def worker_search(config: str, out: str, layers: int, budget: float) -> None:
+    from trtllm_mk.search.search import search
+    cfg, spec = _spec_and_cfg(config, layers)
+    sched, _ = search(spec, cfg.max_batch_size, cfg.gpu_spec, context_len=cfg.megakernel.context_len,
+                      budget_s=budget, seed=cfg.megakernel.seed)
+    sched.save(out)
+
+
+def worker_run(config: str, schedule: str, layers: int, steps: int) -> None:
+    import torch
+    from trtllm_mk.executor import CpuExecutor
+    from trtllm_mk.kv_cache import PagedKVCache
+    from trtllm_mk.model.random_weights import random_weights
+    from trtllm_mk.schedule import Schedule
+    torch.set_num_threads(1)
+    cfg, spec = _spec_and_cfg(config, layers)
+    sched = Schedule.load(schedule)
+    B = sched.batch
+    w = random_weights(spec, seed=0, std=0.1)
+    max_seq = 1024
+    cache = PagedKVCache.allocate(spec, B, max_seq, cfg.kv_cache_config.tokens_per_block, seed=0, fill=1.0)
+    ex = CpuExecutor(spec, w, sched, cache)
+    g = torch.Generator().manual_seed(1)
+    tok = torch.randint(0, spec.vocab_size, (B,), generator=g, dtype=torch.int32)
+    pos = torch.tensor([(97 + 211 * b) % (max_seq - steps - 1) for b in range(B)], dtype=torch.int32)
+    h = hashlib.sha256()
+    for t in range(steps):
+        logits, tok = ex.step(tok, pos + t)
+        h.update(logits.numpy().tobytes())
+        h.update(tok.numpy().tobytes())
+        print("tokens", tok.tolist())
+    h.update(cache.pool.view(torch.int16).numpy().tobytes())
+    print("digest", h.hexdigest())
+
+
+def _worker(root: Path, *args: str) -> str:
+    env = dict(os.environ, PYTHONPATH=str(root))
+    r = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", *args], cwd=root, env=env,
+                       capture_output=True, text=True)
+    if r.returncode:
+        raise SystemExit(f"worker {args[0]} under {root} failed:\n{r.stderr[-3000:]}")
+    return r.stdout
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("reference", nargs="?")
+    ap.add_argument("--configs", nargs="*", default=None)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--budget", type=float, default=2.0)
+    ap.add_argument("--work", default="/tmp/mk_equiv")
+    ap.add_argument("--worker", nargs="+")
+    a = ap.parse_args()
+    if a.worker:
+        mode, config, path = a.worker[:3]
+        if mode == "search":
+            worker_search(config, path, a.layers, a.budget)
+        else:
+            worker_run(config, path, a.layers, a.steps)
+        return 0
+    if not a.reference:
+        print("mk_equiv: give the reference checkout", file=sys.stderr)
+        return 2
+    ref = Path(a.reference).resolve()
+    configs = a.configs or sorted(glob.glob(str(HERE / "configs" / "*.yaml")))
+    work = Path(a.work)
+    work.mkdir(parents=True, exist_ok=True)
+    bad = 0
+    for config in configs:
+        config = str(Path(config).resolve())
+        sched = work / (Path(config).stem + f".L{a.layers}.schedule.json")
+        if not sched.exists():
+            _worker(ref, "search", config, str(sched), "--layers", str(a.layers), "--budget", str(a.budget))
+        outs = [_worker(root, "run", config, str(sched), "--layers", str(a.layers), "--steps", str(a.steps))
+                for root in (ref, HERE)]
+        same = outs[0] == outs[1]
+        bad += not same
+        print(f"{Path(config).name}: {'identical' if same else 'DIFFERENT'} "
+              f"({outs[0].split()[-1][:16]} vs {outs[1].split()[-1][:16]})", flush=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
