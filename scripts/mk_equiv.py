@@ -1,7 +1,7 @@
 """Checks that two checkouts of trtllm_mk compute the same decode steps: for every shipped config,
 one schedule (searched by the reference checkout with the config's seed, on the config's model cut to
 a few layers) runs N CPU-executor steps under each checkout, and the tokens and logits must be
-bit-identical.
+bit-identical, and so must the cost model's table of the schedule's graph.
 
 Usage: python scripts/mk_equiv.py REFERENCE_CHECKOUT [--configs configs/*.yaml] [--layers 2]
            [--steps 3] [--budget 2] [--work DIR]
@@ -60,6 +60,22 @@ def worker_run(config: str, schedule: str, layers: int, steps: int) -> None:
         h.update(tok.numpy().tobytes())
         print("tokens", tok.tolist())
     h.update(cache.pool.view(torch.int16).numpy().tobytes())
+    # the cost model's view of the same graph (what the search optimises)
+    from trtllm_mk.search.cost import cost_table, load_calibration
+    costs = cost_table(sched.graph(), cfg.gpu_spec, load_calibration(cfg.gpu_spec))
+    print("costs", hashlib.sha256(repr(costs).encode()).hexdigest())
+    # the lowering under plan variants the search may pick (o_merge, K-splits)
+    from trtllm_mk.graph import build_step_graph
+    gh = hashlib.sha256()
+    for o_merge in (False, True):
+        for o_ksplit in sorted({1, 2, spec.num_kv_heads} & set(range(1, spec.num_kv_heads + 1))):
+            if spec.num_kv_heads % o_ksplit:
+                continue
+            for down_ksplit in (1, 2):
+                plan = dataclasses.replace(sched.plan, o_merge=o_merge, o_ksplit=o_ksplit, down_ksplit=down_ksplit)
+                g = build_step_graph(spec, B, plan, sched.context_len)
+                gh.update(repr((g.head, g.layer, g.tail, sorted(g.events.items()))).encode())
+    print("graphs", gh.hexdigest())
     print("digest", h.hexdigest())
 
 

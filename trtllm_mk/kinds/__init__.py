@@ -34,13 +34,19 @@ class KindDef:
 
 # Registry order is the kind's number (part of the schedule file format and the kernel's ABI).
 _MODULES = ("embed", "qkv", "attn", "combine", "oproj", "gateup", "down", "lmhead", "argmax")
-KIND_DEFS: tuple[KindDef, ...] = tuple(import_module(f".{m}", __name__).DEF for m in _MODULES)
+KIND_MODULES = tuple(import_module(f".{m}", __name__) for m in _MODULES)
+KIND_DEFS: tuple[KindDef, ...] = tuple(m.DEF for m in KIND_MODULES)
 
 
 class _KindBase(IntEnum):
     @property
     def definition(self) -> KindDef:
         return KIND_DEFS[self.value]
+
+    @property
+    def module(self):
+        """The kind's module: lowering, costs and CPU-executor semantics (``execute``)."""
+        return KIND_MODULES[self.value]
 
     @property
     def streams_weights(self) -> bool:
@@ -60,4 +66,4 @@ def device_files() -> list[Path]:
     return [HERE / d.device_file for d in KIND_DEFS if d.device_file]
 
 
-__all__ = ["KIND_DEFS", "Kind", "KindDef", "TASK_ARG_FIELDS", "device_files"]
+__all__ = ["KIND_DEFS", "KIND_MODULES", "Kind", "KindDef", "TASK_ARG_FIELDS", "device_files"]

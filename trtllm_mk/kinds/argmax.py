@@ -1,4 +1,26 @@
 """ARGMAX: the step's last task: next tokens from the tiles' maxima; advances pos and the step."""
+from __future__ import annotations
+
 from . import KindDef
 
 DEF = KindDef("ARGMAX", streams_weights=False, args=())
+
+
+def execute(ex, t, layer: int) -> None:
+    """CPU-executor semantics (trtllm_mk.executor.CpuExecutor ``ex``): see graph.tasks."""
+    import torch
+    best = ex.lm_val.max(-1, keepdim=True).values
+    # first argmax overall: the smallest index among the tiles that hold the maximum
+    big = torch.iinfo(torch.int32).max
+    tok = torch.where(ex.lm_val == best, ex.lm_idx, torch.full_like(ex.lm_idx, big)).min(-1).values
+    ex.tokens.copy_(tok)
+    for b in range(ex.B):
+        nxt = int(ex.pos[b]) + 1
+        if nxt < ex.history.shape[1]:
+            ex.history[b, nxt] = tok[b]
+    ex.pos += 1   # ARGMAX ends the step: every other task (all that read pos) precedes it
+
+
+def duration_us(task, graph, rates, cal) -> float:
+    """Consumer time: one loaded L2 round trip and the tiles' maxima from L2."""
+    return cal.task_overhead_us + cal.l2_latency_us + task.act_bytes / rates.l2 + task.flops / rates.attn

@@ -1,4 +1,19 @@
 """EMBED: copies the token's embedding row range into the residual stream x."""
+from __future__ import annotations
+
 from . import KindDef
 
 DEF = KindDef("EMBED", streams_weights=False, args=("r0", "r1"))
+
+
+def execute(ex, t, layer: int) -> None:
+    """CPU-executor semantics (trtllm_mk.executor.CpuExecutor ``ex``): see graph.tasks."""
+    ex.x[:, t.r0:t.r1] = ex.embed[ex.tokens.long(), t.r0:t.r1]
+
+
+def duration_us(task, graph, rates, cal) -> float:
+    """Consumer time: the bf16 embedding rows from HBM, the rest of its bytes from L2."""
+    d = graph.dims
+    rows = task.r1 - task.r0
+    emb = d.batch * rows * 2                      # bf16 embedding rows come from HBM
+    return cal.task_overhead_us + emb / rates.hbm + (task.act_bytes - emb) / rates.l2

@@ -1,4 +1,22 @@
 """LMHEAD: final RMS norm and one LM-head tile of logits, with the tile's max and first argmax."""
+from __future__ import annotations
+
 from . import KindDef
+from .gemv import no_staging_extra
 
 DEF = KindDef("LMHEAD", streams_weights=True, args=("r0", "r1", "tile", "stage"))
+
+
+def execute(ex, t, layer: int) -> None:
+    """CPU-executor semantics (trtllm_mk.executor.CpuExecutor ``ex``): see graph.tasks."""
+    import torch
+    out = ex.norm_staged(ex.final_norm) @ ex.lm_head[t.r0:t.r1].T
+    ex.logits[:, t.r0:t.r1] = out
+    val, idx = out.max(-1)                 # torch returns the first index of the maximum
+    ex.lm_val[:, t.index] = val
+    ex.lm_idx[:, t.index] = idx.to(torch.int32) + t.r0
+
+# GEMV cost hooks (kinds/gemv.py)
+MATRICES = 1
+NORMS_INPUT = True
+staging_extra_us = no_staging_extra
