@@ -24,3 +24,13 @@ def execute(ex, t, layer: int) -> None:
 def duration_us(task, graph, rates, cal) -> float:
     """Consumer time: one loaded L2 round trip and the tiles' maxima from L2."""
     return cal.task_overhead_us + cal.l2_latency_us + task.act_bytes / rates.l2 + task.flops / rates.attn
+
+
+def lower(c) -> list[dict]:
+    """The one TAIL task after every LM-head tile."""
+    from ..graph.tasks import Access, EventRef
+    n = len(c.lm_tiles)
+    return [dict(waits=(EventRef("lm_done", 0, 0),),
+                 reads=(Access("lm_part", 0, n), Access("pos", 0, 1)),
+                 writes=(Access("tokens", 0, 1), Access("history", 0, 1)),
+                 act_bytes=c.B * n * 8)]

@@ -67,3 +67,24 @@ def duration_us(task, graph, rates, cal) -> float:
     tile_rounds = d.batch * -(-tiles // plan.consumer_warps)
     return (cal.task_overhead_us + cal.attn_fixed_us + late_us
             + max(0, task.act_bytes - kv) / rates.l2 + tile_rounds * cal.attn_tile_us)
+
+
+def lower(c) -> list[dict]:
+    """One task per KV group and split."""
+    from ..graph.tasks import Access, EventRef
+    B, G, S, d, GR = c.B, c.G, c.S, c.d, c.GR
+    ctx_chunk = -(-c.context_len // S)
+    out = []
+    for g in range(c.nkv):
+        for s in range(S):
+            part = (g * S + s) * G
+            done = EventRef("attn_done", 0, g // c.groups_per_chunk if c.plan.o_merge else g)
+            out.append(dict(group=g, split=s, waits=(EventRef("qkv_done", 0, g),), signals=(done,),
+                            reads=(Access("qkv", g * GR, (g + 1) * GR), Access("pos", 0, 1),
+                                   Access("kv", g * S + s, g * S + s + 1, layer=0)),
+                            writes=(Access("kv", g * S + s, g * S + s + 1, layer=0),
+                                    Access("part_o", part * d, (part + G) * d),
+                                    Access("part_ml", part * 2, (part + G) * 2)),
+                            act_bytes=B * (ctx_chunk * 2 * d * 2 + GR * 4 + G * (d + 2) * 4),
+                            flops=4 * B * ctx_chunk * G * d))
+    return out

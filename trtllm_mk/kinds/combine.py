@@ -29,3 +29,16 @@ def duration_us(task, graph, rates, cal) -> float:
     d, plan = graph.dims, graph.plan
     fixed = cal.combine_fixed_us + merge_cost(d.splits, d.batch * d.group * d.head_dim, plan.consumer_warps, cal)
     return cal.task_overhead_us + fixed + task.act_bytes / rates.l2 + task.flops / rates.attn
+
+
+def lower(c) -> list[dict]:
+    """One task per KV group; none under TilePlan.o_merge (OPROJ merges the partials itself)."""
+    from ..graph.tasks import Access, EventRef
+    if c.plan.o_merge:
+        return []
+    B, G, S, d = c.B, c.G, c.S, c.d
+    return [dict(group=g, waits=(EventRef("attn_done", 0, g),),
+                 signals=(EventRef("combine_done", 0, g // c.groups_per_chunk),),
+                 reads=c.partials(g, g + 1), writes=(Access("attn_out", g * G * d, (g + 1) * G * d),),
+                 act_bytes=B * (S * G * (d + 2) * 4 + G * d * 4), flops=3 * B * S * G * d)
+            for g in range(c.nkv)]

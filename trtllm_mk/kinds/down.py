@@ -16,3 +16,24 @@ def execute(ex, t, layer: int) -> None:
 MATRICES = 1
 NORMS_INPUT = False
 staging_extra_us = no_staging_extra
+
+
+def lower(c) -> list[dict]:
+    """Row tiles of H, each K-split into ``down_ksplit`` chunks of I, adding into x. They wait on the
+    whole gateup_done, not per K-chunk: DOWN adds into x, which the layer's GATEUP tasks read for
+    their norm (the race checker rejects the per-chunk variant)."""
+    from ..graph.tasks import Access, EventRef
+    plan, B = c.plan, c.B
+    d_chunk = c.I // plan.down_ksplit
+    out = []
+    for a, b in c.tiles(c.H, plan.down_rows):
+        for k in range(plan.down_ksplit):
+            k0, k1 = k * d_chunk, (k + 1) * d_chunk
+            split = plan.down_ksplit > 1   # K-split partials accumulate atomically; otherwise read-modify-write
+            out.append(dict(r0=a, r1=b, k0=k0, k1=k1,
+                            waits=(EventRef("gateup_done", 0, 0),), signals=(EventRef("resid_ready", 1, 0),),
+                            reads=(Access("act", k0, k1),) + (() if split else (Access("x", a, b),)),
+                            writes=(Access("x", a, b, add=split),),
+                            weight_bytes=(b - a) * (k1 - k0) * c.wb, act_bytes=B * ((k1 - k0) * 4 + (b - a) * 8),
+                            flops=2 * B * (b - a) * (k1 - k0)))
+    return out

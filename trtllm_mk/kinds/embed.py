@@ -17,3 +17,12 @@ def duration_us(task, graph, rates, cal) -> float:
     rows = task.r1 - task.r0
     emb = d.batch * rows * 2                      # bf16 embedding rows come from HBM
     return cal.task_overhead_us + emb / rates.hbm + (task.act_bytes - emb) / rates.l2
+
+
+def lower(c) -> list[dict]:
+    """HEAD tasks: column tiles of H (graph.builder.Lowering ``c``)."""
+    from ..graph.tasks import Access, EventRef
+    return [dict(r0=a, r1=b, signals=(EventRef("resid_ready", 0, 0),),
+                 reads=(Access("tokens", 0, 1),), writes=(Access("x", a, b),),
+                 act_bytes=c.B * (b - a) * (c.wb + 4))
+            for a, b in c.tiles(c.H, c.plan.embed_rows or 1024)]

@@ -20,3 +20,14 @@ def execute(ex, t, layer: int) -> None:
 MATRICES = 1
 NORMS_INPUT = True
 staging_extra_us = no_staging_extra
+
+
+def lower(c) -> list[dict]:
+    """TAIL tasks: row tiles of V after the last layer's residual; each also writes its tile's max."""
+    from ..graph.tasks import Access, EventRef
+    B, H = c.B, c.H
+    return [dict(r0=a, r1=b, k0=0, k1=H, waits=(EventRef("resid_ready", c.L, 0),),
+                 signals=(EventRef("lm_done", 0, 0),),
+                 reads=(Access("x", 0, H),), writes=(Access("logits", a, b), Access("lm_part", i, i + 1)),
+                 weight_bytes=(b - a) * H * c.wb, act_bytes=B * (H * 4 + (b - a) * 4), flops=2 * B * (b - a) * H)
+            for i, (a, b) in enumerate(c.lm_tiles)]
