@@ -18,6 +18,7 @@ Event granularity per edge follows producer and consumer partitions:
 from __future__ import annotations
 
 from ..errors import ModelError
+from ..model.families import FAMILIES
 from ..model.spec import ModelSpec
 from .tasks import HEAD, LAYER, MAX_BATCH, TAIL, Access, Dims, Event, EventRef, Kind, StepGraph, Task, TilePlan
 
@@ -51,12 +52,6 @@ def check_plan(spec: ModelSpec, plan: TilePlan) -> None:
     if not 1 <= plan.inflight_chain <= plan.inflight_slots:
         raise ValueError(f"TilePlan: need 1 <= inflight_chain ({plan.inflight_chain}) <= inflight_slots "
                          f"({plan.inflight_slots})")
-
-
-# The step's task kinds per phase, in program order. Every supported family uses this template; a
-# family that adds or drops a kind gives its own (model.families).
-STEP_TEMPLATE = {HEAD: (Kind.EMBED,), LAYER: (Kind.QKV, Kind.ATTN, Kind.COMBINE, Kind.OPROJ, Kind.GATEUP, Kind.DOWN),
-                 TAIL: (Kind.LMHEAD, Kind.ARGMAX)}
 
 
 class Lowering:
@@ -112,8 +107,8 @@ def derive_events(head: list[Task], layer: list[Task], tail: list[Task], num_lay
 
 
 def build_step_graph(spec: ModelSpec, batch: int, plan: TilePlan, context_len: int = 512) -> StepGraph:
-    """The task graph of one decode step: each kind of the step template lowers itself into tasks
-    (trtllm_mk.kinds); the event tensors follow from the tasks' signals. ``context_len`` only feeds
+    """The task graph of one decode step: each kind of the family's step lowers itself into tasks
+    (trtllm_mk.kinds, model.families); the event tensors follow from the tasks' signals. ``context_len`` only feeds
     the cost estimates of ATTN."""
     check_model_supported(spec)
     check_plan(spec, plan)
@@ -121,9 +116,9 @@ def build_step_graph(spec: ModelSpec, batch: int, plan: TilePlan, context_len: i
         raise ValueError(f"batch {batch}: the megakernel decodes 1 to {MAX_BATCH} sequences per step")
     c = Lowering(spec, batch, plan, context_len)
     phases: dict[str, list[Task]] = {}
-    for phase, kinds in STEP_TEMPLATE.items():
+    for phase, kind_names in FAMILIES[spec.family].step:   # the family composes the kinds
         tasks: list[Task] = []
-        for kind in kinds:
+        for kind in (Kind[n] for n in kind_names):
             for kw in kind.module.lower(c):
                 tasks.append(Task(kind=kind, phase=phase, index=len(tasks), **kw))
         phases[phase] = tasks

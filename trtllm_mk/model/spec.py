@@ -15,15 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ModelError
+from .families import FAMILIES
 
 # HF "architectures" entry / "model_type" -> our family name.
-_ARCH_FAMILY = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "Qwen2ForCausalLM": "qwen2",
-    "Qwen3ForCausalLM": "qwen3",
-}
-_MODEL_TYPE_FAMILY = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
+_ARCH_FAMILY = {f.architecture: f.name for f in FAMILIES.values()}
+_MODEL_TYPE_FAMILY = {f.model_type: f.name for f in FAMILIES.values()}
 _DTYPES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
@@ -50,11 +46,11 @@ class ModelSpec:
     # ---- derived shapes -------------------------------------------------------------------
     @property
     def qkv_bias(self) -> bool:
-        return self.family == "qwen2"
+        return FAMILIES[self.family].qkv_bias
 
     @property
     def qk_norm(self) -> bool:
-        return self.family == "qwen3"
+        return FAMILIES[self.family].qk_norm
 
     @property
     def q_size(self) -> int:
@@ -176,8 +172,8 @@ def spec_from_hf_config(cfg: dict, name: str = "model", where: str = "config.jso
         raise ModelError(f"{where}: torch_dtype '{dtype}' unsupported (bfloat16, float16, float32)")
     eos = cfg.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
-    sw = cfg.get("sliding_window") if family == "mistral" else None
-    if family in ("qwen2", "qwen3") and cfg.get("use_sliding_window"):
+    sw = cfg.get("sliding_window") if FAMILIES[family].reads_sliding_window else None
+    if FAMILIES[family].rejects_use_sliding_window and cfg.get("use_sliding_window"):
         raise ModelError(f"{where}: use_sliding_window=true is unsupported")
     return ModelSpec(
         name=name,
