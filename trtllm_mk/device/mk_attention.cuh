@@ -50,8 +50,8 @@ __device__ __forceinline__ SplitRange split_range(const Params& p, int b, int sp
 // kv_ring_offset). The 16-byte skew per group of 8 tokens makes the eight token rows of one ldmatrix
 // block ({T, T + 8, ..., T + 56}: attn_compute's tiles) hit eight different bank groups although a
 // row is a multiple of 128 bytes long. The skew restarts every 64 tokens, 128 bytes further on:
-// token 63's row, skewed by 112 bytes, would otherwise reach 112 bytes into token 64's (until v13
-// it did, and a split with more than 64 tokens in the ring read those bytes of token 63 wrong).
+// token 63's row, skewed by 112 bytes, would otherwise reach 112 bytes into token 64's, and a split
+// with more than 64 tokens in the ring would read those bytes of token 63 wrong.
 constexpr int RB = cfg::D * 2;                          // bytes of one bf16 K or V row
 __device__ __host__ constexpr int kv_ring_offset(int u) { return u * RB + ((u >> 3) & 7) * 16 + (u >> 6) * 128; }
 constexpr int KV_REGION = kv_ring_offset(cfg::KV_CAP - 1) + RB;   // bytes of one row's K (or V) in the ring

@@ -28,7 +28,7 @@ __device__ __forceinline__ void argmax_prologue(const Ctx& c, int (&pos)[cfg::B]
 // LM-head tile, and every other task of the step precedes those), so no CTA reads pos or the step
 // counter after it, and it advances both itself; the next launch sees them at the kernel boundary. An
 // end-of-kernel "last CTA to finish" protocol put a fence, an atomic round trip and a read-modify-
-// write of pos after this task on the step's critical path (benchmarks/NOTES.md, v13).
+// write of pos after this task on the step's critical path (benchmarks/NOTES.md).
 __device__ void argmax_compute(Ctx& c, const TaskArgs& a, const int (&pos)[cfg::B]) {
   const Params& p = *c.p;
   for (int b = 0; b < cfg::B; ++b) {
