@@ -3,8 +3,12 @@ one schedule (searched by the reference checkout with the config's seed, on the 
 a few layers) runs N CPU-executor steps under each checkout, and the tokens and logits must be
 bit-identical, and so must the cost model's table of the schedule's graph.
 
+With --ptx, the generated kernel source of each schedule is also compiled to PTX (nvcc -ptx for the
+config's GPU) under both checkouts, and the PTX must be identical once comments and line information
+(.loc / .file) are stripped.
+
 Usage: python scripts/mk_equiv.py REFERENCE_CHECKOUT [--configs configs/*.yaml] [--layers 2]
-           [--steps 3] [--budget 2] [--work DIR]
+           [--steps 3] [--budget 2] [--work DIR] [--ptx]
 The current checkout is the one this script lives in. Exit code 0 when every config matches.
 
 Worker mode (run under one checkout's PYTHONPATH): --worker search|run CONFIG SCHEDULE [...]."""
@@ -79,6 +83,22 @@ def worker_run(config: str, schedule: str, layers: int, steps: int) -> None:
     print("digest", h.hexdigest())
 
 
+def worker_ptx(config: str, schedule: str, out: str) -> None:
+    import re
+    from trtllm_mk.codegen.source import generate_source
+    from trtllm_mk.schedule import Schedule
+    cfg, _ = _spec_and_cfg(config, 1)
+    arch = cfg.gpu_spec.nvcc_arch                       # sm_90a, sm_89, ...
+    src, _ = generate_source(Schedule.load(schedule), cfg.kv_cache_config.tokens_per_block, cfg.max_seq_len,
+                             use_bulk_copy=cfg.gpu_spec.has_tma)
+    Path(out + ".cu").write_text(src)
+    subprocess.run(["nvcc", "-ptx", "-std=c++17", "-O3", f"-gencode=arch={arch.replace('sm_', 'compute_')},code={arch}",
+                    out + ".cu", "-o", out + ".ptx"], check=True, capture_output=True)
+    keep = [re.sub(r"\s*//.*$", "", ln) for ln in Path(out + ".ptx").read_text().splitlines()
+            if not ln.strip().startswith(("//", ".loc", ".file"))]
+    print("ptx", hashlib.sha256("\n".join(keep).encode()).hexdigest())
+
+
 def _worker(root: Path, *args: str) -> str:
     env = dict(os.environ, PYTHONPATH=str(root))
     r = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", *args], cwd=root, env=env,
@@ -96,12 +116,15 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--budget", type=float, default=2.0)
     ap.add_argument("--work", default="/tmp/mk_equiv")
+    ap.add_argument("--ptx", action="store_true")
     ap.add_argument("--worker", nargs="+")
     a = ap.parse_args()
     if a.worker:
         mode, config, path = a.worker[:3]
         if mode == "search":
             worker_search(config, path, a.layers, a.budget)
+        elif mode == "ptx":
+            worker_ptx(config, path, a.worker[3])
         else:
             worker_run(config, path, a.layers, a.steps)
         return 0
@@ -120,6 +143,9 @@ def main() -> int:
             _worker(ref, "search", config, str(sched), "--layers", str(a.layers), "--budget", str(a.budget))
         outs = [_worker(root, "run", config, str(sched), "--layers", str(a.layers), "--steps", str(a.steps))
                 for root in (ref, HERE)]
+        if a.ptx:
+            outs = [o + _worker(root, "ptx", config, str(sched), str(work / f"{Path(config).stem}.{i}"))
+                    for i, (o, root) in enumerate(zip(outs, (ref, HERE)))]
         same = outs[0] == outs[1]
         bad += not same
         print(f"{Path(config).name}: {'identical' if same else 'DIFFERENT'} "
