@@ -12,13 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..graph import HEAD, LAYER, Kind, StepGraph, Task
+from ..kinds import device_files
 from ..schedule import Schedule
 from ..smem import ACT_PAD, MMA_ROWS, SLOT_PAD, attention_kv_ring, attention_scratch_bytes
 
 KERNEL_NAME = "mk_decode_step"
 MAX_REFS = 4  # TaskArgs holds up to 4 waits and 4 signals
 SIG_SLOTS = 4  # signal queue entries between consumers and the signaller warp (mirror: mk_params.cuh)
-HEADER_ORDER = ["mk_common.cuh", "mk_params.cuh", "mk_gemv.cuh", "mk_attention.cuh", "mk_misc.cuh", "mk_kernel.cuh"]
+HEADER_ORDER = ["mk_common.cuh", "mk_params.cuh", "mk_gemv.cuh", "mk_attention.cuh", "mk_kernel.cuh"]
 
 
 def device_source_dir() -> Path:
@@ -107,8 +108,9 @@ def _prefetch_call(task: Task) -> str:
 def _inline_headers() -> str:
     out = []
     src = device_source_dir()
-    for name in HEADER_ORDER:
-        text = (src / name).read_text()
+    # the kinds' device files (trtllm_mk.kinds.device_files) go between the shared headers and the kernel
+    for path in [src / n for n in HEADER_ORDER[:-1]] + device_files() + [src / HEADER_ORDER[-1]]:
+        name, text = path.name, path.read_text()
         text = re.sub(r'^#pragma once\s*$', "", text, flags=re.M)
         text = re.sub(r'^#include "mk_[a-z_]+\.cuh"\s*$', "", text, flags=re.M)
         out.append(f"// ===== {name} =====\n{text}")

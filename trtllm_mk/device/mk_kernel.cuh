@@ -5,7 +5,7 @@
 // shared memory and the per-thread context are in mk_params.cuh.
 #pragma once
 #include "mk_attention.cuh"
-#include "mk_misc.cuh"
+// (codegen inlines the kinds' device files, trtllm_mk/kinds/*.cuh, before this header)
 
 namespace mk {
 

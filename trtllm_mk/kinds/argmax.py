@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from . import KindDef
 
-DEF = KindDef("ARGMAX", streams_weights=False, args=())
+DEF = KindDef("ARGMAX", streams_weights=False, args=(), device_file="argmax.cuh")
 
 
 def execute(ex, t, layer: int) -> None:

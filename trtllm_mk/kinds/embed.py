@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from . import KindDef
 
-DEF = KindDef("EMBED", streams_weights=False, args=("r0", "r1"))
+DEF = KindDef("EMBED", streams_weights=False, args=("r0", "r1"), device_file="embed.cuh")
 
 
 def execute(ex, t, layer: int) -> None:

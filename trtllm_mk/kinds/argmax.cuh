@@ -1,19 +1,8 @@
-// Small tasks: embedding lookup and the final (second-level) argmax.
+// ARGMAX's device body: the second-level argmax over the LM-head tiles, and the end of the step.
+// Inlined by codegen after the shared device headers (trtllm_mk/device), before mk_kernel.cuh.
 #pragma once
-#include "mk_gemv.cuh"
 
 namespace mk {
-
-__device__ void embed_compute(Ctx& c, const TaskArgs& a) {
-  const Params& p = *c.p;
-  const int n = a.r1 - a.r0;
-  for (int i = threadIdx.x; i < cfg::B * n; i += CTHREADS) {
-    const int b = i / n, r = a.r0 + i % n;
-    const int tok = ld_act(p.tokens + b);
-    p.x[(size_t)b * cfg::H + r] = bf16_to_f(p.embed[(size_t)tok * cfg::H + r]);
-  }
-  consumer_sync(CTHREADS);
-}
 
 // ARGMAX's step-invariant input, read before its wait: this step's positions (nothing writes them
 // until ARGMAX itself), so the history store and the advance below cost no round trip on the tail.
