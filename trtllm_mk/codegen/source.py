@@ -19,7 +19,7 @@ from ..smem import ACT_PAD, MMA_ROWS, SLOT_PAD, attention_kv_ring, attention_scr
 KERNEL_NAME = "mk_decode_step"
 MAX_REFS = 4  # TaskArgs holds up to 4 waits and 4 signals
 SIG_SLOTS = 4  # signal queue entries between consumers and the signaller warp (mirror: mk_params.cuh)
-HEADER_ORDER = ["mk_common.cuh", "mk_params.cuh", "mk_gemv.cuh", "mk_attention.cuh", "mk_kernel.cuh"]
+HEADER_ORDER = ["mk_common.cuh", "mk_params.cuh", "mk_gemv.cuh", "mk_kernel.cuh"]
 
 
 def device_source_dir() -> Path:

@@ -1,5 +1,5 @@
 // Low-level building blocks of the megakernel: bf16 vectors, mbarriers, bulk copies, event counters.
-// Everything here is architecture plumbing; the task bodies live in mk_gemv/mk_attention and trtllm_mk/kinds/*.cuh.
+// Everything here is architecture plumbing; the task bodies live in mk_gemv.cuh (GEMV kinds) and trtllm_mk/kinds/*.cuh.
 #pragma once
 #include <cuda_bf16.h>
 #include <stdint.h>

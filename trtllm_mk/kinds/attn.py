@@ -5,7 +5,7 @@ from . import KindDef
 
 ATTN_TILE_TOKENS = 16   # tokens of one ATTN tensor-core tile (the device body's attn_tile)
 
-DEF = KindDef("ATTN", streams_weights=False, args=("layer", "group", "split"))
+DEF = KindDef("ATTN", streams_weights=False, args=("layer", "group", "split"), device_file="attn.cuh")
 
 
 def execute(ex, t, layer: int) -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from . import KindDef
 
-DEF = KindDef("COMBINE", streams_weights=False, args=("group",))
+DEF = KindDef("COMBINE", streams_weights=False, args=("group",), device_file="combine.cuh")
 
 
 def execute(ex, t, layer: int) -> None:

@@ -23,7 +23,7 @@ consumers still reduce every 16-row block of every slot (``comp`` counts whole s
 Other kinds take ``dur`` on the consumer: ATTN its traced fixed latency (q/k/v from L2, RoPE, the
 merge) plus, for cached tokens beyond what the loader brings through the ring before the wait
 (smem.attention_kv_ring), the rounds in which the consumers copy them into the same ring slots
-(mk_attention.cuh attn_fetch_late): per round two dependent loaded round trips (block table, then
+(kinds/attn.cuh attn_fetch_late): per round two dependent loaded round trips (block table, then
 K/V; ``l2_latency_us`` each), plus their bytes at the hbm share and ``attn_late_token_us`` per token.
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
-// Split-KV GQA decode attention over the paged KV cache (TRT-LLM layout, HND inside a block), and
-// the combine of the split partials. One ATTN task = one KV group x one split, for every batch row.
+// ATTN's device body: split-KV GQA decode attention over the paged KV cache (TRT-LLM layout, HND
+// inside a block). Inlined by codegen after the shared device headers. One ATTN task = one KV group x one split, for every batch row.
 //
 // The cached K/V of a split (every token before this step's) does not depend on this step, so the
 // loader warp copies it into the weight ring when it reaches the task in its list, as it does for a
@@ -10,7 +10,6 @@
 // copied into the same slots after the wait, KV_CAP at a time, and the new token comes from this
 // step's q/k/v. Scores and P V run on the tensor cores (attn_tile).
 #pragma once
-#include "mk_gemv.cuh"
 
 namespace mk {
 
@@ -434,15 +433,6 @@ __device__ void attn_compute(Ctx& c, const TaskArgs& a) {
     consumer_sync(CTHREADS);
   }
   c.ring_n = ring0 + cfg::B * cfg::KV_SLOTS;
-}
-
-__device__ void combine_compute(Ctx& c, const TaskArgs& a) {
-  const Params& p = *c.p;
-  for (int i = threadIdx.x; i < cfg::B * cfg::G * cfg::D; i += CTHREADS) {
-    const int b = i / (cfg::G * cfg::D), h = (i / cfg::D) % cfg::G, e = i % cfg::D;
-    p.attn_out[(size_t)b * cfg::QD + (a.group * cfg::G + h) * cfg::D + e] = merge_splits(p, b, a.group, h, e);
-  }
-  consumer_sync(CTHREADS);
 }
 
 }  // namespace mk
