@@ -15,20 +15,15 @@ from typing import Callable
 
 import torch
 
-from .errors import UserError
 from .graph import Kind, StepGraph, Task
+from .kinds.argmax import NonFiniteLogits  # noqa: F401  (raised by ARGMAX; re-exported for callers)
 from .kv_cache import PagedKVCache
-from .model.rope import apply_rope, rope_inv_freq
+from .model.rope import rope_inv_freq
 from .model.spec import ModelSpec
-from .residual import from_fixed, to_fixed
+from .residual import from_fixed
 from .schedule import Schedule
 from .verify import ScheduleError, check
 
-NO_TOKEN = 0x7FFFFFFF   # an argmax with no candidate (the device's initial index)
-
-
-class NonFiniteLogits(UserError):
-    """A decode step produced no usable logit for some row."""
 
 INTERLEAVES = ("round_robin", "random", "sequential")
 
@@ -171,7 +166,7 @@ class CpuExecutor:
         if _shape_of(schedule.spec) != _shape_of(spec):
             raise ScheduleError(f"schedule was built for model {schedule.spec.name!r}, not {spec.name!r}")
         self.spec, self.schedule, self.cache = spec, schedule, cache
-        self._act = _bf16 if round_activations else (lambda t: t)
+        self.stage_round = _bf16 if round_activations else (lambda t: t)
         self.graph = schedule.graph()
         if validate:
             check(schedule, self.graph)
@@ -197,10 +192,7 @@ class CpuExecutor:
         self.pos = torch.zeros(B, dtype=i32)
         self.history = torch.full((B, cache.max_seq_len), -1, dtype=i32)
         self.machine = EventMachine(schedule, self.graph)
-        self._run: dict[Kind, Callable[[Task, int], None]] = {
-            Kind.EMBED: self._embed, Kind.QKV: self._qkv, Kind.ATTN: self._attn, Kind.COMBINE: self._combine,
-            Kind.OPROJ: self._oproj, Kind.GATEUP: self._gateup, Kind.DOWN: self._down,
-            Kind.LMHEAD: self._lmhead, Kind.ARGMAX: self._argmax}
+        self._run = {k: k.module.execute for k in Kind}
 
     def _pack(self, w: dict[str, torch.Tensor]) -> None:
         """bf16 weights as fp32 tensors; q/k/v packed once into the grouped QKV row order."""
@@ -243,64 +235,19 @@ class CpuExecutor:
         return self.logits.clone(), self.tokens.clone()
 
     def _execute(self, task: Task, layer: int) -> None:
-        self._run[task.kind](task, layer)
+        self._run[task.kind](self, task, layer)
 
-    # ------------------------------------------------------------------ task kinds
-    def _norm_staged(self, w: torch.Tensor) -> torch.Tensor:
+    # ------------------------------------------------------------------ helpers of the kinds
+    # (each kind's semantics is its module's ``execute(ex, task, layer)`` in trtllm_mk.kinds)
+    def norm_staged(self, w: torch.Tensor) -> torch.Tensor:
         x = from_fixed(self.x)
         rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self._act(x * rstd * w)
+        return self.stage_round(x * rstd * w)
 
-    def _embed(self, t: Task, layer: int) -> None:
-        self.x[:, t.r0:t.r1] = to_fixed(self.embed[self.tokens.long(), t.r0:t.r1])
-
-    def _qkv(self, t: Task, layer: int) -> None:
-        lw = self.layers[layer]
-        out = self._norm_staged(lw["ln1"]) @ lw["qkv"][t.r0:t.r1].T
-        if lw["qkv_bias"] is not None:
-            out = out + lw["qkv_bias"][t.r0:t.r1]
-        self.qkv[:, t.r0:t.r1] = out
-
-    def _head_norm(self, v: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    def head_norm(self, v: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + self.eps) * w
 
-    def _attn(self, t: Task, layer: int) -> None:
-        G, d, S, g, s = self.G, self.d, self.S, t.group, t.split
-        lw, cache, tpb = self.layers[layer], self.cache, self.cache.tokens_per_block
-        for b in range(self.B):
-            p = int(self.pos[b])
-            n = p + 1
-            chunk = -(-n // S)
-            t0, t1 = s * chunk, min(n, s * chunk + chunk)
-            heads = self.qkv[b, g * self.GR:(g + 1) * self.GR].view(G + 2, d)
-            qk, v = heads[:G + 1], heads[G + 1]
-            if self.spec.qk_norm:
-                qk = torch.cat([self._head_norm(qk[:G], lw["q_norm"]), self._head_norm(qk[G:], lw["k_norm"])])
-            qk = apply_rope(qk[None], torch.tensor([p]), self.inv_freq)[0]
-            q, k, v = qk[:G], self._act(qk[G]), self._act(v)
-            if t0 <= p < t1:   # this split owns the new token: append it to the cache
-                blk = int(cache.block_table[b, p // tpb])
-                cache.pool[layer, blk, 0, g, p % tpb] = k.to(cache.pool.dtype)
-                cache.pool[layer, blk, 1, g, p % tpb] = v.to(cache.pool.dtype)
-            if t1 <= t0:       # an empty split (fewer tokens than splits)
-                self.part_o[b, g, s] = 0.0
-                self.part_ml[b, g, s, :, 0] = float("-inf")
-                self.part_ml[b, g, s, :, 1] = 0.0
-                continue
-            ts = torch.arange(t0, t1)
-            blocks = cache.block_table[b, ts // tpb].long()
-            kc = cache.pool[layer, blocks, 0, g, ts % tpb].float()   # [T, d]
-            vc = cache.pool[layer, blocks, 1, g, ts % tpb].float()
-            if t0 <= p < t1:   # the new token from registers, as the GPU does (same bf16 values)
-                kc[p - t0], vc[p - t0] = k, v
-            sc = (q * d ** -0.5) @ kc.T                               # [G, T]
-            m = sc.max(-1).values
-            e = torch.exp(sc - m[:, None])
-            self.part_o[b, g, s] = e @ vc
-            self.part_ml[b, g, s, :, 0] = m
-            self.part_ml[b, g, s, :, 1] = e.sum(-1)
-
-    def _merged(self, g: int) -> torch.Tensor:
+    def merged_attention(self, g: int) -> torch.Tensor:
         """Group g's attention output [B, G*d], merged from its S split partials (COMBINE's merge;
         OPROJ's under TilePlan.o_merge)."""
         m, l = self.part_ml[:, g, :, :, 0], self.part_ml[:, g, :, :, 1]     # [B, S, G]
@@ -309,50 +256,3 @@ class CpuExecutor:
         num = (f[..., None] * self.part_o[:, g]).sum(1)                   # [B, G, d]
         den = (f * l).sum(1)[..., None]
         return (num / den).reshape(self.B, self.G * self.d)
-
-    def _combine(self, t: Task, layer: int) -> None:
-        g, n = t.group, self.G * self.d
-        self.attn_out[:, g * n:(g + 1) * n] = self._merged(g)
-
-    def _oproj(self, t: Task, layer: int) -> None:
-        w = self.layers[layer]["o"][t.r0:t.r1, t.k0:t.k1]
-        if self.graph.plan.o_merge:            # the chunk's heads, merged from the partials here
-            n = self.G * self.d
-            src = torch.cat([self._merged(g) for g in range(t.k0 // n, t.k1 // n)], dim=1)
-        else:
-            src = self.attn_out[:, t.k0:t.k1]
-        self.x[:, t.r0:t.r1] += to_fixed(self._act(src) @ w.T)
-
-    def _gateup(self, t: Task, layer: int) -> None:
-        lw = self.layers[layer]
-        xn = self._norm_staged(lw["ln2"])
-        gate, up = xn @ lw["gate"][t.r0:t.r1].T, xn @ lw["up"][t.r0:t.r1].T
-        self.act[:, t.r0:t.r1] = torch.nn.functional.silu(gate) * up
-
-    def _down(self, t: Task, layer: int) -> None:
-        w = self.layers[layer]["down"][t.r0:t.r1, t.k0:t.k1]
-        self.x[:, t.r0:t.r1] += to_fixed(self._act(self.act[:, t.k0:t.k1]) @ w.T)
-
-    def _lmhead(self, t: Task, layer: int) -> None:
-        out = self._norm_staged(self.final_norm) @ self.lm_head[t.r0:t.r1].T
-        self.logits[:, t.r0:t.r1] = out
-        # as on the device: NaN never wins, and a tile with no logit above -inf has no candidate
-        val, idx = torch.nan_to_num(out, nan=-torch.inf, posinf=torch.inf).max(-1)   # first index of the max
-        self.lm_val[:, t.index] = val
-        self.lm_idx[:, t.index] = torch.where(val > -torch.inf, idx.to(torch.int32) + t.r0, NO_TOKEN)
-
-    def _argmax(self, t: Task, layer: int) -> None:
-        best = self.lm_val.max(-1, keepdim=True).values
-        # first argmax overall: the smallest index among the tiles that hold the maximum
-        big = torch.iinfo(torch.int32).max
-        tok = torch.where(self.lm_val == best, self.lm_idx, torch.full_like(self.lm_idx, big)).min(-1).values
-        bad = (tok == NO_TOKEN).nonzero().flatten().tolist()
-        if bad:
-            raise NonFiniteLogits(f"the logits of batch row {bad[0]} are all NaN or -inf (the weights or the KV "
-                                  "cache hold non-finite values)")
-        self.tokens.copy_(tok)
-        for b in range(self.B):
-            nxt = int(self.pos[b]) + 1
-            if nxt < self.history.shape[1]:
-                self.history[b, nxt] = tok[b]
-        self.pos += 1   # ARGMAX ends the step: every other task (all that read pos) precedes it

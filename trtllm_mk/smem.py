@@ -105,7 +105,7 @@ def geometries(spec: ModelSpec, plan: TilePlan) -> dict[Kind, SlotGeometry]:
 
 
 def attention_scratch_bytes(group_size: int, head_dim: int, consumer_warps: int, batch: int) -> int:
-    """ATTN's scratch in the activation region (mk_attention.cuh, ATTN_FRESH .. ATTN_ROWS): q heads + k +
+    """ATTN's scratch in the activation region (kinds/attn.cuh, ATTN_FRESH .. ATTN_ROWS): q heads + k +
     v of one group in fp32, this step's k and v as bf16 rows and q's mma fragments (three bf16 parts:
     2 x head_dim x G words), overlapped after the tiles by the warps' partial outputs and (max, sum)
     ([consumer_warps][G][head_dim + 2] fp32); then what the prologue gathers before the wait: RoPE
@@ -118,15 +118,15 @@ def attention_scratch_bytes(group_size: int, head_dim: int, consumer_warps: int,
 
 def attention_chunk(context_len: int, splits: int) -> int:
     """Tokens one KV split of an ATTN task covers: the step at position ``context_len`` attends to
-    ``context_len + 1`` tokens (mk_attention.cuh split_range)."""
+    ``context_len + 1`` tokens (kinds/attn.cuh split_range)."""
     return -(-(context_len + 1) // splits)
 
 
 def kv_ring_offset(u: int, head_dim: int) -> int:
     """Byte offset of cached token ``u`` in an ATTN task's K (or V) region of the ring (the device's
-    kv_ring_offset; the generated kernel checks the two agree): rows of 2 x head_dim bytes, a 16-byte
-    bank skew per group of 8 tokens, restarting 128 bytes further on every 64 tokens so that no row
-    reaches into the next."""
+    kv_ring_offset in kinds/attn.cuh; the generated kernel checks the two agree): rows of 2 x head_dim
+    bytes, a 16-byte bank skew per group of 8 tokens, restarting 128 bytes further on every 64 tokens so
+    that no row reaches into the next."""
     return u * 2 * head_dim + ((u >> 3) & 7) * 16 + (u >> 6) * 128
 
 
@@ -136,7 +136,7 @@ def kv_region_bytes(head_dim: int, tokens: int) -> int:
 
 
 def attention_kv_ring(head_dim: int, slot_bytes: int, splits: int, context_len: int) -> tuple[int, int]:
-    """How an ATTN task takes its cached K/V through the weight ring (mk_attention.cuh attn_load):
+    """How an ATTN task takes its cached K/V through the weight ring (kinds/attn.cuh attn_load):
     ``(slots per batch row, tokens each row's K and V hold)``. One slot holds K in its first half and
     V in its second when the split's chunk at ``context_len`` fits; otherwise K and V take a slot each,
     which doubles the tokens. The bank skew of the rows (kv_ring_offset) lives in the slot's SLOT_PAD;

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..graph import LAYER, Kind, StepGraph, Task
+from ..kinds import device_files
 from ..residual import FRAC_BITS as RESID_FRAC_BITS
 from ..schedule import Schedule
 from ..seam import emit_cuda, task_args_init
@@ -20,7 +21,7 @@ from ..smem import (SIG_SLOTS, SLOT_PAD, SmemLayout, activation_bytes, attention
 
 KERNEL_NAME = "mk_decode_step"
 MAX_REFS = 4  # TaskArgs holds up to 4 waits and 4 signals
-HEADER_ORDER = ["mk_common.cuh", "mk_params.cuh", "mk_gemv.cuh", "mk_attention.cuh", "mk_misc.cuh", "mk_kernel.cuh"]
+HEADER_ORDER = ["mk_common.cuh", "mk_params.cuh", "mk_gemv.cuh", "mk_kernel.cuh"]
 
 
 def device_source_dir() -> Path:
@@ -136,8 +137,9 @@ def _host_model_checks(schedule: Schedule, kv_cap: int) -> str:
 def _inline_headers(smem: SmemLayout, slot_stride: int) -> str:
     out = []
     src = device_source_dir()
-    for name in HEADER_ORDER:
-        text = (src / name).read_text()
+    # the kinds' device files (trtllm_mk.kinds.device_files) go between the shared headers and the kernel
+    for path in [src / n for n in HEADER_ORDER[:-1]] + device_files() + [src / HEADER_ORDER[-1]]:
+        name, text = path.name, path.read_text()
         text = re.sub(r'^#pragma once\s*$', "", text, flags=re.M)
         text = re.sub(r'^#include "mk_[a-z_]+\.cuh"\s*$', "", text, flags=re.M)
         out.append(f"// ===== {name} =====\n{text}")

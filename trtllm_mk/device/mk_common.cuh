@@ -1,5 +1,5 @@
 // Low-level building blocks of the megakernel: bf16 vectors, mbarriers, bulk copies, event counters.
-// Everything here is architecture plumbing; the task bodies live in mk_gemv/mk_attention/mk_misc.
+// Everything here is architecture plumbing; the task bodies live in mk_gemv.cuh (GEMV kinds) and trtllm_mk/kinds/*.cuh.
 #pragma once
 #include <cuda_bf16.h>
 #include <stdint.h>
@@ -16,32 +16,13 @@ typedef __nv_bfloat16 bf16;
 
 __device__ __forceinline__ float bf16_to_f(bf16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ bf16 f_to_bf16(float v) { return __float2bfloat16(v); }
-__device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16(v)); }
 
 // 16-byte vector of 8 bf16 values.
 struct __align__(16) bf16x8 { __nv_bfloat162 h[4]; };
 
-__device__ __forceinline__ float dot8(const bf16x8& w, const bf16x8& a) {
-  float s = 0.f;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    float2 wf = __bfloat1622float2(w.h[i]);
-    float2 af = __bfloat1622float2(a.h[i]);
-    s = fmaf(wf.x, af.x, s);
-    s = fmaf(wf.y, af.y, s);
-  }
-  return s;
-}
-
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
 
@@ -192,8 +173,7 @@ __device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
 }
 // Everything the ring carries (weights, cached K/V) is read once per step: copied with an L2
 // evict-first policy it does not displace what L2 holds for the dependency chain (activations,
-// counters, the kernel's code). Measured on H100 (benchmarks/NOTES.md, v9): weights 1B -1%, 8B -1.5%,
-// Qwen3-8B -2.4%; K/V at context 8192 1B b4 -7%, 8B b1 -1.6%.
+// counters, the kernel's code); benchmarks/NOTES.md has the measurements.
 __device__ __forceinline__ uint64_t evict_first_policy() {
   uint64_t pol;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));

@@ -123,8 +123,8 @@ __device__ void gemv_load(Ctx& c, const TaskArgs& a) {
 // consumer warp 0 prefetches the weights its loader streams first in the next step (its first GEMV
 // task of layer 0, up to a ring's worth), and ARGMAX the next token's embedding row. The step's tail
 // (the LM head's uneven end, ARGMAX, the launch gap) leaves HBM mostly idle, and the next step starts
-// with an empty ring: its first QKV and EMBED then read L2 (H100: 1B -3..5 us, 8B shapes -20..29 us
-// per step; benchmarks/NOTES.md, v13). sm_90 bulk-copy path only; MK_PREFETCH_NEXT=0 turns it off.
+// with an empty ring: its first QKV and EMBED then read L2 (benchmarks/NOTES.md has the measurements).
+// sm_90 bulk-copy path only; MK_PREFETCH_NEXT=0 turns it off.
 #ifndef MK_PREFETCH_NEXT
 #define MK_PREFETCH_NEXT 1
 #endif

@@ -4,8 +4,8 @@
 // `run_program(Ctx)`, each SM's static task list; this header supplies everything else. The layout of
 // shared memory and the per-thread context are in mk_params.cuh.
 #pragma once
-#include "mk_attention.cuh"
-#include "mk_misc.cuh"
+#include "mk_gemv.cuh"
+// (codegen inlines the kinds' device files, trtllm_mk/kinds/*.cuh, before this header)
 
 namespace mk {
 

@@ -16,15 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ModelError
+from .families import FAMILIES
 
 # HF "architectures" entry / "model_type" -> our family name.
-_ARCH_FAMILY = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "Qwen2ForCausalLM": "qwen2",
-    "Qwen3ForCausalLM": "qwen3",
-}
-_MODEL_TYPE_FAMILY = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
+_ARCH_FAMILY = {f.architecture: f.name for f in FAMILIES.values()}
+_MODEL_TYPE_FAMILY = {f.model_type: f.name for f in FAMILIES.values()}
 _DTYPES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
@@ -51,11 +47,11 @@ class ModelSpec:
     # ---- derived shapes -------------------------------------------------------------------
     @property
     def qkv_bias(self) -> bool:
-        return self.family == "qwen2"
+        return FAMILIES[self.family].qkv_bias
 
     @property
     def qk_norm(self) -> bool:
-        return self.family == "qwen3"
+        return FAMILIES[self.family].qk_norm
 
     @property
     def q_size(self) -> int:
@@ -170,7 +166,7 @@ def _refuse_unimplemented(cfg: dict, family: str, where: str) -> None:
     act = cfg.get("hidden_act", cfg.get("hidden_activation", "silu"))
     if act not in ("silu", "swish"):
         raise ModelError(f"{where}: hidden_act '{act}' is not implemented (the kernel's MLP is SiLU-gated)")
-    if cfg.get("attention_bias") and family != "qwen2":
+    if cfg.get("attention_bias") and not FAMILIES[family].qkv_bias:
         raise ModelError(f"{where}: attention_bias=true is not implemented for {family} (the kernel has no bias "
                          "on these projections)")
     if cfg.get("mlp_bias"):
@@ -235,10 +231,10 @@ def spec_from_hf_config(cfg: dict, name: str = "model", where: str = "config.jso
     eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
     if not all(isinstance(e, int) and not isinstance(e, bool) and e >= 0 for e in eos_ids):
         raise ModelError(f"{where}: 'eos_token_id' must be a token id or a list of them, got {eos!r}")
-    sw = cfg.get("sliding_window") if family == "mistral" else None
+    sw = cfg.get("sliding_window") if FAMILIES[family].reads_sliding_window else None
     if sw is not None:
         sw = _int(cfg, "sliding_window", where)
-    if family in ("qwen2", "qwen3") and cfg.get("use_sliding_window"):
+    if FAMILIES[family].rejects_use_sliding_window and cfg.get("use_sliding_window"):
         raise ModelError(f"{where}: use_sliding_window=true is unsupported")
     tie = cfg.get("tie_word_embeddings", False)
     if not isinstance(tie, bool):
