@@ -23,7 +23,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmarks.megakernel_system import HEADROOM, TOKENS_PER_BLOCK  # noqa: E402
 from mk_trace import captured_step, make_schedule, prebuild  # noqa: E402
 from trtllm_mk.gpus import detect_gpu, get_gpu  # noqa: E402
 from trtllm_mk.model.registry import resolve_model  # noqa: E402
@@ -41,28 +40,6 @@ def parse_variant(text: str) -> tuple[str, dict, tuple[str, ...], str | None]:
             k, _, v = it.partition("=")
             sets[k] = int(v)
     return name, sets, tuple(defines), src
-
-
-def foreign_step(s, src: str, weights, context: int, gpu, tokens):
-    """``captured_step`` for a kernel source file generated elsewhere for schedule ``s``."""
-    import torch
-    from trtllm_mk.codegen import compile_cubin, generate_source
-    from trtllm_mk.kv_cache import PagedKVCache
-    from trtllm_mk.model.rope import rope_inv_freq
-    from trtllm_mk.runtime.megakernel import MegakernelDecoder
-    max_seq = context + HEADROOM
-    cache = PagedKVCache.allocate(s.spec, s.batch, max_seq, TOKENS_PER_BLOCK, device="cuda", fill=1.0)
-    _, layout = generate_source(s, TOKENS_PER_BLOCK, max_seq, use_bulk_copy=gpu.has_tma)
-    cubin, _ = compile_cubin(Path(src).read_text(), gpu.nvcc_arch)
-    dec = MegakernelDecoder(s, cubin, layout, weights, cache, rope_inv_freq(s.spec))
-    dec.set_state(tokens, torch.full((s.batch,), context))
-    for _ in range(3):
-        dec.step()
-    dec.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        dec.step()
-    return dec, graph
 
 
 def main() -> None:
@@ -101,8 +78,7 @@ def main() -> None:
     runs = []
     for name, sets, defines, src in variants:
         s = make_schedule(spec, a.batch, a.context, gpu, sets)
-        dec, graph = (foreign_step(s, src, w, a.context, gpu, tokens) if src
-                      else captured_step(s, w, a.context, gpu, defines, tokens))
+        dec, graph = captured_step(s, w, a.context, gpu, defines, tokens, Path(src).read_text() if src else None)
         runs.append((name, s, dec, graph))
         print(f"{name}: plan {s.plan.to_dict()} defines {list(defines)}; predicted {s.predicted_step_us:.1f} us",
               flush=True)

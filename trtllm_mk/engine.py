@@ -20,7 +20,7 @@ from pathlib import Path
 
 from . import seam
 from .codegen import KERNEL_NAME, KernelLayout, arch_sm, compile_cubin, cubin_sm, generate_source
-from .errors import EngineError, UserError
+from .errors import EngineError, UserError, read_json_object
 from .gpus import get_gpu
 from .schedule import Schedule
 
@@ -134,21 +134,8 @@ class EngineDir:
         for f in MANIFEST_FILES + ["manifest.json"]:
             if not (p / f).is_file():
                 raise EngineError(f"{p}: missing {f} (or not a file); the engine is incomplete, rebuild it")
-        try:
-            manifest = json.loads((p / "manifest.json").read_text())
-            config = json.loads((p / "config.json").read_text())
-            kernel = json.loads((p / "kernel.json").read_text())
-            record = json.loads((p / "checkpoint.json").read_text())
-        except json.JSONDecodeError as e:
-            raise EngineError(f"{p}: corrupted JSON ({e.msg}); rebuild the engine") from None
-        except UnicodeDecodeError:
-            raise EngineError(f"{p}: an engine file is not UTF-8 text (corrupted); rebuild the engine") from None
-        except OSError as e:
-            raise EngineError(f"{p}: an engine file cannot be read ({e.strerror})") from None
-        for name, obj in (("manifest.json", manifest), ("config.json", config), ("kernel.json", kernel),
-                          ("checkpoint.json", record)):
-            if not isinstance(obj, dict):
-                raise EngineError(f"{p / name}: expected a JSON object (corrupted); rebuild the engine")
+        manifest, config, kernel, record = (read_json_object(p / f, EngineError, "rebuild the engine")
+                                            for f in ("manifest.json", "config.json", "kernel.json", "checkpoint.json"))
         checkpoint = record.get("checkpoint")
         if checkpoint is not None and not (isinstance(checkpoint, dict) and all(
                 isinstance(checkpoint.get(k), str) for k in ("path", "config_sha256", "tensors_sha256"))):

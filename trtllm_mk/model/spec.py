@@ -9,13 +9,12 @@ Weights are named exactly as in HF checkpoints (see ``expected_tensors``).
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ModelError
+from ..errors import ModelError, read_json_object
 from .families import FAMILIES
 
 # HF "architectures" entry / "model_type" -> our family name.
@@ -266,14 +265,5 @@ def load_spec(path: str | Path, name: str | None = None) -> ModelSpec:
     cfg_path = p / "config.json" if p.is_dir() else p
     if not cfg_path.exists():
         raise ModelError(f"{cfg_path}: no such file (expected an HF config.json)")
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as e:
-        raise ModelError(f"{cfg_path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    except UnicodeDecodeError:
-        raise ModelError(f"{cfg_path}: not a text file (expected UTF-8 JSON)") from None
-    except OSError as e:
-        raise ModelError(f"{cfg_path}: cannot be read ({e.strerror})") from None
-    if not isinstance(cfg, dict):
-        raise ModelError(f"{cfg_path}: expected a JSON object")
+    cfg = read_json_object(cfg_path, ModelError, "expected an HF config.json")
     return spec_from_hf_config(cfg, name=name or (p.name if p.is_dir() else p.stem), where=str(cfg_path))
