@@ -70,6 +70,16 @@ def test_the_current_folder_and_its_parents_are_refused(tmp_path, monkeypatch):
     assert (tmp_path / "a" / "keep.txt").read_text() == "x"
 
 
+def test_dry_run_makes_the_checks_a_build_makes_before_its_search(tmp_path):
+    from trtllm_mk.cli.build import main
+    f = tmp_path / "engine"
+    f.write_text("not a folder")
+    with pytest.raises(EngineError, match="is a file"):
+        main(["--config", str(TINY), "--output-dir", str(f), "--dry-run"])
+    assert main(["--config", str(TINY), "--output-dir", str(tmp_path / "new"), "--dry-run"]) == 0
+    assert sorted(os.listdir(tmp_path)) == ["engine"]
+
+
 def test_a_file_as_output_is_refused(tmp_path):
     f = tmp_path / "engine"
     f.write_text("not a folder")
