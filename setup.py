@@ -1,4 +1,4 @@
-"""trtllm_mk: install with ``pip install -e .`` (add ``[test]`` for the test suite).
+"""trtllm_mk: install with ``pip install .`` (``-e`` for development; add ``[test]`` for the test suite).
 
 The C++ megakernel runtime (``trtllm_mk._mkrt``, pybind11, CUDA driver API) is built when nvcc / a
 CUDA toolkit is found; without one the package still installs and imports, and everything that
@@ -9,7 +9,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from setuptools import find_packages, setup
+from setuptools import setup
 
 ROOT = Path(__file__).parent
 
@@ -59,25 +59,6 @@ def runtime_extension():
     )]
 
 
-setup(
-    name="trtllm_mk",
-    version="0.1.0",
-    description="Hybrid LLM inference engine: conventional prefill, one persistent CUDA megakernel per decode step",
-    packages=find_packages(include=["trtllm_mk", "trtllm_mk.*"]),
-    package_data={"trtllm_mk": ["../configs/**/*"]},
-    python_requires=">=3.10",
-    install_requires=[
-        "torch>=2.4,<2.14",
-        "numpy>=1.24",
-        "pyyaml>=6.0",
-        "safetensors>=0.4",
-        "matplotlib>=3.7",
-        "tqdm>=4.60",
-    ],
-    extras_require={
-        "test": ["pytest>=7", "hypothesis>=6.80", "transformers>=4.45"],
-    },
-    ext_modules=runtime_extension(),
-    entry_points={"console_scripts": ["trtllm-mk=trtllm_mk.__main__:main"]},
-    zip_safe=False,
-)
+# Metadata, dependencies and package data are in pyproject.toml; this file adds only the optional
+# compiled runtime, which needs a build-time probe for the CUDA toolkit.
+setup(ext_modules=runtime_extension())

@@ -34,7 +34,11 @@ def spec_of(name):
 
 # ------------------------------------------------------------------------------ calibration
 def test_calibration_defaults_and_file(tmp_path):
-    assert load_calibration(H100, directory=tmp_path) == Calibration()
+    with pytest.raises(ConfigError, match="no calibration file for H100-SXM"):
+        load_calibration(H100, directory=tmp_path)   # never silent defaults
+    (tmp_path / "H100-SXM.json").write_text(json.dumps({"_note": "defaults"}))
+    assert load_calibration(H100, directory=tmp_path) == replace(Calibration(),
+                                                                 source=str(tmp_path / "H100-SXM.json"))
     (tmp_path / "H100-SXM.json").write_text(json.dumps({"sync_us": 0.7, "launch_us": 3, "_measured_on": "x"}))
     cal = load_calibration(H100, directory=tmp_path)
     assert cal.sync_us == 0.7 and cal.launch_us == 3.0 and cal.task_overhead_us == Calibration().task_overhead_us

@@ -148,9 +148,14 @@ def load_config(path: str | Path) -> DeploymentConfig:
     """Read, validate and resolve the deployment YAML at ``path``."""
     p = Path(path)
     where = str(path)
+    if not p.is_file() and p.name == str(path):     # a bare name: a shipped config (l20_bs1 or l20_bs1.yaml)
+        shipped = REPO_CONFIG_DIR / (p.name if p.suffix in (".yaml", ".yml") else p.name + ".yaml")
+        if shipped.is_file():
+            p = shipped
     if not p.is_file():
         hint = "" if p.suffix in (".yaml", ".yml") else " (expected a .yaml file)"
-        raise ConfigError(f"{where}: no such config file{hint}; shipped configs are in {REPO_CONFIG_DIR}")
+        names = ", ".join(sorted(q.stem for q in REPO_CONFIG_DIR.glob("*.yaml")))
+        raise ConfigError(f"{where}: no such config file{hint}; shipped configs: {names}")
     try:
         data = yaml.load(p.read_text(), Loader=_StrictLoader)
     except ConfigError as e:

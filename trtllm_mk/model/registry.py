@@ -1,6 +1,6 @@
 """Resolve the ``model:`` a user names: a known architecture, an HF checkpoint directory, or a config.json.
 
-Known architectures are HF config.json files (shapes only, no weights) in ``configs/models/``, named
+Known architectures are HF config.json files (shapes only, no weights) in ``trtllm_mk/configs/models/``, named
 ``<name>.json`` and matched case-insensitively. A directory given in ``$TRTLLM_MK_CONFIG_DIR`` (whose
 ``models/`` subdirectory holds more such files) is searched first, so it can add or replace entries.
 """
@@ -15,7 +15,8 @@ from ..errors import ModelError
 from .spec import ModelSpec, load_spec
 
 CONFIG_DIR_ENV = "TRTLLM_MK_CONFIG_DIR"
-REPO_CONFIG_DIR = Path(__file__).resolve().parent.parent.parent / "configs"
+# the shipped deployment YAMLs and architecture files, package data (the repository's configs/ links here)
+REPO_CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
 @dataclass(frozen=True)
