@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 from setuptools import setup
+from setuptools.command.build_py import build_py
 
-ROOT = Path(__file__).parent
+ROOT = Path(__file__).resolve().parent
 
 
 def cuda_home():
@@ -59,6 +60,18 @@ def runtime_extension():
     )]
 
 
-# Metadata, dependencies and package data are in pyproject.toml; this file adds only the optional
-# compiled runtime, which needs a build-time probe for the CUDA toolkit.
-setup(ext_modules=runtime_extension())
+class build_py_with_configs(build_py):
+    """Ship the repository's configs/ (deployment YAMLs, architecture files) as trtllm_mk/configs."""
+
+    def run(self):
+        super().run()
+        dest = Path(self.build_lib) / "trtllm_mk" / "configs"
+        for src in [*(ROOT / "configs").glob("*.yaml"), *(ROOT / "configs" / "models").glob("*.json")]:
+            target = dest / src.relative_to(ROOT / "configs")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, target)
+
+
+# Metadata, dependencies and package data are in pyproject.toml; this file adds the shipped configs
+# and the optional compiled runtime, which needs a build-time probe for the CUDA toolkit.
+setup(ext_modules=runtime_extension(), cmdclass={"build_py": build_py_with_configs})

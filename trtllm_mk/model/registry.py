@@ -1,6 +1,6 @@
 """Resolve the ``model:`` a user names: a known architecture, an HF checkpoint directory, or a config.json.
 
-Known architectures are HF config.json files (shapes only, no weights) in ``trtllm_mk/configs/models/``, named
+Known architectures are HF config.json files (shapes only, no weights) in ``configs/models/``, named
 ``<name>.json`` and matched case-insensitively. A directory given in ``$TRTLLM_MK_CONFIG_DIR`` (whose
 ``models/`` subdirectory holds more such files) is searched first, so it can add or replace entries.
 """
@@ -15,8 +15,18 @@ from ..errors import ModelError
 from .spec import ModelSpec, load_spec
 
 CONFIG_DIR_ENV = "TRTLLM_MK_CONFIG_DIR"
-# the shipped deployment YAMLs and architecture files, package data (the repository's configs/ links here)
-REPO_CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+def _shipped_config_dir() -> Path:
+    """The shipped deployment YAMLs and architecture files: package data of an installed wheel
+    (setup.py copies the repository's configs/ into it), or configs/ of a source checkout (an
+    editable install)."""
+    package = Path(__file__).resolve().parent.parent
+    inside = package / "configs"
+    return inside if inside.is_dir() else package.parent / "configs"
+
+
+REPO_CONFIG_DIR = _shipped_config_dir()
 
 
 @dataclass(frozen=True)
