@@ -168,7 +168,7 @@ def test_kv_pool_rounds_sequences_up_to_whole_blocks():
 
 
 def test_decode_floor_matches_the_measured_anchor():
-    # DESIGN.md: Llama-3.2-1B, 2.47 GB of weights at 3.08 TB/s -> 0.80 ms per token on H100 SXM.
+    # Llama-3.2-1B, 2.47 GB of weights at 3.08 TB/s -> 0.80 ms per token on H100 SXM (measured read bandwidth).
     cfg = load_config(CONFIGS / "h100_bs1.yaml")
     assert decode_floor_s(cfg.model_spec, cfg.gpu_spec) * 1e3 == pytest.approx(0.80, abs=0.005)
 

@@ -71,5 +71,5 @@ def test_h100_entry_matches_the_measured_device():
     # shared_memory_per_block_optin 232448 B, shared_memory_per_multiprocessor 233472 B.
     h = CATALOG["H100-SXM"]
     assert (h.sm_count, h.l2_bytes, h.smem_per_block_optin, h.smem_per_sm) == (132, 52428800, 232448, 233472)
-    assert h.read_bandwidth == pytest.approx(3.08e12)        # DESIGN.md's measured streaming read
+    assert h.read_bandwidth == pytest.approx(3.08e12)        # the measured streaming read
     assert CATALOG["H200"].l2_bytes == h.l2_bytes and CATALOG["H200"].hbm_bytes == 141 * GB

@@ -21,7 +21,7 @@ PUBLISHED = {
     "qwen3-0.6b": ("qwen3", 1024, 28, 16, 8, 128, 3072, 151936, True, 1e6),
     "qwen3-8b": ("qwen3", 4096, 36, 32, 8, 128, 12288, 151936, False, 1e6),
 }
-# Weight bytes of the measured anchors in DESIGN.md, and Qwen's published non-embedding parameter counts.
+# Weight bytes of the first reference measurements, and Qwen's published non-embedding parameter counts.
 ANCHOR_GB = {"llama-3.2-1b": 2.47, "llama-3.1-8b": 16.06, "qwen3-8b": 16.38}
 NON_EMBEDDING_PARAMS = {"qwen3-0.6b": 0.44e9, "qwen3-8b": 6.95e9}
 

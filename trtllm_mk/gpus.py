@@ -13,7 +13,7 @@ Per-SM / per-block shared memory and registers: CUDA C Programming Guide, "Techn
 per Compute Capability" (8.0: 164 KB/SM, 163 KB opt-in per block; 8.9: 100 KB/SM, 99 KB per block;
 9.0: 228 KB/SM, 227 KB per block; 64 K 32-bit registers per SM for all three).
 ``read_bw_fraction``: the share of the datasheet bandwidth a streaming read reaches (measured on
-H100 SXM: 3.08 of 3.35 TB/s, DESIGN.md); the cost model uses ``hbm_bandwidth * read_bw_fraction``.
+H100 SXM: 3.08 of 3.35 TB/s, a device-to-device copy); the cost model uses ``hbm_bandwidth * read_bw_fraction``.
 """
 from __future__ import annotations
 

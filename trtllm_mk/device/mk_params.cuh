@@ -67,7 +67,7 @@ struct Ctx {
   // staging loads, releases) wait in, and beyond ~2 x 32 KB per SM more copies in flight add no
   // bandwidth; so cap = INFLIGHT while the consumers stream weights and INFLIGHT_CHAIN while they are
   // on the chain (chain_hint); the measurements are in benchmarks/NOTES.md. The cp.async path (sm_80 /
-  // sm_89) is not throttled: it has not been measured there.
+  // sm_89) is not throttled.
   __device__ __forceinline__ void loader_throttle(uint32_t n) {
 #if defined(MK_USE_BULK_COPY)
     uint32_t cap = cfg::INFLIGHT;
