@@ -172,7 +172,8 @@ def test_bad_requests_are_user_errors(engine2):
 def test_a_full_queue_refuses(engine2):
     from trtllm_mk.serve.scheduler import Scheduler
     sched = Scheduler(engine2, max_queue=1)    # not started: nothing leaves the queue
-    sched.submit(Request([1, 2], SamplingParams(), 2))
+    for _ in range(engine2.batch + 1):         # one per free slot, then one waits for a slot
+        sched.submit(Request([1, 2], SamplingParams(), 2))
     with pytest.raises(QueueFull):
         sched.submit(Request([1, 2], SamplingParams(), 2))
 

@@ -172,8 +172,10 @@ class Scheduler:
         with self._cond:
             if self.closed:
                 raise SchedulerClosed(self.closed)
-            if len(self.waiting) >= self.max_queue:
-                raise QueueFull(f"{len(self.waiting)} requests are waiting (the queue holds {self.max_queue})")
+            # Requests that free slots will take at the next round do not wait for a slot.
+            free = sum(r is None for r in self.slots)
+            if len(self.waiting) - free >= self.max_queue:
+                raise QueueFull(f"every slot is busy and {self.max_queue} requests wait for one")
             req.t_submit = time.perf_counter()
             self.waiting.append(req)
             self._cond.notify_all()
