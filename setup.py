@@ -75,7 +75,9 @@ setup(
         "tqdm>=4.60",
     ],
     extras_require={
-        "test": ["pytest>=7", "hypothesis>=6.80", "transformers>=4.45"],
+        "test": ["pytest>=7", "hypothesis>=6.80", "transformers>=4.45",
+                 "openai>=1.40", "httpx>=0.27", "fastapi>=0.110", "uvicorn>=0.29", "scipy>=1.10"],
+        "server": ["transformers>=4.45", "fastapi>=0.110", "uvicorn>=0.29"],   # tokenizer + HTTP server
     },
     ext_modules=runtime_extension(),
     entry_points={"console_scripts": ["trtllm-mk=trtllm_mk.__main__:main"]},
