@@ -1,4 +1,4 @@
-"""trtllm_mk: install with ``pip install -e .`` (add ``[test]`` for the test suite).
+"""trtllm_mk: install with ``pip install .`` (``-e`` for development; add ``[test]`` for the test suite).
 
 The C++ megakernel runtime (``trtllm_mk._mkrt``, pybind11, CUDA driver API) is built when nvcc / a
 CUDA toolkit is found; without one the package still installs and imports, and everything that
@@ -9,9 +9,10 @@ import shutil
 import sys
 from pathlib import Path
 
-from setuptools import find_packages, setup
+from setuptools import setup
+from setuptools.command.build_py import build_py
 
-ROOT = Path(__file__).parent
+ROOT = Path(__file__).resolve().parent
 
 
 def cuda_home():
@@ -59,27 +60,18 @@ def runtime_extension():
     )]
 
 
-setup(
-    name="trtllm_mk",
-    version="0.1.0",
-    description="Hybrid LLM inference engine: conventional prefill, one persistent CUDA megakernel per decode step",
-    packages=find_packages(include=["trtllm_mk", "trtllm_mk.*"]),
-    package_data={"trtllm_mk": ["../configs/**/*"]},
-    python_requires=">=3.10",
-    install_requires=[
-        "torch>=2.4,<2.14",
-        "numpy>=1.24",
-        "pyyaml>=6.0",
-        "safetensors>=0.4",
-        "matplotlib>=3.7",
-        "tqdm>=4.60",
-    ],
-    extras_require={
-        "test": ["pytest>=7", "hypothesis>=6.80", "transformers>=4.45",
-                 "openai>=1.40", "httpx>=0.27", "fastapi>=0.110", "uvicorn>=0.29", "scipy>=1.10"],
-        "server": ["transformers>=4.45", "fastapi>=0.110", "uvicorn>=0.29"],   # tokenizer + HTTP server
-    },
-    ext_modules=runtime_extension(),
-    entry_points={"console_scripts": ["trtllm-mk=trtllm_mk.__main__:main"]},
-    zip_safe=False,
-)
+class build_py_with_configs(build_py):
+    """Ship the repository's configs/ (deployment YAMLs, architecture files) as trtllm_mk/configs."""
+
+    def run(self):
+        super().run()
+        dest = Path(self.build_lib) / "trtllm_mk" / "configs"
+        for src in [*(ROOT / "configs").glob("*.yaml"), *(ROOT / "configs" / "models").glob("*.json")]:
+            target = dest / src.relative_to(ROOT / "configs")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, target)
+
+
+# Metadata, dependencies and package data are in pyproject.toml; this file adds the shipped configs
+# and the optional compiled runtime, which needs a build-time probe for the CUDA toolkit.
+setup(ext_modules=runtime_extension(), cmdclass={"build_py": build_py_with_configs})

@@ -6,7 +6,9 @@
 
 A variant is ``NAME[:ITEM,ITEM...]``: ``field=value`` replaces a tile plan field of the benchmark's
 schedule (scripts/mk_trace.py --set), ``+MACRO=value`` defines a diagnostic macro of the device
-headers (--define). Every variant binds the same random weights; each round times every variant once
+headers (--define), ``src=FILE.cu`` runs a kernel source generated elsewhere for the same schedule
+(e.g. by an older release, ``--dump-schedule`` writes the schedule to generate it from) with this
+tree's runtime: the A/B of two releases, valid while their kernel parameters keep one layout. Every variant binds the same random weights; each round times every variant once
 (median of ``--steps`` CUDA-graph replays after warm-up), in a rotated order, so slow drift of the
 GPU (clocks, temperature) shows up as spread within a variant instead of as a difference between
 variants. Prints per variant the median of its rounds' medians, their range, and the change against
@@ -26,16 +28,18 @@ from trtllm_mk.gpus import detect_gpu, get_gpu  # noqa: E402
 from trtllm_mk.model.registry import resolve_model  # noqa: E402
 
 
-def parse_variant(text: str) -> tuple[str, dict, tuple[str, ...]]:
+def parse_variant(text: str) -> tuple[str, dict, tuple[str, ...], str | None]:
     name, _, items = text.partition(":")
-    sets, defines = {}, []
+    sets, defines, src = {}, [], None
     for it in filter(None, items.split(",")):
         if it.startswith("+"):
             defines.append(it[1:])
+        elif it.startswith("src="):
+            src = it[4:]
         else:
             k, _, v = it.partition("=")
             sets[k] = int(v)
-    return name, sets, tuple(defines)
+    return name, sets, tuple(defines), src
 
 
 def main() -> None:
@@ -48,12 +52,19 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--prebuild", action="store_true")
     ap.add_argument("--gpu", default="H100-SXM", help="with --prebuild: the target GPU")
+    ap.add_argument("--dump-schedule", metavar="FILE", help="write the benchmark's schedule (no GPU needed) and exit")
     a = ap.parse_args()
     spec = resolve_model(a.model).spec
     variants = [parse_variant(v) for v in a.variant]
+    if a.dump_schedule:
+        Path(a.dump_schedule).write_text(make_schedule(spec, a.batch, a.context, get_gpu(a.gpu), {}).to_json())
+        return
     if a.prebuild:
-        for name, sets, defines in variants:
+        for name, sets, defines, src in variants:
             s, path = prebuild(spec, a.batch, a.context, get_gpu(a.gpu), sets, defines)
+            if src:
+                from trtllm_mk.codegen import compile_cubin
+                path, _ = compile_cubin(Path(src).read_text(), get_gpu(a.gpu).nvcc_arch)
             print(f"{name}: predicted {s.predicted_step_us:.1f} us -> {path.name}")
         return
 
@@ -65,9 +76,9 @@ def main() -> None:
     tokens = torch.randint(0, spec.vocab_size, (a.batch,))
     pos = torch.full((a.batch,), a.context)
     runs = []
-    for name, sets, defines in variants:
+    for name, sets, defines, src in variants:
         s = make_schedule(spec, a.batch, a.context, gpu, sets)
-        dec, graph = captured_step(s, w, a.context, gpu, defines, tokens)
+        dec, graph = captured_step(s, w, a.context, gpu, defines, tokens, Path(src).read_text() if src else None)
         runs.append((name, s, dec, graph))
         print(f"{name}: plan {s.plan.to_dict()} defines {list(defines)}; predicted {s.predicted_step_us:.1f} us",
               flush=True)

@@ -51,15 +51,20 @@ def prebuild(spec, batch: int, context: int, gpu, sets: dict, defines: tuple[str
     return s, path
 
 
-def captured_step(s: Schedule, weights, context: int, gpu, defines: tuple[str, ...], tokens):
+def captured_step(s: Schedule, weights, context: int, gpu, defines: tuple[str, ...], tokens, source: str | None = None):
     """A decoder of ``s`` bound to ``weights`` and a cache holding ``context`` tokens, warmed up, and a
-    CUDA graph of one of its steps: (decoder, graph)."""
+    CUDA graph of one of its steps: (decoder, graph). ``source``: a kernel source generated elsewhere
+    for ``s`` (scripts/mk_ab.py src=) instead of this tree's."""
     import torch
+    from trtllm_mk.codegen import compile_cubin, generate_source
     from trtllm_mk.kv_cache import PagedKVCache
-    from trtllm_mk.runtime.megakernel import build_decoder
+    from trtllm_mk.model.rope import rope_inv_freq
+    from trtllm_mk.runtime.megakernel import MegakernelDecoder
     max_seq = context + HEADROOM
     cache = PagedKVCache.allocate(s.spec, s.batch, max_seq, TOKENS_PER_BLOCK, device="cuda", fill=1.0)
-    dec = build_decoder(s, weights, cache, gpu.nvcc_arch, gpu.has_tma, max_seq_len=max_seq, defines=defines)
+    src, layout = generate_source(s, TOKENS_PER_BLOCK, max_seq, use_bulk_copy=gpu.has_tma, defines=defines)
+    cubin, _ = compile_cubin(source if source is not None else src, gpu.nvcc_arch)
+    dec = MegakernelDecoder(s, cubin, layout, weights, cache, rope_inv_freq(s.spec))
     dec.set_state(tokens, torch.full((s.batch,), context))
     for _ in range(3):
         dec.step()

@@ -232,11 +232,11 @@ def test_tokens_per_block_message_is_exact(tmp_path):
 
 
 def test_kv_cache_that_does_not_fit_says_how_much_and_what_fits(tmp_path):
-    data = {"model": "llama-3.1-8b", "gpu": "L20", "max_batch_size": 64, "max_seq_len": 131072,
+    data = {"model": "llama-3.1-8b", "gpu": "L20", "max_batch_size": 8, "max_seq_len": 131072,
             "max_input_len": 1024}
     msg = config_error(write_yaml(tmp_path / "big.yaml", data))
     assert msg.startswith(f"{tmp_path / 'big.yaml'}: max_seq_len: weights 16.06 GB + KV cache ")
-    assert "(64 x 131072 tokens)" in msg and "but L20 has 43.20 GB (48 GB x free_gpu_memory_fraction 0.9)" in msg
+    assert "(8 x 131072 tokens)" in msg and "but L20 has 43.20 GB (48 GB x free_gpu_memory_fraction 0.9)" in msg
     suggested = int(re.search(r"lower max_seq_len to at most (\d+)", msg).group(1))
     assert load_config(write_yaml(tmp_path / "fits.yaml", {**data, "max_seq_len": suggested})).memory_budget().fits
     msg = config_error(write_yaml(tmp_path / "over.yaml", {**data, "max_seq_len": suggested + 32}))

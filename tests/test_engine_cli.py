@@ -88,12 +88,13 @@ def test_corrupted_engine_files_are_refused(engine, tmp_path, victim):
 def test_prompt_longer_than_max_input_len(engine):
     cfg = json.loads((engine / "config.json").read_text())
     too_long = " ".join(["1"] * (cfg["max_input_len"] + 1))
-    _one_line_error(cli("run", "--engine", str(engine), "--prompt", too_long, "--simulate"), "max_input_len")
+    r = cli("run", "--engine", str(engine), "--weights", "random", "--prompt", too_long, "--simulate")
+    _one_line_error(r, "max_input_len")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on machines without a GPU")
 def test_gpu_run_without_gpu_says_simulate(engine):
-    _one_line_error(cli("run", "--engine", str(engine), "--prompt", "1 2"), "--simulate")
+    _one_line_error(cli("run", "--engine", str(engine), "--weights", "random", "--prompt", "1 2"), "--simulate")
 
 
 def test_unknown_command():

@@ -9,7 +9,7 @@ import pytest
 from trtllm_mk import verify
 from trtllm_mk.errors import ConfigError
 from trtllm_mk.gpus import get_gpu
-from trtllm_mk.graph import Event, EventRef, Kind, StepGraph, Task, TilePlan, build_step_graph
+from trtllm_mk.graph import Dims, Event, EventRef, Kind, StepGraph, Task, TilePlan, build_step_graph
 from trtllm_mk.graph.tasks import LAYER
 from trtllm_mk.model.spec import load_spec
 from trtllm_mk.report import write_report
@@ -34,7 +34,11 @@ def spec_of(name):
 
 # ------------------------------------------------------------------------------ calibration
 def test_calibration_defaults_and_file(tmp_path):
-    assert load_calibration(H100, directory=tmp_path) == Calibration()
+    with pytest.raises(ConfigError, match="no calibration file for H100-SXM"):
+        load_calibration(H100, directory=tmp_path)   # never silent defaults
+    (tmp_path / "H100-SXM.json").write_text(json.dumps({"_note": "defaults"}))
+    assert load_calibration(H100, directory=tmp_path) == replace(Calibration(),
+                                                                 source=str(tmp_path / "H100-SXM.json"))
     (tmp_path / "H100-SXM.json").write_text(json.dumps({"sync_us": 0.7, "launch_us": 3, "_measured_on": "x"}))
     cal = load_calibration(H100, directory=tmp_path)
     assert cal.sync_us == 0.7 and cal.launch_us == 3.0 and cal.task_overhead_us == Calibration().task_overhead_us
@@ -151,7 +155,9 @@ CAL = Calibration(sync_us=1.0, mem_latency_us=0.8, launch_us=4.0)
 
 def _hand(tasks, costs, programs, events):
     """A one-layer graph of hand-made tasks with hand-given costs."""
-    g = StepGraph(1, 1, TilePlan(), [], tasks, [], events, {"context_len": 16, "S": 1, "B": 1, "d": 32})
+    dims = Dims(batch=1, layers=1, hidden=64, intermediate=64, vocab=64, heads=1, kv_heads=1, head_dim=32, group=1,
+                splits=1, group_rows=96, qkv_rows=96, q_dim=32, n_lm_tiles=1, context_len=16)
+    g = StepGraph(1, 1, TilePlan(), [], tasks, [], events, dims)
     ct = CostTable([], costs, [], None, streaming_sms(programs, g))
     return Simulator(g, H100, CAL, costs=ct).run(programs, record=True)
 

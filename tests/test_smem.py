@@ -113,6 +113,16 @@ def test_model_covers_kernel_allocation(qwen8b):
     ]:
         g = build_step_graph(spec, batch, plan, 64)
         assert plan_smem(spec, batch, plan).peak >= codegen.kernel_smem_bytes(g)
+        # one layout: the plan model's ring, activation and red regions are the kernel's
+        layout = codegen.kernel_smem_layout(g)
+        sm = plan_smem(spec, batch, plan)
+        assert layout.region("ring").size == sm.ring and layout.region("red").size == sm.scratch
+        assert layout.region("act").size == (sm.activation + 127) // 128 * 128
+        end = 0
+        for r in layout.regions:   # contiguous, in the kernel's order
+            assert r.offset == end
+            end += r.size
+        assert [r.name for r in layout.regions] == ["ring", "act", "red", "scratch", "bars"]
 
 
 def test_attention_kv_ring_hand_checked():
@@ -133,7 +143,7 @@ def test_attention_scratch_holds_q_fragments_or_the_merge():
 
 @pytest.mark.parametrize("head_dim", [32, 64, 128, 256])
 def test_kv_ring_rows_never_overlap_and_keep_the_bank_skew(head_dim):
-    """The ATTN ring layout (mirror of mk_attention.cuh): every cached token's row lies after the
+    """The ATTN ring layout (mirror of kinds/attn.cuh): every cached token's row lies after the
     previous one's end (before v13 the skew of token 63 reached 112 bytes into token 64's row), the
     eight rows an ldmatrix reads ({T, T + 8, ..., T + 56}) start in eight different 16-byte bank
     groups, and every capacity the ring model hands out fits its slot with the skew."""

@@ -222,6 +222,12 @@ def test_kernel_json_reader_accepts_the_builders_file(kernel_json_check, real_ke
     for key in ("L", "H", "I", "V", "NH", "NKV", "D", "G", "QKVR"):
         assert f" {key}={d[key]} " in proc.stdout
     assert f"events={len(k['event_offsets'])}" in proc.stdout
+    # the Params layout the plugin packs from is the seam's, field by field
+    from trtllm_mk import seam
+    layout, size = seam.params_layout()
+    assert f" params_size={size} " in proc.stdout and f" layer_fields={len(seam.LAYER_WEIGHTS)}" in proc.stdout
+    assert [ln for ln in proc.stdout.splitlines() if ln.startswith("param ")] == [
+        f"param {f.name} {off} {n}" for f, off, n in layout]
     # Keys it does not know (the builder may add some first) are skipped, whatever JSON they hold.
     extra = dict(real_kernel_json, future={"list": [1, 2.5e3, None, True, "\u00e9\U0001F600"]})
     assert _check(kernel_json_check, tmp_path, json.dumps(extra)).returncode == 0
@@ -270,6 +276,13 @@ MALFORMED = [
     ("qk_norm not a boolean", lambda k: _edit(k, qk_norm=1), '"qk_norm" must be true or false'),
     ("event offset beyond the counters", lambda k: _edit(k, event_offsets={"qkv_done": 10 ** 6}),
      "beyond num_counters"),
+    ("missing params", lambda k: _edit(k, params=None), 'missing required key "params"'),
+    ("params field beyond the struct", lambda k: _edit(k, params=dict(k["params"], size=16)), "beyond params.size"),
+    ("params fields overlap", lambda k: _edit(k, params=dict(k["params"], fields=[
+        dict(f, offset=0) for f in k["params"]["fields"]])), "overlaps the previous field"),
+    ("params field of odd size", lambda k: _edit(k, params=dict(k["params"], fields=[
+        dict(k["params"]["fields"][0], size=2)])), "must be 4 or 8"),
+    ("layer field not a string", lambda k: _edit(k, params=dict(k["params"], layer_fields=[1])), "non-empty string"),
     ("nesting too deep", lambda k: json.dumps(dict(k, deep=json.loads("[" * 20 + "]" * 20))), "deeper than 16"),
 ]
 
@@ -343,3 +356,24 @@ def test_plugin_build_phase_checks(plugin_build, real_kernel_json, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "all checks passed" in proc.stdout
     assert "FAIL" not in proc.stdout
+
+
+@pytest.mark.slow
+def test_plugin_refuses_a_params_field_it_cannot_fill(plugin_build, real_kernel_json, tmp_path):
+    """The plugin packs mk::Params from kernel.json; a field it does not know would reach the kernel
+    as garbage, so createPlugin refuses the engine."""
+    engine = tmp_path / "engine"
+    engine.mkdir()
+    k = json.loads(json.dumps(real_kernel_json))
+    end = k["params"]["size"]
+    k["params"]["fields"].append({"name": "future", "ctype": "int64_t", "role": "scalar", "offset": end, "size": 8})
+    k["params"]["size"] = end + 8
+    (engine / "kernel.json").write_text(json.dumps(k))
+    (engine / "megakernel.cubin").write_bytes(b"placeholder: never loaded in the build phase")
+    env = dict(os.environ)
+    paths = [str(plugin_build)] + ([] if _have_libcuda() else [str(plugin_build / "libcuda_link_stub")])
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(paths + [env.get("LD_LIBRARY_PATH", "")])
+    proc = subprocess.run([str(plugin_build / "trt_plugin_check"), str(engine)], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert proc.returncode != 0
+    assert 'Params field "future" is unknown to this plugin' in proc.stdout + proc.stderr

@@ -251,7 +251,7 @@ def test_wait_on_later_task_of_same_sm():
 
 def _per_chunk_gateup(g: StepGraph) -> StepGraph:
     """The variant the builder avoids: DOWN chunk c waits only for the GATEUP tiles of its K-chunk."""
-    ks, I = g.plan.down_ksplit, g.dims["I"]
+    ks, I = g.plan.down_ksplit, g.dims.intermediate
     chunk = I // ks
     layer = []
     for t in g.layer:

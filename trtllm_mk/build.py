@@ -3,20 +3,20 @@ engine directory (see engine.py for its layout).
 
 Nothing is decided at run time: the schedule searched here is compiled into the kernel. A schedule
 that fails validation is never written; the directory is assembled beside its destination and
-moved into place only when complete, so an interrupted build never leaves a half engine behind.
+moved into place only when complete, so an interrupted build never leaves a half engine behind, and it
+replaces only an engine (engine_target.py).
 """
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
 
-from .codegen import kernel_smem_bytes
+from .codegen import find_nvcc, kernel_smem_bytes
 from .config import DeploymentConfig
-from .engine import write_kernel, write_manifest
-from .errors import ConfigError, EngineError
-from .graph import MAX_BATCH
+from .engine import write_checkpoint_record, write_kernel, write_manifest
+from .engine_target import EngineTarget
+from .errors import EngineError
 from .report import write_report
 from .search import search
 from .smem import plan_smem
@@ -28,25 +28,19 @@ def build_engine(cfg: DeploymentConfig, output_dir: str | Path | None = None, sh
     """Build the engine of ``cfg``; returns (engine directory, report dict)."""
     spec, gpu, mk = cfg.model_spec, cfg.gpu_spec, cfg.megakernel
     out = Path(output_dir or mk.output_dir)
-    if cfg.max_batch_size > MAX_BATCH:
-        raise ConfigError(f"max_batch_size: {cfg.max_batch_size} is more than the megakernel decodes per step "
-                          f"({MAX_BATCH}: the batch rows are the 8 columns of its tensor-core tile); "
-                          f"lower max_batch_size to at most {MAX_BATCH}")
-    t0 = time.perf_counter()
-    schedule, stats = search(spec, cfg.max_batch_size, gpu, context_len=mk.context_len, budget_s=mk.search_budget_s,
-                             seed=mk.seed, show_progress=show_progress)
-    t_search = time.perf_counter() - t0
-    graph = schedule.graph()
-    report = check(schedule, graph)            # raises ScheduleError naming the first offending task
-    smem_need = kernel_smem_bytes(graph)
-    if smem_need > gpu.smem_per_block_optin:  # the search's smem model must agree with the kernel's layout
-        raise EngineError(f"searched plan needs {smem_need} B of shared memory per block, "
-                          f"{gpu.name} allows {gpu.smem_per_block_optin} B (smem model out of sync with kernel)")
-    tmp = out.with_name(out.name + ".building")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    try:
+    find_nvcc()                                # before the search: a missing compiler is no late surprise
+    with EngineTarget(out) as target:          # likewise a folder the build may not write or replace
+        t0 = time.perf_counter()
+        schedule, stats = search(spec, cfg.max_batch_size, gpu, context_len=mk.context_len,
+                                 budget_s=mk.search_budget_s, seed=mk.seed, show_progress=show_progress)
+        t_search = time.perf_counter() - t0
+        graph = schedule.graph()
+        report = check(schedule, graph)        # raises ScheduleError naming the first offending task
+        smem_need = kernel_smem_bytes(graph)
+        if smem_need > gpu.smem_per_block_optin:  # the search's smem model must agree with the kernel's layout
+            raise EngineError(f"searched plan needs {smem_need} B of shared memory per block, "
+                              f"{gpu.name} allows {gpu.smem_per_block_optin} B (smem model out of sync with kernel)")
+        tmp = target.tmp
         (tmp / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1, sort_keys=True) + "\n")
         schedule.save(tmp / "schedule.json")
         t1 = time.perf_counter()
@@ -57,11 +51,7 @@ def build_engine(cfg: DeploymentConfig, output_dir: str | Path | None = None, sh
         rep["build"] = {"search_s": round(t_search, 2), "compile_s": round(t_compile, 2),
                         "validation": report.summary()}
         (tmp / "report.json").write_text(json.dumps(rep, indent=1, sort_keys=True) + "\n")
+        write_checkpoint_record(tmp, cfg.checkpoint_dir)
         write_manifest(tmp)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
+        out = target.commit()
     return out, rep

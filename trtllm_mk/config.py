@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ import yaml
 from .deployment import MemoryBudget, memory_budget
 from .errors import ConfigError, UserError
 from .gpus import CATALOG, GB, GpuSpec, get_gpu
+from .graph import MAX_BATCH, check_model_supported
 from .model.registry import REPO_CONFIG_DIR, resolve_model
 from .model.spec import ModelSpec
 
@@ -146,9 +148,14 @@ def load_config(path: str | Path) -> DeploymentConfig:
     """Read, validate and resolve the deployment YAML at ``path``."""
     p = Path(path)
     where = str(path)
+    if not p.is_file() and p.name == str(path):     # a bare name: a shipped config (l20_bs1 or l20_bs1.yaml)
+        shipped = REPO_CONFIG_DIR / (p.name if p.suffix in (".yaml", ".yml") else p.name + ".yaml")
+        if shipped.is_file():
+            p = shipped
     if not p.is_file():
         hint = "" if p.suffix in (".yaml", ".yml") else " (expected a .yaml file)"
-        raise ConfigError(f"{where}: no such config file{hint}; shipped configs are in {REPO_CONFIG_DIR}")
+        names = ", ".join(sorted(q.stem for q in REPO_CONFIG_DIR.glob("*.yaml")))
+        raise ConfigError(f"{where}: no such config file{hint}; shipped configs: {names}")
     try:
         data = yaml.load(p.read_text(), Loader=_StrictLoader)
     except ConfigError as e:
@@ -222,6 +229,8 @@ class _Section:
         v = self.raw[key]
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             self.fail(key, f"expected a number, got {_type_name(v)}")
+        if not math.isfinite(v):
+            self.fail(key, f"{v} is not a finite number")
         return float(v)
 
     def string(self, key: str, default: Any = _REQUIRED, choices: tuple[str, ...] | None = None) -> Any:
@@ -285,6 +294,9 @@ def parse_config(data: Any, where: str = "<config>", base_dir: str | Path | None
         top.fail("dtype", f"'{dtype}' is not supported: the megakernel computes in bfloat16 only "
                           f"(use dtype: bfloat16)")
     max_batch_size = top.integer("max_batch_size")
+    if max_batch_size > MAX_BATCH:
+        top.fail("max_batch_size", f"{max_batch_size} is more than the megakernel decodes per step ({MAX_BATCH}: the "
+                                   f"batch rows are the 8 columns of its tensor-core tile); lower max_batch_size to at most {MAX_BATCH}")
     max_seq_len = top.integer("max_seq_len")
     # TensorRT-LLM's default max_input_len is 1024.
     max_input_len = top.integer("max_input_len", min(1024, max_seq_len))
@@ -335,6 +347,10 @@ def parse_config(data: Any, where: str = "<config>", base_dir: str | Path | None
     model = _resolve_model_path(top.string("model"), Path(base_dir) if base_dir is not None else Path.cwd())
     resolved = _resolve_model(model, where)
     spec = resolved.spec
+    try:
+        check_model_supported(spec)
+    except UserError as e:
+        raise ConfigError(f"{where}: model: {e}") from None
 
     if max_seq_len > spec.max_position_embeddings:
         top.fail("max_seq_len", f"{max_seq_len} exceeds the model's max_position_embeddings "

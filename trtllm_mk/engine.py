@@ -7,6 +7,7 @@
     kernel.json      launch layout for the host runtime and the TensorRT plugin
     ptxas.txt        registers / shared memory / spills of the compiled kernel
     report.json, report.md, gantt.png   predicted latency, smem, naive vs searched, search statistics
+    checkpoint.json  the checkpoint the engine was built from (path and fingerprint), or none
     manifest.json    sha256 of every file above (checked by `verify` and on open)
 """
 from __future__ import annotations
@@ -17,11 +18,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .codegen import KERNEL_NAME, KernelLayout, compile_cubin, generate_source
-from .errors import EngineError
+from . import seam
+from .codegen import KERNEL_NAME, KernelLayout, arch_sm, compile_cubin, cubin_sm, generate_source
+from .errors import EngineError, UserError, read_json_object
+from .gpus import get_gpu
 from .schedule import Schedule
 
-MANIFEST_FILES = ["config.json", "schedule.json", "megakernel.cu", "megakernel.cubin", "kernel.json"]
+MANIFEST_FILES = ["config.json", "schedule.json", "megakernel.cu", "megakernel.cubin", "kernel.json", "checkpoint.json"]
 
 
 def _sha256(path: Path) -> str:
@@ -35,11 +38,13 @@ def kernel_json(schedule: Schedule, layout: KernelLayout, target: str) -> dict:
     return {
         "kernel": KERNEL_NAME, "grid": layout.grid, "block": layout.block, "smem_bytes": layout.smem_bytes,
         "num_counters": layout.num_counters, "n_lm_tiles": layout.n_lm_tiles, "history_len": layout.history_len,
-        "tokens_per_block": layout.tokens_per_block, "trace_tasks": layout.trace_tasks, "batch": schedule.batch, "attn_splits": schedule.plan.attn_splits,
+        "tokens_per_block": layout.tokens_per_block, "trace_tasks": layout.trace_tasks, "batch": schedule.batch,
+        "attn_splits": schedule.plan.attn_splits,
         "event_offsets": layout.event_offsets, "target": target,
         "qk_norm": schedule.spec.qk_norm, "qkv_bias": schedule.spec.qkv_bias,
-        "dims": {"L": d["L"], "H": d["H"], "I": d["I"], "V": d["V"], "NH": d["nh"], "NKV": d["nkv"], "D": d["d"],
-                 "G": d["G"], "QKVR": d["QKVR"]},
+        "dims": {"L": d.layers, "H": d.hidden, "I": d.intermediate, "V": d.vocab, "NH": d.heads, "NKV": d.kv_heads,
+                 "D": d.head_dim, "G": d.group, "QKVR": d.qkv_rows},
+        "params": seam.params_layout_json(),
     }
 
 
@@ -61,10 +66,45 @@ def write_kernel(engine_dir: Path, schedule: Schedule, tokens_per_block: int, ma
     return layout
 
 
+def write_checkpoint_record(engine_dir: Path, checkpoint_dir: Path | None) -> None:
+    """checkpoint.json: the checkpoint's path and fingerprint, or null when the model was named by
+    architecture only (then the runtime needs --weights)."""
+    from .model.consistency import fingerprint
+    record = fingerprint(checkpoint_dir) if checkpoint_dir is not None else None
+    (engine_dir / "checkpoint.json").write_text(json.dumps({"checkpoint": record}, indent=1) + "\n")
+
+
 def write_manifest(engine_dir: Path) -> None:
+    from .engine_target import ENGINE_FORMAT
     files = {f: _sha256(engine_dir / f) for f in MANIFEST_FILES if (engine_dir / f).exists()}
-    (engine_dir / "manifest.json").write_text(json.dumps({"built": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    (engine_dir / "manifest.json").write_text(json.dumps({"format": ENGINE_FORMAT,
+                                                          "built": time.strftime("%Y-%m-%dT%H:%M:%S"),
                                                           "files": files}, indent=1) + "\n")
+
+
+def _check_consistency(eng: "EngineDir") -> None:
+    """The config, the schedule and the cubin describe one deployment: the same GPU, model and batch,
+    and machine code for that GPU (a re-signed manifest does not make a foreign cubin pass)."""
+    cfg, sched = eng.config, eng.schedule
+    try:
+        gpu = get_gpu(str(cfg["gpu"]))
+        batch = int(cfg["max_batch_size"])
+    except (KeyError, TypeError, ValueError, UserError):
+        raise EngineError(f"{eng.path / 'config.json'}: no valid gpu / max_batch_size; rebuild the engine") from None
+    if gpu.name != sched.gpu:
+        raise EngineError(f"{eng.path}: config.json names GPU {gpu.name} but the schedule was searched for "
+                          f"{sched.gpu}; rebuild the engine")
+    if batch != sched.batch:
+        raise EngineError(f"{eng.path}: config.json has max_batch_size {batch} but the schedule decodes batch "
+                          f"{sched.batch}; rebuild the engine")
+    if eng.target != gpu.nvcc_arch:
+        raise EngineError(f"{eng.path}: kernel.json targets {eng.target} but {gpu.name} needs {gpu.nvcc_arch}; "
+                          "rebuild the engine")
+    sm = cubin_sm(eng.cubin)
+    if sm != arch_sm(gpu.nvcc_arch):
+        raise EngineError(f"{eng.cubin}: machine code for sm_{sm}, but the engine's GPU {gpu.name} is "
+                          f"{gpu.nvcc_arch}; rebuild the engine")
+
 
 
 @dataclass
@@ -75,6 +115,7 @@ class EngineDir:
     schedule: Schedule
     kernel: dict
     layout: KernelLayout
+    checkpoint: dict | None = None     # checkpoint.json's record: {path, config_sha256, tensors_sha256}
 
     @property
     def cubin(self) -> Path:
@@ -91,21 +132,33 @@ class EngineDir:
             raise EngineError(f"{p}: no such engine directory; build one with "
                               "python build_scripts/build_engine.py --config <config.yaml>")
         for f in MANIFEST_FILES + ["manifest.json"]:
-            if not (p / f).exists():
-                raise EngineError(f"{p}: missing {f}; the engine is incomplete, rebuild it")
-        try:
-            manifest = json.loads((p / "manifest.json").read_text())
-            config = json.loads((p / "config.json").read_text())
-            kernel = json.loads((p / "kernel.json").read_text())
-        except json.JSONDecodeError as e:
-            raise EngineError(f"{p}: corrupted JSON ({e.msg}); rebuild the engine") from None
-        if check_hashes:
-            for f, digest in manifest.get("files", {}).items():
-                if _sha256(p / f) != digest:
-                    raise EngineError(f"{p / f}: corrupted (checksum differs from manifest.json); rebuild the engine")
+            if not (p / f).is_file():
+                raise EngineError(f"{p}: missing {f} (or not a file); the engine is incomplete, rebuild it")
+        manifest, config, kernel, record = (read_json_object(p / f, EngineError, "rebuild the engine")
+                                            for f in ("manifest.json", "config.json", "kernel.json", "checkpoint.json"))
+        checkpoint = record.get("checkpoint")
+        if checkpoint is not None and not (isinstance(checkpoint, dict) and all(
+                isinstance(checkpoint.get(k), str) for k in ("path", "config_sha256", "tensors_sha256"))):
+            raise EngineError(f"{p / 'checkpoint.json'}: malformed checkpoint record; rebuild the engine")
+        if not isinstance(manifest.get("files"), dict):
+            raise EngineError(f"{p / 'manifest.json'}: no file list (corrupted); rebuild the engine")
+        for f in MANIFEST_FILES:
+            digest = manifest["files"].get(f)
+            if not isinstance(digest, str):
+                raise EngineError(f"{p / 'manifest.json'}: does not cover {f} (corrupted); rebuild the engine")
+            try:
+                actual = _sha256(p / f) if check_hashes else digest
+            except OSError as e:
+                raise EngineError(f"{p / f}: cannot be read ({e.strerror}); rebuild the engine") from None
+            if actual != digest:
+                raise EngineError(f"{p / f}: corrupted (checksum differs from manifest.json); rebuild the engine")
         schedule = Schedule.load(p / "schedule.json")
         try:
             layout = layout_from_kernel_json(kernel)
         except KeyError as e:
             raise EngineError(f"{p / 'kernel.json'}: missing key {e}; rebuild the engine") from None
-        return cls(path=p, config=config, schedule=schedule, kernel=kernel, layout=layout)
+        except (TypeError, ValueError, AttributeError):
+            raise EngineError(f"{p / 'kernel.json'}: malformed launch layout; rebuild the engine") from None
+        eng = cls(path=p, config=config, schedule=schedule, kernel=kernel, layout=layout, checkpoint=checkpoint)
+        _check_consistency(eng)
+        return eng

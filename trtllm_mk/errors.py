@@ -8,6 +8,7 @@ errors are *not* UserErrors and keep their tracebacks.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Callable
 
 
@@ -27,12 +28,29 @@ class EngineError(UserError):
     """An engine directory that is missing, corrupted, or built for another GPU."""
 
 
+def read_json_object(path, error: type[UserError], fix: str) -> dict:
+    """A JSON object read from ``path``; anything else (unreadable, not UTF-8, not JSON, not an object)
+    is one ``error`` naming the file and ending with ``fix``."""
+    import json
+    try:
+        obj = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as e:
+        raise error(f"{path}: not valid JSON ({e.msg} at line {e.lineno}); {fix}") from None
+    except UnicodeDecodeError:
+        raise error(f"{path}: not UTF-8 text; {fix}") from None
+    except OSError as e:
+        raise error(f"{path}: cannot be read ({e.strerror}); {fix}") from None
+    if not isinstance(obj, dict):
+        raise error(f"{path}: expected a JSON object; {fix}")
+    return obj
+
+
 def run_cli(main: Callable[[], int | None]) -> None:
     """Run ``main``; turn a UserError into one stderr line and exit code 2."""
     try:
         rc = main()
     except UserError as e:
-        msg = " ".join(str(e).split("\n")) if "\n" in str(e).strip() else str(e)
+        msg = " ".join(str(e).splitlines())   # one line, whatever line breaks a quoted value holds
         print(f"error: {msg}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:

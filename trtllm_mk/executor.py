@@ -16,11 +16,14 @@ from typing import Callable
 import torch
 
 from .graph import Kind, StepGraph, Task
+from .kinds.argmax import NonFiniteLogits  # noqa: F401  (raised by ARGMAX; re-exported for callers)
 from .kv_cache import PagedKVCache
-from .model.rope import apply_rope, rope_inv_freq
+from .model.rope import rope_inv_freq
 from .model.spec import ModelSpec
+from .residual import from_fixed
 from .schedule import Schedule
 from .verify import ScheduleError, check
+
 
 INTERLEAVES = ("round_robin", "random", "sequential")
 
@@ -163,7 +166,7 @@ class CpuExecutor:
         if _shape_of(schedule.spec) != _shape_of(spec):
             raise ScheduleError(f"schedule was built for model {schedule.spec.name!r}, not {spec.name!r}")
         self.spec, self.schedule, self.cache = spec, schedule, cache
-        self._act = _bf16 if round_activations else (lambda t: t)
+        self.stage_round = _bf16 if round_activations else (lambda t: t)
         self.graph = schedule.graph()
         if validate:
             check(schedule, self.graph)
@@ -171,28 +174,25 @@ class CpuExecutor:
         if missing:
             raise ValueError(f"weights: missing {missing[0]} (+{len(missing) - 1} more)")
         dm = self.graph.dims
-        self.B, self.H, self.d, self.G, self.S = dm["B"], dm["H"], dm["d"], dm["G"], dm["S"]
-        self.nkv, self.GR, self.eps = dm["nkv"], dm["GR"], spec.rms_norm_eps
+        self.B, self.H, self.d, self.G, self.S = dm.batch, dm.hidden, dm.head_dim, dm.group, dm.splits
+        self.nkv, self.GR, self.eps = dm.kv_heads, dm.group_rows, spec.rms_norm_eps
         self._pack(weights)
         self.inv_freq = rope_inv_freq(spec)
         B, f32, i32 = self.B, torch.float32, torch.int32
-        self.x = torch.zeros(B, self.H, dtype=f32)
-        self.qkv = torch.zeros(B, dm["QKVR"], dtype=f32)
+        self.x = torch.zeros(B, self.H, dtype=torch.int64)   # fixed point (trtllm_mk/residual.py)
+        self.qkv = torch.zeros(B, dm.qkv_rows, dtype=f32)
         self.part_o = torch.zeros(B, self.nkv, self.S, self.G, self.d, dtype=f32)
         self.part_ml = torch.zeros(B, self.nkv, self.S, self.G, 2, dtype=f32)
-        self.attn_out = torch.zeros(B, dm["QD"], dtype=f32)
-        self.act = torch.zeros(B, dm["I"], dtype=f32)
-        self.logits = torch.zeros(B, dm["V"], dtype=f32)
-        self.lm_val = torch.zeros(B, dm["n_lm_tiles"], dtype=f32)
-        self.lm_idx = torch.zeros(B, dm["n_lm_tiles"], dtype=i32)
+        self.attn_out = torch.zeros(B, dm.q_dim, dtype=f32)
+        self.act = torch.zeros(B, dm.intermediate, dtype=f32)
+        self.logits = torch.zeros(B, dm.vocab, dtype=f32)
+        self.lm_val = torch.zeros(B, dm.n_lm_tiles, dtype=f32)
+        self.lm_idx = torch.zeros(B, dm.n_lm_tiles, dtype=i32)
         self.tokens = torch.zeros(B, dtype=i32)
         self.pos = torch.zeros(B, dtype=i32)
         self.history = torch.full((B, cache.max_seq_len), -1, dtype=i32)
         self.machine = EventMachine(schedule, self.graph)
-        self._run: dict[Kind, Callable[[Task, int], None]] = {
-            Kind.EMBED: self._embed, Kind.QKV: self._qkv, Kind.ATTN: self._attn, Kind.COMBINE: self._combine,
-            Kind.OPROJ: self._oproj, Kind.GATEUP: self._gateup, Kind.DOWN: self._down,
-            Kind.LMHEAD: self._lmhead, Kind.ARGMAX: self._argmax}
+        self._run = {k: k.module.execute for k in Kind}
 
     def _pack(self, w: dict[str, torch.Tensor]) -> None:
         """bf16 weights as fp32 tensors; q/k/v packed once into the grouped QKV row order."""
@@ -235,64 +235,19 @@ class CpuExecutor:
         return self.logits.clone(), self.tokens.clone()
 
     def _execute(self, task: Task, layer: int) -> None:
-        self._run[task.kind](task, layer)
+        self._run[task.kind](self, task, layer)
 
-    # ------------------------------------------------------------------ task kinds
-    def _norm_staged(self, w: torch.Tensor) -> torch.Tensor:
-        x = self.x
+    # ------------------------------------------------------------------ helpers of the kinds
+    # (each kind's semantics is its module's ``execute(ex, task, layer)`` in trtllm_mk.kinds)
+    def norm_staged(self, w: torch.Tensor) -> torch.Tensor:
+        x = from_fixed(self.x)
         rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self._act(x * rstd * w)
+        return self.stage_round(x * rstd * w)
 
-    def _embed(self, t: Task, layer: int) -> None:
-        self.x[:, t.r0:t.r1] = self.embed[self.tokens.long(), t.r0:t.r1]
-
-    def _qkv(self, t: Task, layer: int) -> None:
-        lw = self.layers[layer]
-        out = self._norm_staged(lw["ln1"]) @ lw["qkv"][t.r0:t.r1].T
-        if lw["qkv_bias"] is not None:
-            out = out + lw["qkv_bias"][t.r0:t.r1]
-        self.qkv[:, t.r0:t.r1] = out
-
-    def _head_norm(self, v: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    def head_norm(self, v: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + self.eps) * w
 
-    def _attn(self, t: Task, layer: int) -> None:
-        G, d, S, g, s = self.G, self.d, self.S, t.group, t.split
-        lw, cache, tpb = self.layers[layer], self.cache, self.cache.tokens_per_block
-        for b in range(self.B):
-            p = int(self.pos[b])
-            n = p + 1
-            chunk = -(-n // S)
-            t0, t1 = s * chunk, min(n, s * chunk + chunk)
-            heads = self.qkv[b, g * self.GR:(g + 1) * self.GR].view(G + 2, d)
-            qk, v = heads[:G + 1], heads[G + 1]
-            if self.spec.qk_norm:
-                qk = torch.cat([self._head_norm(qk[:G], lw["q_norm"]), self._head_norm(qk[G:], lw["k_norm"])])
-            qk = apply_rope(qk[None], torch.tensor([p]), self.inv_freq)[0]
-            q, k, v = qk[:G], self._act(qk[G]), self._act(v)
-            if t0 <= p < t1:   # this split owns the new token: append it to the cache
-                blk = int(cache.block_table[b, p // tpb])
-                cache.pool[layer, blk, 0, g, p % tpb] = k.to(cache.pool.dtype)
-                cache.pool[layer, blk, 1, g, p % tpb] = v.to(cache.pool.dtype)
-            if t1 <= t0:       # an empty split (fewer tokens than splits)
-                self.part_o[b, g, s] = 0.0
-                self.part_ml[b, g, s, :, 0] = float("-inf")
-                self.part_ml[b, g, s, :, 1] = 0.0
-                continue
-            ts = torch.arange(t0, t1)
-            blocks = cache.block_table[b, ts // tpb].long()
-            kc = cache.pool[layer, blocks, 0, g, ts % tpb].float()   # [T, d]
-            vc = cache.pool[layer, blocks, 1, g, ts % tpb].float()
-            if t0 <= p < t1:   # the new token from registers, as the GPU does (same bf16 values)
-                kc[p - t0], vc[p - t0] = k, v
-            sc = (q * d ** -0.5) @ kc.T                               # [G, T]
-            m = sc.max(-1).values
-            e = torch.exp(sc - m[:, None])
-            self.part_o[b, g, s] = e @ vc
-            self.part_ml[b, g, s, :, 0] = m
-            self.part_ml[b, g, s, :, 1] = e.sum(-1)
-
-    def _merged(self, g: int) -> torch.Tensor:
+    def merged_attention(self, g: int) -> torch.Tensor:
         """Group g's attention output [B, G*d], merged from its S split partials (COMBINE's merge;
         OPROJ's under TilePlan.o_merge)."""
         m, l = self.part_ml[:, g, :, :, 0], self.part_ml[:, g, :, :, 1]     # [B, S, G]
@@ -301,45 +256,3 @@ class CpuExecutor:
         num = (f[..., None] * self.part_o[:, g]).sum(1)                   # [B, G, d]
         den = (f * l).sum(1)[..., None]
         return (num / den).reshape(self.B, self.G * self.d)
-
-    def _combine(self, t: Task, layer: int) -> None:
-        g, n = t.group, self.G * self.d
-        self.attn_out[:, g * n:(g + 1) * n] = self._merged(g)
-
-    def _oproj(self, t: Task, layer: int) -> None:
-        w = self.layers[layer]["o"][t.r0:t.r1, t.k0:t.k1]
-        if self.graph.plan.o_merge:            # the chunk's heads, merged from the partials here
-            n = self.G * self.d
-            src = torch.cat([self._merged(g) for g in range(t.k0 // n, t.k1 // n)], dim=1)
-        else:
-            src = self.attn_out[:, t.k0:t.k1]
-        self.x[:, t.r0:t.r1] += self._act(src) @ w.T
-
-    def _gateup(self, t: Task, layer: int) -> None:
-        lw = self.layers[layer]
-        xn = self._norm_staged(lw["ln2"])
-        gate, up = xn @ lw["gate"][t.r0:t.r1].T, xn @ lw["up"][t.r0:t.r1].T
-        self.act[:, t.r0:t.r1] = torch.nn.functional.silu(gate) * up
-
-    def _down(self, t: Task, layer: int) -> None:
-        w = self.layers[layer]["down"][t.r0:t.r1, t.k0:t.k1]
-        self.x[:, t.r0:t.r1] += self._act(self.act[:, t.k0:t.k1]) @ w.T
-
-    def _lmhead(self, t: Task, layer: int) -> None:
-        out = self._norm_staged(self.final_norm) @ self.lm_head[t.r0:t.r1].T
-        self.logits[:, t.r0:t.r1] = out
-        val, idx = out.max(-1)                 # torch returns the first index of the maximum
-        self.lm_val[:, t.index] = val
-        self.lm_idx[:, t.index] = idx.to(torch.int32) + t.r0
-
-    def _argmax(self, t: Task, layer: int) -> None:
-        best = self.lm_val.max(-1, keepdim=True).values
-        # first argmax overall: the smallest index among the tiles that hold the maximum
-        big = torch.iinfo(torch.int32).max
-        tok = torch.where(self.lm_val == best, self.lm_idx, torch.full_like(self.lm_idx, big)).min(-1).values
-        self.tokens.copy_(tok)
-        for b in range(self.B):
-            nxt = int(self.pos[b]) + 1
-            if nxt < self.history.shape[1]:
-                self.history[b, nxt] = tok[b]
-        self.pos += 1   # ARGMAX ends the step: every other task (all that read pos) precedes it

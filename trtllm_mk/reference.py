@@ -1,8 +1,9 @@
 """The reference decoder: plain PyTorch prefill and greedy decode over the paged KV cache.
 
 This is the ground truth that the CPU executor and the megakernel are checked against, and it is
-itself checked against HuggingFace transformers (tests/test_reference.py). It is written for
-reading, not for speed: one decoder layer is four small functions, top to bottom.
+itself checked against HuggingFace transformers (tests/test_reference.py). The layers are the shared
+decoder block (``model.decoder``) with HF's eager attention over the paged cache; it is written for
+reading, not for speed.
 
 Numerics. ``compute_dtype=None`` computes in the weights' dtype and rounds where HF's eager
 implementation rounds in that dtype (RMSNorm in fp32 then cast back, RoPE cos/sin cast to the
@@ -20,92 +21,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 import torch
-import torch.nn.functional as F
 
-from .errors import ModelError
 from .kv_cache import PagedKVCache
-from .model.rope import rope_inv_freq
+from .model.decoder import Decoder, PagedAttention
 from .model.spec import ModelSpec
 
-
-# ---- the pieces of one decoder layer ----------------------------------------------------------
-
-def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """HF's RMSNorm: statistics in fp32, the normalised value cast back before the gain."""
-    xf = x.float()
-    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-
-
-def rope_cos_sin(pos: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin ``[..., T, 1, head_dim]`` for positions ``pos [..., T]``: angles in fp32, then cast to
-    the activation dtype as HF does (so in fp32 this is exactly ``model.rope.apply_rope``)."""
-    ang = pos.float()[..., None] * inv_freq
-    ang = torch.cat([ang, ang], -1)[..., None, :]
-    return ang.cos().to(dtype), ang.sin().to(dtype)
-
-
-def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE on ``x [..., T, heads, head_dim]`` in x's dtype."""
-    h = x.shape[-1] // 2
-    return x * cos + torch.cat([-x[..., h:], x[..., :h]], -1) * sin
-
-
-def write_kv(cache: PagedKVCache, layer: int, rows: torch.Tensor, pos: torch.Tensor,
-             k: torch.Tensor, v: torch.Tensor) -> None:
-    """Store ``k, v [N, T, kv_heads, head_dim]`` of tokens at positions ``pos [N, T]`` of the cache
-    sequences ``rows [N]`` (each row may sit at a different position)."""
-    tpb = cache.tokens_per_block
-    blocks = cache.block_table[rows[:, None], pos // tpb].long()  # [N, T] pool block of each token
-    offs = pos % tpb
-    cache.pool[layer, blocks, 0, :, offs] = k.to(cache.pool.dtype)
-    cache.pool[layer, blocks, 1, :, offs] = v.to(cache.pool.dtype)
-
-
-def read_kv(cache: PagedKVCache, layer: int, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every slot of the sequences ``rows [N]``, gathered through the block table and laid out by
-    position: k, v ``[N, max_seq_len, kv_heads, head_dim]``. The caller masks slots past each
-    sequence's length (gathering the whole table keeps the host out of the loop: no lengths to read)."""
-    kv = cache.pool[layer, cache.block_table[rows].long()]  # [N, blocks, 2, kvh, tpb, d]
-    N, nb, _, kvh, tpb, d = kv.shape
-    kv = kv.permute(0, 2, 1, 4, 3, 5).reshape(N, 2, nb * tpb, kvh, d)
-    return kv[:, 0], kv[:, 1]
-
-
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
-           sliding_window: int | None = None) -> torch.Tensor:
-    """Causal GQA attention of queries ``q [N, T, heads, d]`` at positions ``pos [N, T]`` over the
-    cache slots ``k, v [N, S, kv_heads, d]`` (slot s holds position s); returns ``[N, T, heads, d]``.
-
-    Follows HF's eager attention: scores and P@V in q's dtype, softmax in fp32 then cast back.
-    """
-    N, T, nh, d = q.shape
-    S, group = k.shape[1], nh // k.shape[2]
-    slot = torch.arange(S, device=q.device)
-    visible = slot <= pos[..., None]                                  # [N, T, S]: causal + length
-    if sliding_window is not None:                                    # HF/Mistral: q - kv < window
-        visible &= slot > pos[..., None] - sliding_window
-    # Slots past a sequence's last token may hold anything (poison in tests, NaN in a fresh pool).
-    # Their probabilities are exactly 0, but 0 * NaN is NaN, so they are zeroed, not just masked.
-    written = (slot <= pos[:, -1:])[..., None, None]                 # [N, S, 1, 1]
-    k = torch.where(written, k.to(q.dtype), 0)
-    v = torch.where(written, v.to(q.dtype), 0)
-    # query head h reads KV head h // group (HF's repeat_kv)
-    k = k.transpose(1, 2).repeat_interleave(group, dim=1)             # [N, heads, S, d]
-    v = v.transpose(1, 2).repeat_interleave(group, dim=1)
-    scores = (q.transpose(1, 2) @ k.transpose(-1, -2)) * d ** -0.5    # [N, heads, T, S]
-    scores = scores.masked_fill(~visible[:, None], float("-inf"))
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-    return (probs @ v).transpose(1, 2)
-
-
-def mlp(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
-        stage=lambda t: t) -> torch.Tensor:
-    """SwiGLU: down(silu(gate x) * up x); ``stage`` rounds the input of each GEMV (see ReferenceDecoder)."""
-    x = stage(x)
-    return F.linear(stage(F.silu(F.linear(x, gate)) * F.linear(x, up)), down)
-
-
-# ---- the decoder --------------------------------------------------------------------------------
 
 class ReferenceDecoder:
     """Greedy prefill/decode of a Llama-family model over a ``PagedKVCache``; fp32 logits out."""
@@ -116,65 +36,17 @@ class ReferenceDecoder:
         linear layer to that dtype, exactly where the megakernel stages its activations in shared
         memory, and nowhere else: the kernel's numerics up to fp32 summation order, for comparisons
         that must not flip near-tied argmaxes."""
-        expected = spec.expected_tensors()
-        missing = [n for n in expected if n not in weights]
-        if missing:
-            raise ModelError(f"reference decoder: {len(missing)} weight(s) missing, first '{missing[0]}'")
-        for name, shape in expected.items():
-            if tuple(weights[name].shape) != shape:
-                raise ModelError(f"reference decoder: '{name}' has shape {tuple(weights[name].shape)}, "
-                                 f"expected {shape}")
+        # HF's eager model rounds RoPE's cos/sin to the activation dtype; so does the reference
+        self.model = Decoder(spec, weights, compute_dtype, gemv_input_dtype, rope_in_fp32=False)
         self.spec = spec
-        embed = weights["model.embed_tokens.weight"]
-        self.dtype = compute_dtype or embed.dtype
-        self.device = embed.device
-        # .to() is a no-op when the dtype already matches: no copy in the bf16-in-bf16 case
-        self.w = {name: weights[name].to(self.dtype) for name in expected}
-        # tied embeddings (Llama-3.2, small Qwens): the checkpoint has no lm_head.weight
-        self.lm_head = self.w.get("lm_head.weight", self.w["model.embed_tokens.weight"])
-        self.inv_freq = rope_inv_freq(spec).to(self.device)
-        self.gemv_input_dtype = gemv_input_dtype
-
-    def _stage(self, x: torch.Tensor) -> torch.Tensor:
-        g = self.gemv_input_dtype
-        return x if g is None or g == x.dtype else x.to(g).to(x.dtype)
-
-    # -- one layer -------------------------------------------------------------------------------
-    def _attention(self, i: int, h: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor,
-                   cache: PagedKVCache) -> torch.Tensor:
-        s, w, p = self.spec, self.w, f"model.layers.{i}.self_attn."
-        N, T, _ = h.shape
-        h = self._stage(h)
-        q = F.linear(h, w[p + "q_proj.weight"], w.get(p + "q_proj.bias")).view(N, T, s.num_heads, s.head_dim)
-        k = F.linear(h, w[p + "k_proj.weight"], w.get(p + "k_proj.bias")).view(N, T, s.num_kv_heads, s.head_dim)
-        v = F.linear(h, w[p + "v_proj.weight"], w.get(p + "v_proj.bias")).view(N, T, s.num_kv_heads, s.head_dim)
-        if s.qk_norm:  # Qwen3: RMSNorm over each head's vector, before RoPE
-            q = rmsnorm(q, w[p + "q_norm.weight"], s.rms_norm_eps)
-            k = rmsnorm(k, w[p + "k_norm.weight"], s.rms_norm_eps)
-        cos, sin = rope_cos_sin(pos, self.inv_freq, q.dtype)
-        q, k = rope(q, cos, sin), rope(k, cos, sin)
-        # through the cache and back: this step's K/V get the cache's rounding, like every other's
-        write_kv(cache, i, rows, pos, k, v)
-        k_all, v_all = read_kv(cache, i, rows)
-        o = attend(q, k_all, v_all, pos, s.sliding_window)
-        return F.linear(self._stage(o.reshape(N, T, s.q_size)), w[p + "o_proj.weight"])
-
-    def _layer(self, i: int, x: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor,
-               cache: PagedKVCache) -> torch.Tensor:
-        s, w, p = self.spec, self.w, f"model.layers.{i}."
-        x = x + self._attention(i, rmsnorm(x, w[p + "input_layernorm.weight"], s.rms_norm_eps), pos, rows, cache)
-        h = rmsnorm(x, w[p + "post_attention_layernorm.weight"], s.rms_norm_eps)
-        return x + mlp(h, w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"], w[p + "mlp.down_proj.weight"],
-                       self._stage)
+        self.dtype = self.model.dtype
+        self.device = self.model.tok_embeddings.device
 
     def _forward(self, ids: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor, cache: PagedKVCache) -> torch.Tensor:
         """Tokens ``ids [N, T]`` at positions ``pos [N, T]`` of cache sequences ``rows [N]``: append
         their K/V to the cache and return fp32 logits ``[N, V]`` of each row's last token."""
-        x = self.w["model.embed_tokens.weight"][ids]
-        for i in range(self.spec.num_layers):
-            x = self._layer(i, x, pos, rows, cache)
-        h = rmsnorm(x[:, -1], self.w["model.norm.weight"], self.spec.rms_norm_eps)
-        return F.linear(self._stage(h), self.lm_head).float()
+        attention = PagedAttention(cache, rows, pos, kernel="eager", sliding_window=self.spec.sliding_window)
+        return self.model(ids, pos, attention).float()
 
     # -- public API ------------------------------------------------------------------------------
     @torch.inference_mode()

@@ -107,4 +107,10 @@ class Schedule:
         p = Path(path)
         if not p.exists():
             raise EngineError(f"{p}: no such file; build the engine first (python build_scripts/build_engine.py --config <config.yaml>)")
-        return cls.from_json(p.read_text(), where=str(p))
+        try:
+            text = p.read_text()
+        except UnicodeDecodeError:
+            raise EngineError(f"{p}: corrupted (not UTF-8 text); rebuild the engine") from None
+        except OSError as e:
+            raise EngineError(f"{p}: cannot be read ({e.strerror}); rebuild the engine") from None
+        return cls.from_json(text, where=str(p))

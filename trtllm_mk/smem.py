@@ -7,8 +7,9 @@ One persistent CTA per SM holds, in dynamic shared memory:
               ``KC`` columns (the 3-D tile: output rows per slot x K tile, times the batch
               through the activation below); a row of the task's K range that does not fit one slot
               travels in ``NKC`` pieces. Rows sit 16 bytes further apart than their length (bank skew
-              for ldmatrix); SLOT_PAD holds that skew. The geometry mirrors ``Geometry`` in
-              trtllm_mk/device/mk_gemv.cuh, so the ring the model fills is the ring that runs.
+              for ldmatrix); SLOT_PAD holds that skew. The geometry is ``Geometry`` of the device
+              (every generated kernel static_asserts that the two agree for its constants), so the
+              ring the model fills is the ring that runs.
   activation  the task's input, resident for the whole task: ``batch x (K_range + 8)`` bf16 for a GEMV
               kind (8 elements of bank skew per row), where K-splitting (TilePlan.o_ksplit,
               down_ksplit) shrinks K_range; ATTN uses the same region as scratch (q/k/v of one KV
@@ -16,8 +17,12 @@ One persistent CTA per SM holds, in dynamic shared memory:
               kernel allocates the largest.
   scratch     cross-warp reduction of the mma partial sums: ``2 x consumer_warps x 16 x batch x 4``
               bytes (double-buffered by row group).
-  fixed       4 KB: mbarriers, norm / argmax scratch and alignment slack (the kernel uses < 1.2 KB of it).
+  fixed       4 KB reserved for the small regions: norm / argmax scratch and the mbarriers.
 peak = ring + largest activation (128-byte aligned) + largest scratch + fixed <= smem_per_block_optin.
+
+``smem_layout`` is the kernel's layout itself: the regions in order with their offsets, emitted into
+the generated source (the device reads its offsets from there, and the host allocates its total).
+The search budgets the small regions with the fixed reserve, which always covers them.
 
 The per-kind view (``KindSmem``) is what a kernel that ran only that kind would need; the report
 lists it with and without K-split to show where K-splitting pays.
@@ -40,11 +45,14 @@ ROW_PAD = 16
 ACT_PAD = 8           # bf16 elements of skew after each staged activation row
 MMA_ROWS = 16         # rows of one tensor-core block (mma.m16n8k16)
 MAX_BLOCKS = 4
+SIG_SLOTS = 4         # signal queue entries between the consumer warps and the signaller warp
+SCRATCH_BYTES = 256 * 4   # norm / argmax scratch: values [0, 128) and indices [128, 256)
 
 
 @dataclass(frozen=True)
 class SlotGeometry:
-    """How one GEMV kind uses a ring slot (mirror of ``Geometry<KT, PAIR>`` in mk_gemv.cuh)."""
+    """How one GEMV kind uses a ring slot (``Geometry<KT, PAIR>`` of the device; the generated kernel
+    checks the two agree)."""
     k_range: int        # KT: columns a task of this kind reduces over (after K-split)
     pair: int           # 2 for GATEUP: gate and up rows of one output row travel together
     pieces: int         # NKC: slots one row group takes
@@ -97,7 +105,7 @@ def geometries(spec: ModelSpec, plan: TilePlan) -> dict[Kind, SlotGeometry]:
 
 
 def attention_scratch_bytes(group_size: int, head_dim: int, consumer_warps: int, batch: int) -> int:
-    """ATTN's scratch in the activation region (mk_attention.cuh, ATTN_FRESH .. ATTN_ROWS): q heads + k +
+    """ATTN's scratch in the activation region (kinds/attn.cuh, ATTN_FRESH .. ATTN_ROWS): q heads + k +
     v of one group in fp32, this step's k and v as bf16 rows and q's mma fragments (three bf16 parts:
     2 x head_dim x G words), overlapped after the tiles by the warps' partial outputs and (max, sum)
     ([consumer_warps][G][head_dim + 2] fp32); then what the prologue gathers before the wait: RoPE
@@ -110,14 +118,15 @@ def attention_scratch_bytes(group_size: int, head_dim: int, consumer_warps: int,
 
 def attention_chunk(context_len: int, splits: int) -> int:
     """Tokens one KV split of an ATTN task covers: the step at position ``context_len`` attends to
-    ``context_len + 1`` tokens (mk_attention.cuh split_range)."""
+    ``context_len + 1`` tokens (kinds/attn.cuh split_range)."""
     return -(-(context_len + 1) // splits)
 
 
 def kv_ring_offset(u: int, head_dim: int) -> int:
-    """Byte offset of cached token ``u`` in an ATTN task's K (or V) region of the ring (mirror of
-    mk_attention.cuh kv_ring_offset): rows of 2 x head_dim bytes, a 16-byte bank skew per group of 8
-    tokens, restarting 128 bytes further on every 64 tokens so that no row reaches into the next."""
+    """Byte offset of cached token ``u`` in an ATTN task's K (or V) region of the ring (the device's
+    kv_ring_offset in kinds/attn.cuh; the generated kernel checks the two agree): rows of 2 x head_dim
+    bytes, a 16-byte bank skew per group of 8 tokens, restarting 128 bytes further on every 64 tokens so
+    that no row reaches into the next."""
     return u * 2 * head_dim + ((u >> 3) & 7) * 16 + (u >> 6) * 128
 
 
@@ -127,7 +136,7 @@ def kv_region_bytes(head_dim: int, tokens: int) -> int:
 
 
 def attention_kv_ring(head_dim: int, slot_bytes: int, splits: int, context_len: int) -> tuple[int, int]:
-    """How an ATTN task takes its cached K/V through the weight ring (mk_attention.cuh attn_load):
+    """How an ATTN task takes its cached K/V through the weight ring (kinds/attn.cuh attn_load):
     ``(slots per batch row, tokens each row's K and V hold)``. One slot holds K in its first half and
     V in its second when the split's chunk at ``context_len`` fits; otherwise K and V take a slot each,
     which doubles the tokens. The bank skew of the rows (kv_ring_offset) lives in the slot's SLOT_PAD;
@@ -147,6 +156,49 @@ def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
+def activation_bytes(hidden: int, q_size: int, intermediate: int, group: int, head_dim: int, batch: int,
+                     plan: TilePlan) -> int:
+    """The activation region every kind shares: the largest GEMV input (``batch x (K range + ACT_PAD)``
+    bf16, after K-split) or ATTN's scratch, whichever is larger (unaligned)."""
+    k = max(hidden, q_size // plan.o_ksplit, intermediate // plan.down_ksplit)
+    return max(batch * (k + ACT_PAD) * 2, attention_scratch_bytes(group, head_dim, plan.consumer_warps, batch))
+
+
+@dataclass(frozen=True)
+class SmemRegion:
+    name: str
+    offset: int
+    size: int
+
+
+@dataclass(frozen=True)
+class SmemLayout:
+    """The kernel's dynamic shared memory, region by region (what codegen emits as SMEM_*)."""
+    regions: tuple[SmemRegion, ...]
+
+    @property
+    def total(self) -> int:
+        return self.regions[-1].offset + self.regions[-1].size
+
+    def region(self, name: str) -> SmemRegion:
+        return next(r for r in self.regions if r.name == name)
+
+
+def smem_layout(plan: TilePlan, batch: int, activation: int) -> SmemLayout:
+    """[ring][activation / attention scratch][red][scratch][mbarriers]. The ring holds ``stages``
+    slots of ``slot_bytes + SLOT_PAD``; the activation region is 128-byte aligned; red holds the
+    cross-warp partial sums ([2][consumer_warps][16][batch] fp32); the mbarriers are the ring's full
+    and empty barriers, the signal queue's, and one word of chain hint."""
+    sizes = (("ring", plan.stages * (plan.slot_bytes + SLOT_PAD)), ("act", _align(activation)),
+             ("red", 2 * plan.consumer_warps * MMA_ROWS * batch * 4), ("scratch", SCRATCH_BYTES),
+             ("bars", (2 * plan.stages + 2 * SIG_SLOTS + 1) * 8))
+    regions, off = [], 0
+    for name, size in sizes:
+        regions.append(SmemRegion(name, off, size))
+        off += size
+    return SmemLayout(tuple(regions))
+
+
 @dataclass(frozen=True)
 class KindSmem:
     kind: str
@@ -162,7 +214,8 @@ class KindSmem:
 
 @dataclass(frozen=True)
 class SmemBreakdown:
-    """Per task kind needs and the CTA's peak (what the kernel allocates)."""
+    """Per task kind needs and the CTA's peak (the kernel's layout with the fixed reserve for its small
+    regions: at least what the kernel allocates)."""
     per_kind: dict[str, KindSmem]
     ring: int
     activation: int       # largest activation region over kinds
@@ -183,11 +236,17 @@ class SmemBreakdown:
 
 def plan_smem(spec: ModelSpec, batch: int, plan: TilePlan) -> SmemBreakdown:
     """Shared memory of ``plan`` at batch ``batch``, per task kind and peak."""
-    ring = plan.stages * (plan.slot_bytes + SLOT_PAD)
+    layout = smem_layout(plan, batch, activation_bytes(spec.hidden_size, spec.q_size, spec.intermediate_size,
+                                                       spec.group_size, spec.head_dim, batch, plan))
+    small = layout.region("scratch").size + layout.region("bars").size
+    if small > FIXED_BYTES:
+        raise ValueError(f"{plan.stages} ring stages need {small} B of barriers and scratch, more than the "
+                         f"{FIXED_BYTES} B reserved")
+    ring = layout.region("ring").size
     per: dict[str, KindSmem] = {}
     for kind, geo in geometries(spec, plan).items():
         act = batch * (geo.k_range + ACT_PAD) * 2
-        scratch = 2 * plan.consumer_warps * MMA_ROWS * batch * 4
+        scratch = layout.region("red").size
         per[kind.name] = KindSmem(kind.name, ring, act, scratch, FIXED_BYTES)
     # Of the non-GEMV kinds only ATTN needs scratch of its own; its cached K/V borrows ring slots
     # (attention_kv_ring), which the GEMV kinds' ring already counts.

@@ -335,10 +335,22 @@ class Reader {
     return v.i;
   }
 
-  std::string string(const JValue& obj, const std::string& key) const {
-    const JValue& v = require(obj, key, "");
-    if (v.kind != JValue::kString) fail("\"" + key + "\" must be a string, got " + kind_name(v.kind));
-    if (v.s.empty()) fail("\"" + key + "\" must not be empty");
+  const JValue& object(const JValue& obj, const std::string& key, const std::string& prefix = "") const {
+    const JValue& v = require(obj, key, prefix);
+    if (v.kind != JValue::kObject) fail("\"" + prefix + key + "\" must be an object, got " + kind_name(v.kind));
+    return v;
+  }
+
+  const JValue& array(const JValue& obj, const std::string& key, const std::string& prefix = "") const {
+    const JValue& v = require(obj, key, prefix);
+    if (v.kind != JValue::kArray) fail("\"" + prefix + key + "\" must be an array, got " + kind_name(v.kind));
+    return v;
+  }
+
+  std::string string(const JValue& obj, const std::string& key, const std::string& prefix = "") const {
+    const JValue& v = require(obj, key, prefix);
+    if (v.kind != JValue::kString) fail("\"" + prefix + key + "\" must be a string, got " + kind_name(v.kind));
+    if (v.s.empty()) fail("\"" + prefix + key + "\" must not be empty");
     return v.s;
   }
 
@@ -353,7 +365,49 @@ class Reader {
   const std::string& where_;
 };
 
+ParamsLayout read_params(const Reader& r, const JValue& obj) {
+  ParamsLayout p;
+  p.size = r.integer(obj, "size", 8, "params.");
+  const JValue& fields = r.array(obj, "fields", "params.");
+  int64_t end = 0;
+  for (size_t i = 0; i < fields.arr.size(); ++i) {
+    const JValue& f = fields.arr[i];
+    const std::string at = "params.fields[" + std::to_string(i) + "].";
+    if (f.kind != JValue::kObject) r.fail("\"" + at.substr(0, at.size() - 1) + "\" must be an object");
+    ParamField pf;
+    pf.name = r.string(f, "name", at);
+    pf.offset = r.integer(f, "offset", 0, at);
+    pf.size = r.integer(f, "size", 1, at);
+    if (pf.size != 4 && pf.size != 8) r.fail("\"" + at + "size\" must be 4 or 8");
+    if (pf.offset < end || pf.offset % pf.size != 0 || pf.offset + pf.size > p.size)
+      r.fail("\"" + at + "offset\" overlaps the previous field, is misaligned or lies beyond params.size");
+    if (p.find(pf.name) != nullptr) r.fail("params field \"" + pf.name + "\" appears twice");
+    end = pf.offset + pf.size;
+    p.fields.push_back(pf);
+  }
+  const JValue& layer = r.array(obj, "layer_fields", "params.");
+  for (size_t i = 0; i < layer.arr.size(); ++i) {
+    if (layer.arr[i].kind != JValue::kString || layer.arr[i].s.empty())
+      r.fail("\"params.layer_fields[" + std::to_string(i) + "]\" must be a non-empty string");
+    p.layer_fields.push_back(layer.arr[i].s);
+  }
+  return p;
+}
+
 }  // namespace
+
+const ParamField* ParamsLayout::find(const std::string& name) const {
+  for (const auto& f : fields)
+    if (f.name == name) return &f;
+  return nullptr;
+}
+
+void ParamsLayout::put(std::vector<unsigned char>& buf, const std::string& name, uint64_t value) const {
+  const ParamField* f = find(name);
+  if (f == nullptr) throw KernelJsonError("kernel.json: the kernel's Params has no field \"" + name + "\"");
+  if (buf.size() != static_cast<size_t>(size)) buf.assign(static_cast<size_t>(size), 0);
+  for (int64_t b = 0; b < f->size; ++b) buf[static_cast<size_t>(f->offset + b)] = static_cast<unsigned char>(value >> (8 * b));
+}
 
 std::string KernelSpec::event_name(uint64_t flat_index) const {
   std::ostringstream os;
@@ -417,6 +471,7 @@ KernelSpec parse_kernel_json(const std::string& text, const std::string& where) 
     std::sort(k.event_offsets.begin(), k.event_offsets.end(),
               [](const auto& a, const auto& b) { return a.second < b.second; });
   }
+  k.params = read_params(r, r.object(root, "params"));
   k.qk_norm = r.optional_bool(root, "qk_norm");
   k.qkv_bias = r.optional_bool(root, "qkv_bias");
   return k;

@@ -19,6 +19,10 @@
 //             "dims"              object {"L","H","I","V","NH","NKV","D","G","QKVR"}: ints >= 1 with
 //                                 NH == NKV*G, QKVR == NKV*(G+2)*D and D even
 //             "target"            string, e.g. "sm_90a"
+//             "params"            object {"size": sizeof(mk::Params), "fields": [{"name", "offset",
+//                                 "size" (4 or 8), ...}], "layer_fields": [mk::LayerWeights member
+//                                 names in table order]} (trtllm_mk/seam.py params_layout_json): the
+//                                 plugin packs the kernel's parameters from these offsets
 //   optional  "event_offsets"     object {event name: first flat counter index >= 0} (diagnostics)
 //             "qk_norm", "qkv_bias"  booleans; when present the plugin insists on real tensors (or
 //                                 on 1-element placeholders) for q_norm/k_norm, q/k/v_bias
@@ -43,12 +47,30 @@ struct KernelDims {
   int64_t L = 0, H = 0, I = 0, V = 0, NH = 0, NKV = 0, D = 0, G = 0, QKVR = 0;
 };
 
+struct ParamField {
+  std::string name;
+  int64_t offset = 0, size = 0;
+};
+
+struct ParamsLayout {
+  int64_t size = 0;
+  std::vector<ParamField> fields;          // in struct order, non-overlapping, within size
+  std::vector<std::string> layer_fields;   // mk::LayerWeights members in table order
+
+  // The field named `name`, or nullptr.
+  const ParamField* find(const std::string& name) const;
+  // Writes `value` little-endian into `buf` (size bytes) at field `name`'s offset, truncated to its
+  // size; throws KernelJsonError when the kernel has no such field.
+  void put(std::vector<unsigned char>& buf, const std::string& name, uint64_t value) const;
+};
+
 struct KernelSpec {
   std::string kernel;
   std::string target;
   int64_t grid = 0, block = 0, smem_bytes = 0, num_counters = 0, n_lm_tiles = 0, history_len = 0,
           tokens_per_block = 0, batch = 0, attn_splits = 0;
   KernelDims dims;
+  ParamsLayout params;
   std::vector<std::pair<std::string, int64_t>> event_offsets;  // sorted by offset; may be empty
   int qk_norm = -1;   // -1: not stated; 0/1: stated by the builder
   int qkv_bias = -1;

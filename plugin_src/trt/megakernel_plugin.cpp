@@ -150,16 +150,6 @@ std::string join_path(const std::string& dir, const char* file) {
 
 void check(CUresult r, const char* what) { check_cu(r, what); }
 
-// Host mirror of mk::Params (trtllm_mk/device/mk_params.cuh); field order = PARAM_FIELDS in
-// trtllm_mk/runtime/megakernel.py. Passed by value to the kernel, so it is captured by value in a
-// CUDA graph: only the table behind `layers` is read through a pointer.
-struct HostParams {
-  CUdeviceptr layers, embed, final_norm, lm_head, inv_freq, x, qkv, part_o, part_ml, attn_out, act, logits, lm_val,
-      lm_idx, tokens, pos, history, kv_pool, block_table, counters, control, error;
-  int64_t num_blocks, block_table_stride;
-  CUdeviceptr trace;  // per-task timeline: always off (0) inside TensorRT
-};
-static_assert(sizeof(HostParams) == 25 * 8, "HostParams must mirror mk::Params: 22 pointers + 2 int64 + trace");
 constexpr int kErrorWords = 8;  // mk::ErrorInfo
 
 }  // namespace
@@ -299,7 +289,7 @@ class DecodeState {
       offset += (bytes + 255) / 256 * 256;  // 256-B alignment: vector loads and bulk copies need >= 16 B
       return at;
     };
-    const size_t o_x = take(B * d.H * 4), o_qkv = take(B * d.QKVR * 4),
+    const size_t o_x = take(B * d.H * 8) /* int64 fixed-point residual */, o_qkv = take(B * d.QKVR * 4),
                  o_part_o = take(B * d.NKV * S * d.G * d.D * 4), o_part_ml = take(B * d.NKV * S * d.G * 2 * 4),
                  o_attn = take(B * d.NH * d.D * 4), o_act = take(B * d.I * 4), o_lm_val = take(B * k.n_lm_tiles * 4),
                  o_lm_idx = take(B * k.n_lm_tiles * 4), o_pos = take(B * 4), o_hist = take(B * k.history_len * 4),
@@ -394,6 +384,7 @@ DecodeStepPlugin::DecodeStepPlugin(std::string engine_dir, std::string kernel_js
     : engine_dir_(std::move(engine_dir)),
       kernel_json_text_(std::move(kernel_json_text)),
       spec_(std::move(spec)),
+      layer_order_(layer_table_inputs(spec_)),
       phase_(phase) {}
 
 DecodeStepPlugin::~DecodeStepPlugin() = default;
@@ -667,10 +658,11 @@ int32_t DecodeStepPlugin::enqueue(const nvinfer1::PluginTensorDesc* inputDesc, c
     // This enqueue's mk::LayerWeights table; placeholders become null pointers (feature absent).
     uint64_t* table = st.scratch_table();
     for (int64_t l = 0; l < spec_.dims.L; ++l) {
-      for (int f = 0; f < kLayerFields; ++f) {
+      for (int j = 0; j < kLayerFields; ++j) {   // j: position in the kernel's table
+        const int f = layer_order_[j];
         const int i = kNumFixedInputs + kLayerFields * static_cast<int>(l) + f;
         const bool absent = f >= kFirstOptionalField && volume(inputDesc[i].dims) == 1;
-        table[kLayerFields * l + f] = absent ? 0 : reinterpret_cast<uint64_t>(inputs[i]);
+        table[kLayerFields * l + j] = absent ? 0 : reinterpret_cast<uint64_t>(inputs[i]);
       }
     }
     std::string err;
@@ -691,32 +683,36 @@ int32_t DecodeStepPlugin::enqueue(const nvinfer1::PluginTensorDesc* inputDesc, c
           "cuMemcpyDtoDAsync(pos)");
 
     auto ptr = [&](int i) { return reinterpret_cast<CUdeviceptr>(inputs[i]); };
-    HostParams p{};
-    p.layers = st.device_slot(slot);
-    p.embed = ptr(kEmbed);
-    p.final_norm = ptr(kFinalNorm);
-    p.lm_head = ptr(kLmHead);
-    p.inv_freq = ptr(kInvFreq);
-    p.x = st.x;
-    p.qkv = st.qkv;
-    p.part_o = st.part_o;
-    p.part_ml = st.part_ml;
-    p.attn_out = st.attn_out;
-    p.act = st.act;
-    p.logits = reinterpret_cast<CUdeviceptr>(outputs[kLogits]);  // written and re-read by the LM head only
-    p.lm_val = st.lm_val;
-    p.lm_idx = st.lm_idx;
-    p.tokens = next_tokens;
-    p.pos = st.pos;
-    p.history = st.history;
-    p.kv_pool = ptr(kKvPool);
-    p.block_table = ptr(kBlockTable);
-    p.counters = st.counters;
-    p.control = st.control;
-    p.error = st.error_dev;
-    p.num_blocks = inputDesc[kKvPool].dims.d[1];
-    p.block_table_stride = inputDesc[kBlockTable].dims.d[1];
-    st.module->launch(&p, sizeof(p), stream);
+    // mk::Params is passed by value, so a captured CUDA graph holds these bytes; only the table behind
+    // `layers` is read through a pointer. Offsets and sizes come from kernel.json (trtllm_mk/seam.py).
+    const ParamsLayout& L = spec_.params;
+    std::vector<unsigned char> p(static_cast<size_t>(L.size), 0);
+    L.put(p, "layers", st.device_slot(slot));
+    L.put(p, "embed", ptr(kEmbed));
+    L.put(p, "final_norm", ptr(kFinalNorm));
+    L.put(p, "lm_head", ptr(kLmHead));
+    L.put(p, "inv_freq", ptr(kInvFreq));
+    L.put(p, "x", st.x);
+    L.put(p, "qkv", st.qkv);
+    L.put(p, "part_o", st.part_o);
+    L.put(p, "part_ml", st.part_ml);
+    L.put(p, "attn_out", st.attn_out);
+    L.put(p, "act", st.act);
+    L.put(p, "logits", reinterpret_cast<CUdeviceptr>(outputs[kLogits]));  // written and re-read by the LM head only
+    L.put(p, "lm_val", st.lm_val);
+    L.put(p, "lm_idx", st.lm_idx);
+    L.put(p, "tokens", next_tokens);
+    L.put(p, "pos", st.pos);
+    L.put(p, "history", st.history);
+    L.put(p, "kv_pool", ptr(kKvPool));
+    L.put(p, "block_table", ptr(kBlockTable));
+    L.put(p, "counters", st.counters);
+    L.put(p, "control", st.control);
+    L.put(p, "error", st.error_dev);
+    L.put(p, "num_blocks", static_cast<uint64_t>(inputDesc[kKvPool].dims.d[1]));
+    L.put(p, "block_table_stride", static_cast<uint64_t>(inputDesc[kBlockTable].dims.d[1]));
+    L.put(p, "trace", 0);   // the per-task timeline is off inside TensorRT
+    st.module->launch(p.data(), p.size(), stream);
     if (!capturing) st.record_kernel(slot, stream);
     return 0;
   } catch (const std::exception& e) {

@@ -13,7 +13,7 @@
 //   2 kv_pool     bf16  [L, num_blocks, 2, NKV, TPB, D]   updated IN PLACE (K/V of this step appended)
 //   3 block_table int32 [B, max_blocks]  with max_blocks * TPB >= history_len
 //   4 embed bf16 [V, H]   5 final_norm bf16 [H]   6 lm_head bf16 [V, H]   7 inv_freq float [D/2]
-//   8 + 14*l + f  layer l's LayerWeights field f in LAYER_FIELDS order (q, k, v, o, gate, up, down,
+//   8 + 14*l + f  layer l's input f in kLayerInputFields order (q, k, v, o, gate, up, down,
 //                 ln1, ln2, q_norm, k_norm, q_bias, k_bias, v_bias); the model's absent ones
 //                 (q_norm/k_norm without QK-norm, biases without QKV bias) as 1-element bf16 placeholders
 // Outputs: 0 next_tokens int32 [B] (greedy argmax), 1 logits float [B, V].
@@ -44,6 +44,38 @@ constexpr int kFirstOptionalField = 9;  // q_norm, k_norm, q_bias, k_bias, v_bia
 constexpr int kNumOutputs = 2;
 enum InputIndex { kTokens = 0, kPos, kKvPool, kBlockTable, kEmbed, kFinalNorm, kLmHead, kInvFreq };
 enum OutputIndex { kNextTokens = 0, kLogits };
+
+// The mk::LayerWeights member each of a layer's inputs binds, in the plugin's input order (its
+// interface). The kernel's own table order comes from kernel.json (params.layer_fields).
+constexpr const char* kLayerInputFields[kLayerFields] = {"q",   "k",   "v",      "o",      "gate",   "up",    "down",
+                                                         "ln1", "ln2", "q_norm", "k_norm", "q_bias", "k_bias", "v_bias"};
+// The mk::Params fields the plugin fills (every other field would be left null: refused).
+constexpr const char* kParamsFilled[] = {
+    "layers", "embed", "final_norm", "lm_head", "inv_freq", "x", "qkv", "part_o", "part_ml", "attn_out", "act",
+    "logits", "lm_val", "lm_idx", "tokens", "pos", "history", "kv_pool", "block_table", "counters", "control",
+    "error", "num_blocks", "block_table_stride", "trace"};
+
+// For each entry of the kernel's layer table, the index of the layer input that fills it; throws
+// KernelJsonError when the kernel's Params or layer table has an entry the plugin cannot fill.
+inline std::vector<int> layer_table_inputs(const KernelSpec& k) {
+  for (const auto& f : k.params.fields) {
+    bool known = false;
+    for (const char* name : kParamsFilled) known = known || f.name == name;
+    if (!known) throw KernelJsonError("kernel.json: the kernel's Params field \"" + f.name + "\" is unknown to this "
+                                      "plugin; rebuild the plugin from the same trtllm_mk as the engine");
+  }
+  if (k.params.layer_fields.size() != static_cast<size_t>(kLayerFields))
+    throw KernelJsonError("kernel.json: the kernel's layer table has " + std::to_string(k.params.layer_fields.size()) +
+                          " entries, this plugin binds " + std::to_string(kLayerFields) + " per layer");
+  std::vector<int> order;
+  for (const auto& name : k.params.layer_fields) {
+    int f = 0;
+    while (f < kLayerFields && name != kLayerInputFields[f]) ++f;
+    if (f == kLayerFields) throw KernelJsonError("kernel.json: layer table entry \"" + name + "\" is unknown to this plugin");
+    order.push_back(f);
+  }
+  return order;
+}
 
 // Number of inputs the engine's kernel.json implies.
 inline int expected_num_inputs(const KernelSpec& k) { return kNumFixedInputs + kLayerFields * static_cast<int>(k.dims.L); }
@@ -108,6 +140,7 @@ class DecodeStepPlugin : public nvinfer1::IPluginV3,
   std::string engine_dir_;
   std::string kernel_json_text_;
   KernelSpec spec_;
+  std::vector<int> layer_order_;   // layer_table_inputs(spec_)
   nvinfer1::TensorRTPhase phase_;
   std::unique_ptr<DecodeState> state_;
   std::vector<nvinfer1::PluginField> serialized_fields_;

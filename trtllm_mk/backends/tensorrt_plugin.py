@@ -34,16 +34,13 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..errors import EngineError, UserError
+# the order of mk::LayerWeights and the entries a model family may lack
+from ..seam import LAYER_FIELD_NAMES, OPTIONAL_LAYER_FIELDS
 
 PLUGIN_NAME = "TrtllmMkDecodeStep"
 PLUGIN_VERSION = "1"
 PLUGIN_NAMESPACE = ""
 LIBRARY_NAME = "libtrtllm_mk_trt_plugin.so"
-# Order of mk::LayerWeights (= LAYER_FIELDS in runtime/megakernel.py, repeated here so that this module
-# imports without torch's CUDA parts); the last five may be absent from a model.
-LAYER_FIELD_NAMES = ("q", "k", "v", "o", "gate", "up", "down", "ln1", "ln2", "q_norm", "k_norm", "q_bias", "k_bias",
-                     "v_bias")
-OPTIONAL_LAYER_FIELDS = frozenset(("q_norm", "k_norm", "q_bias", "k_bias", "v_bias"))
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_LIBRARY = REPO_ROOT / "build" / "trt_plugin" / LIBRARY_NAME
 

@@ -31,7 +31,8 @@ def latency_stats(values_ms: list[float]) -> dict:
 def parse_args(argv):
     ap = argparse.ArgumentParser(prog="python -m trtllm_mk bench", description=__doc__.splitlines()[0])
     ap.add_argument("--engine", required=True, help="engine directory written by build")
-    ap.add_argument("--weights", default="random", help="HF checkpoint directory, or 'random' (default)")
+    ap.add_argument("--weights", help="HF checkpoint directory, or 'random' for random weights (default: the "
+                                      "checkpoint the engine was built from)")
     ap.add_argument("--input-len", type=int, default=512, help="prompt tokens per request")
     ap.add_argument("--output-len", type=int, default=128, help="generated tokens per request")
     ap.add_argument("--runs", type=int, default=5, help="timed runs, each filling every batch slot")

@@ -42,6 +42,11 @@ def build(cfg: DeploymentConfig, args: argparse.Namespace) -> int:
     from trtllm_mk.build import build_engine
     print(describe(cfg), end="")
     if getattr(args, "dry_run", False):
+        # the checks a build makes before its search: a compiler, and an output folder it may write
+        from trtllm_mk.codegen import find_nvcc
+        from trtllm_mk.engine_target import check_target
+        find_nvcc()
+        check_target(cfg.megakernel.output_dir)
         return 0
     print(f"\nsearching the decode schedule (budget {cfg.megakernel.search_budget_s:g} s, seed {cfg.megakernel.seed}) ...",
           flush=True)

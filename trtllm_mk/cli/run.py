@@ -22,7 +22,8 @@ def parse_args(argv):
                     help="a prompt (text when the checkpoint has a tokenizer, else token ids like '1 2 3'); "
                          "repeat for a batch")
     ap.add_argument("--max-new-tokens", type=int, default=32)
-    ap.add_argument("--weights", default="random", help="HF checkpoint directory, or 'random' (default)")
+    ap.add_argument("--weights", help="HF checkpoint directory, or 'random' for random weights (default: the "
+                                      "checkpoint the engine was built from)")
     ap.add_argument("--simulate", action="store_true", help="decode on the CPU executor instead of the GPU")
     ap.add_argument("--seed", type=int, default=0, help="seed of random weights")
     ap.add_argument("--chat", action="store_true", help="wrap each prompt as a user message in the chat template")
@@ -48,13 +49,13 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     from ..runtime.hybrid import HybridEngine
     from ..serve.scheduler import make_request
-    from ..serve.text import apply_chat_template, has_tokenizer, load_tokenizer
-    tok = load_tokenizer(args.weights) if has_tokenizer(args.weights) else None
+    from ..serve.text import apply_chat_template
+    eng = HybridEngine(args.engine, weights=args.weights, simulate=args.simulate, seed=args.seed)
+    tok = eng.tokenizer
     if args.chat:
         prompts = [apply_chat_template(tok, [{"role": "user", "content": p}]) for p in args.prompt]
     else:
         prompts = [tok.encode(p) if tok else _token_ids(p) for p in args.prompt]
-    eng = HybridEngine(args.engine, weights=args.weights, simulate=args.simulate, seed=args.seed)
     if len(prompts) > eng.batch:
         raise UserError(f"{len(prompts)} prompts but the engine was built for max_batch_size={eng.batch}")
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.sample_seed,

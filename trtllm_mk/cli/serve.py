@@ -19,9 +19,10 @@ from ..serve.text import INSTALL_HINT
 def parse_args(argv):
     ap = argparse.ArgumentParser(prog="python -m trtllm_mk serve", description=__doc__.splitlines()[0])
     ap.add_argument("--engine", required=True, help="engine directory written by build")
-    ap.add_argument("--weights", default="random",
-                    help="HF checkpoint directory (its tokenizer, chat template and generation_config.json "
-                         "are used), or 'random' (default; prompts are then token ids)")
+    ap.add_argument("--weights",
+                    help="HF checkpoint directory (its tokenizer, chat template and generation_config.json are "
+                         "used; default: the checkpoint the engine was built from), or 'random' (prompts are then "
+                         "token ids)")
     ap.add_argument("--simulate", action="store_true", help="decode on the CPU executor instead of the GPU")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)

@@ -1,5 +1,6 @@
-"""``verify``: re-check an engine directory: file integrity, schedule validity (deadlock and race
-freedom), and that the kernel layout matches the schedule.
+"""``verify``: re-check an engine directory: file integrity, one deployment in config, schedule and
+cubin (EngineDir.open), schedule validity (deadlock and race freedom), and that the kernel layout
+matches the schedule.
 
     python -m trtllm_mk verify --engine engines/h100_bs1
 """

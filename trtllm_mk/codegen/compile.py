@@ -8,6 +8,8 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import signal
+import struct
 import subprocess
 import tempfile
 from pathlib import Path
@@ -15,6 +17,24 @@ from pathlib import Path
 from ..errors import EngineError
 
 SUPPORTED_ARCHS = {"sm_80": "compute_80", "sm_89": "compute_89", "sm_90a": "compute_90a"}
+
+
+def cubin_sm(path: Path) -> int:
+    """The SM version a cubin's machine code is for, read from its ELF header (EM_CUDA; the version is
+    in e_flags: bits 8-15 from ELF ABI version 8 on, bits 0-7 before)."""
+    try:
+        head = Path(path).read_bytes()[:64]
+    except OSError as e:
+        raise EngineError(f"{path}: cannot be read ({e.strerror})") from None
+    if len(head) < 52 or head[:4] != b"\x7fELF" or head[4] != 2 or struct.unpack_from("<H", head, 18)[0] != 190:
+        raise EngineError(f"{path}: not a CUDA cubin (no 64-bit ELF for EM_CUDA); rebuild the engine")
+    flags = struct.unpack_from("<I", head, 48)[0]
+    return (flags >> 8) & 0xFF if head[8] >= 8 else flags & 0xFF
+
+
+def arch_sm(arch: str) -> int:
+    """sm_90a -> 90."""
+    return int(arch[3:5])
 
 
 def find_nvcc() -> str:
@@ -48,6 +68,36 @@ def nvcc_flags(arch: str, debug: bool = False) -> list[str]:
     return flags
 
 
+def _die_with_parent() -> None:
+    """In the compiler's process: receive SIGKILL when the build process dies (Linux), so a killed
+    build does not leave nvcc running."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _run_compiler(cmd: list[str]) -> tuple[int, str]:
+    """Run nvcc in a process group of its own; an exception here (Ctrl-C, SIGTERM turned into one by the
+    builder) kills the whole group (nvcc and the cicc / ptxas it started) before it propagates."""
+    # $TRTLLM_MK_NVCC_LAUNCHER: a command that runs the compiler (ccache, nice, ...), as CMake's
+    # CMAKE_CUDA_COMPILER_LAUNCHER; the tests use it to stand in a slow compiler
+    cmd = os.environ.get("TRTLLM_MK_NVCC_LAUNCHER", "").split() + cmd
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=_die_with_parent)
+    try:
+        _, stderr = proc.communicate()
+    except BaseException:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+        raise
+    return proc.returncode, stderr
+
+
 def compile_cubin(source: str, arch: str, out_path: Path | None = None, debug: bool = False) -> tuple[Path, str]:
     """Compile ``source`` for ``arch``; returns (cubin path, ptxas resource report). Cached."""
     nvcc = find_nvcc()
@@ -60,11 +110,11 @@ def compile_cubin(source: str, arch: str, out_path: Path | None = None, debug: b
             src = Path(tmp) / "megakernel.cu"
             src.write_text(source)
             tmp_out = Path(tmp) / "megakernel.cubin"
-            proc = subprocess.run([nvcc, *flags, "-o", str(tmp_out), str(src)], capture_output=True, text=True)
-            if proc.returncode != 0:
-                tail = "\n".join(proc.stderr.strip().splitlines()[-30:])
+            returncode, stderr = _run_compiler([nvcc, *flags, "-o", str(tmp_out), str(src)])
+            if returncode != 0:
+                tail = "\n".join(stderr.strip().splitlines()[-30:])
                 raise RuntimeError(f"nvcc failed for {arch} (this is a code-generation bug):\n{tail}")
-            report_path.write_text(proc.stderr)
+            report_path.write_text(stderr)
             shutil.move(str(tmp_out), cached)
     if out_path is not None:
         shutil.copyfile(cached, out_path)

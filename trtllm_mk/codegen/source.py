@@ -11,14 +11,17 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..graph import HEAD, LAYER, Kind, StepGraph, Task
+from ..graph import LAYER, Kind, StepGraph, Task
+from ..kinds import device_files
+from ..residual import FRAC_BITS as RESID_FRAC_BITS
 from ..schedule import Schedule
-from ..smem import ACT_PAD, MMA_ROWS, SLOT_PAD, attention_kv_ring, attention_scratch_bytes
+from ..seam import emit_cuda, task_args_init
+from ..smem import (SIG_SLOTS, SLOT_PAD, SmemLayout, activation_bytes, attention_kv_ring, geometries, kv_region_bytes,
+                    kv_ring_offset, smem_layout)
 
 KERNEL_NAME = "mk_decode_step"
 MAX_REFS = 4  # TaskArgs holds up to 4 waits and 4 signals
-SIG_SLOTS = 4  # signal queue entries between consumers and the signaller warp (mirror: mk_params.cuh)
-HEADER_ORDER = ["mk_common.cuh", "mk_params.cuh", "mk_gemv.cuh", "mk_attention.cuh", "mk_misc.cuh", "mk_kernel.cuh"]
+HEADER_ORDER = ["mk_common.cuh", "mk_params.cuh", "mk_gemv.cuh", "mk_kernel.cuh"]
 
 
 def device_source_dir() -> Path:
@@ -51,22 +54,30 @@ def _event_layout(graph: StepGraph) -> tuple[dict[str, int], list[int]]:
 
 
 def act_smem_bytes(graph: StepGraph) -> int:
-    """Resident activation (largest B x (K + ACT_PAD) bf16 GEMV input) or attention scratch, whichever
-    is larger."""
-    d, p = graph.dims, graph.plan
-    B = d["B"]
-    gemv = (max(d["H"], d["QD"] // p.o_ksplit, d["I"] // p.down_ksplit) + ACT_PAD) * B * 2
-    attn = attention_scratch_bytes(d["G"], d["d"], p.consumer_warps, B)
-    return max(gemv, attn)
+    """The activation region's need (unaligned): trtllm_mk/smem.py activation_bytes."""
+    d = graph.dims
+    return activation_bytes(d.hidden, d.q_dim, d.intermediate, d.group, d.head_dim, d.batch, graph.plan)
+
+
+def kernel_smem_layout(graph: StepGraph) -> SmemLayout:
+    """The kernel's shared-memory layout (emitted as the SMEM_* constants)."""
+    return smem_layout(graph.plan, graph.dims.batch, act_smem_bytes(graph))
 
 
 def kernel_smem_bytes(graph: StepGraph) -> int:
-    """Mirror of SMEM_TOTAL in mk_params.cuh."""
-    p, B = graph.plan, graph.dims["B"]
-    act = (act_smem_bytes(graph) + 127) // 128 * 128
-    bars = 2 * p.stages + 2 * SIG_SLOTS + 1   # ring full / empty, signal queue, the loader's chain hint
-    return (p.stages * (p.slot_bytes + SLOT_PAD) + act + 2 * p.consumer_warps * MMA_ROWS * B * 4 + 256 * 4
-            + bars * 8)
+    """Dynamic shared memory per CTA."""
+    return kernel_smem_layout(graph).total
+
+
+def _smem_constants(layout: SmemLayout, slot_stride: int) -> str:
+    """The shared-memory layout for the device (namespace mk): each region's offset and size."""
+    lines = ["namespace mk {", "// Dynamic shared memory: [ring][activation / attention scratch][red][scratch][mbarriers]",
+             f"constexpr int SLOT_STRIDE = {slot_stride};   // a ring slot: weights + row skew (SLOT_PAD)",
+             f"constexpr int SIG_SLOTS = {SIG_SLOTS};   // signal queue entries, consumers -> signaller warp"]
+    for r in layout.regions:
+        lines.append(f"constexpr size_t SMEM_{r.name.upper()}_AT = {r.offset}, SMEM_{r.name.upper()} = {r.size};")
+    lines += [f"constexpr size_t SMEM_TOTAL = {layout.total};", "}  // namespace mk"]
+    return "\n".join(lines) + "\n"
 
 
 def _ref_expr(graph: StepGraph, task: Task, ref, offsets: dict[str, int]) -> str:
@@ -92,9 +103,9 @@ def _task_call(graph: StepGraph, task: Task, offsets: dict[str, int], prev: Task
 
 def _task_args(layer: str, task: Task, group: int, split: int, tile: int, stage: int, w: list[str], nw: int,
                s: list[str], ns: int) -> str:
-    """An mk::TaskArgs initializer (field order of mk_params.cuh TaskArgs)."""
-    return (f"mk::TaskArgs{{{layer}, {task.r0}, {task.r1}, {task.k0}, {task.k1}, {group}, {split}, {tile}, {stage}, "
-            f"{nw}, {{{', '.join(w)}}}, {ns}, {{{', '.join(s)}}}}}")
+    """An mk::TaskArgs initializer (trtllm_mk/seam.py TASK_ARGS)."""
+    return task_args_init(dict(layer=layer, r0=task.r0, r1=task.r1, k0=task.k0, k1=task.k1, group=group, split=split,
+                               tile=tile, stage=stage, nw=nw, w=w, ns=ns, s=s))
 
 
 def _prefetch_call(task: Task) -> str:
@@ -104,14 +115,38 @@ def _prefetch_call(task: Task) -> str:
     return f"c = mk::prefetch_next_step<mk::{task.kind.name}>(c, {_task_args('0', task, 0, 0, 0, 0, none, 0, none, 0)});"
 
 
-def _inline_headers() -> str:
+def _host_model_checks(schedule: Schedule, kv_cap: int) -> str:
+    """static_asserts, after the device headers, that the ring arithmetic the host models (slot
+    geometry per GEMV kind, the ATTN K/V skew) is the device's, for this kernel's constants."""
+    d = schedule.graph().dims
+    out = ["// ===== the host's ring model (trtllm_mk/smem.py) against the device's =====", "namespace host_model {"]
+    for kind, g in geometries(schedule.spec, schedule.plan).items():
+        k = kind.name
+        out.append(f"using {k} = mk::Geometry<mk::KindTraits<mk::{k}>::KT, mk::KindTraits<mk::{k}>::PAIR>;")
+        out.append(f"static_assert({k}::NKC == {g.pieces} && {k}::KC == {g.k_chunk} && {k}::RS == {g.rows_per_slot}, "
+                   f"\"{k} ring geometry: smem.py slot_geometry\");")
+    out.append(f"static_assert(mk::KV_REGION == {kv_region_bytes(d.head_dim, kv_cap)}, "
+               f"\"ATTN K/V region: smem.py kv_region_bytes\");")
+    for u in sorted({0, 7, 8, 63, 64, kv_cap - 1}):
+        out.append(f"static_assert(mk::kv_ring_offset({u}) == {kv_ring_offset(u, d.head_dim)}, "
+                   f"\"ATTN K/V skew: smem.py kv_ring_offset\");")
+    out.append("}  // namespace host_model")
+    return "\n".join(out) + "\n"
+
+
+def _inline_headers(smem: SmemLayout, slot_stride: int) -> str:
     out = []
     src = device_source_dir()
-    for name in HEADER_ORDER:
-        text = (src / name).read_text()
+    # the kinds' device files (trtllm_mk.kinds.device_files) go between the shared headers and the kernel
+    for path in [src / n for n in HEADER_ORDER[:-1]] + device_files() + [src / HEADER_ORDER[-1]]:
+        name, text = path.name, path.read_text()
         text = re.sub(r'^#pragma once\s*$', "", text, flags=re.M)
         text = re.sub(r'^#include "mk_[a-z_]+\.cuh"\s*$', "", text, flags=re.M)
         out.append(f"// ===== {name} =====\n{text}")
+        if name == "mk_common.cuh":   # the interface declarations follow the shared basics
+            out.append(f"// ===== trtllm_mk/seam.py (generated) =====\n{emit_cuda()}")
+            out.append(f"// ===== shared-memory layout (trtllm_mk/smem.py smem_layout) =====\n"
+                       f"{_smem_constants(smem, slot_stride)}")
     return "\n".join(out)
 
 
@@ -124,29 +159,31 @@ def generate_source(schedule: Schedule, tokens_per_block: int, max_seq_len: int,
     an ATTN task's trace mark is taken), emitted before them."""
     graph = schedule.graph()
     d, p, spec = graph.dims, graph.plan, schedule.spec
-    if d["d"] % 32:
-        raise ValueError(f"head_dim {d['d']} must be a multiple of 32 for the megakernel")
+    if d.head_dim % 32:
+        raise ValueError(f"head_dim {d.head_dim} must be a multiple of 32 for the megakernel")
     offsets, counts = _event_layout(graph)
-    smem = kernel_smem_bytes(graph)
-    trace_tasks = max((len(pr.head) + d["L"] * len(pr.layer) + len(pr.tail) for pr in schedule.programs), default=0)
+    smem_map = kernel_smem_layout(graph)
+    smem = smem_map.total
+    trace_tasks = max((len(pr.head) + d.layers * len(pr.layer) + len(pr.tail) for pr in schedule.programs), default=0)
     lines = [
         "// Generated by trtllm_mk.codegen from schedule.json: do not edit.",
-        f"// model {spec.name} ({spec.family}), batch {d['B']}, {schedule.num_sms} SMs, GPU {schedule.gpu}",
+        f"// model {spec.name} ({spec.family}), batch {d.batch}, {schedule.num_sms} SMs, GPU {schedule.gpu}",
         "#include <cuda_bf16.h>",
         "#include <stdint.h>",
         "#define MK_USE_BULK_COPY 1" if use_bulk_copy else "// weight ring filled with cp.async (no bulk copy engine)",
         "#define MK_EMPTY_ARRIVE_ALL_LANES 1" if sanitizer_sync else "// ring slots released by lane 0 of each consumer warp",
-        *(f"#define {name} {value}" for name, _, value in (d.partition("=") for d in defines)),
+        *(f"#define {name} {value}" for name, _, value in (m.partition("=") for m in defines)),
         "namespace cfg {",
     ]
-    kv_slots, kv_cap = attention_kv_ring(d["d"], p.slot_bytes, d["S"], d["context_len"])
-    consts = dict(B=d["B"], L=d["L"], H=d["H"], I=d["I"], V=d["V"], NH=d["nh"], NKV=d["nkv"], D=d["d"], G=d["G"],
-                  S=d["S"], GR=d["GR"], QKVR=d["QKVR"], QD=d["QD"], TPB=tokens_per_block, HISTORY_LEN=max_seq_len,
+    kv_slots, kv_cap = attention_kv_ring(d.head_dim, p.slot_bytes, d.splits, d.context_len)
+    consts = dict(B=d.batch, L=d.layers, H=d.hidden, I=d.intermediate, V=d.vocab, NH=d.heads, NKV=d.kv_heads, D=d.head_dim, G=d.group,
+                  S=d.splits, GR=d.group_rows, QKVR=d.qkv_rows, QD=d.q_dim, TPB=tokens_per_block, HISTORY_LEN=max_seq_len,
                   NUM_SMS=schedule.num_sms, STAGES=p.stages, SLOT_BYTES=p.slot_bytes, CWARPS=p.consumer_warps,
-                  O_KSPLIT=p.o_ksplit, DOWN_KSPLIT=p.down_ksplit, N_LM_TILES=d["n_lm_tiles"],
+                  O_KSPLIT=p.o_ksplit, DOWN_KSPLIT=p.down_ksplit, N_LM_TILES=d.n_lm_tiles,
                   ACT_SMEM_BYTES=act_smem_bytes(graph), NUM_COUNTERS=len(counts), SLOT_PAD=SLOT_PAD,
                   TRACE_TASKS=max(1, trace_tasks), KV_SLOTS=kv_slots, KV_CAP=kv_cap,
-                  INFLIGHT=p.inflight_slots, INFLIGHT_CHAIN=p.inflight_chain, MAX_REFS=MAX_REFS)
+                  INFLIGHT=p.inflight_slots, INFLIGHT_CHAIN=p.inflight_chain, MAX_REFS=MAX_REFS,
+                  RESID_FRAC_BITS=RESID_FRAC_BITS)
     for k, v in consts.items():
         lines.append(f"constexpr int {k} = {v};")
     lines.append(f"constexpr bool QK_NORM = {'true' if spec.qk_norm else 'false'};")
@@ -157,7 +194,8 @@ def generate_source(schedule: Schedule, tokens_per_block: int, max_seq_len: int,
         lines.append(f"constexpr int EV_{name.upper()} = {off};")
     lines.append(f"__constant__ uint32_t EV_COUNT[{len(counts)}] = {{{', '.join(map(str, counts))}}};")
     lines.append("}  // namespace cfg")
-    lines.append(_inline_headers())
+    lines.append(_inline_headers(smem_map, p.slot_bytes + SLOT_PAD))
+    lines.append(_host_model_checks(schedule, kv_cap))
     lines.append("__device__ mk::Ctx run_program(mk::Ctx c) {")
     lines.append("  using mk::run_task;")
     lines.append("  switch (blockIdx.x) {")
@@ -183,7 +221,7 @@ def generate_source(schedule: Schedule, tokens_per_block: int, max_seq_len: int,
     lines.append("  return c;")
     lines.append("}")
     layout = KernelLayout(grid=schedule.num_sms, block=(p.consumer_warps + 2) * 32, smem_bytes=smem,
-                          event_offsets=offsets, num_counters=len(counts), n_lm_tiles=d["n_lm_tiles"],
+                          event_offsets=offsets, num_counters=len(counts), n_lm_tiles=d.n_lm_tiles,
                           history_len=max_seq_len, tokens_per_block=tokens_per_block,
                           trace_tasks=max(1, trace_tasks))
     return "\n".join(lines) + "\n", layout

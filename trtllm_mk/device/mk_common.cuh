@@ -1,5 +1,5 @@
 // Low-level building blocks of the megakernel: bf16 vectors, mbarriers, bulk copies, event counters.
-// Everything here is architecture plumbing; the task bodies live in mk_gemv/mk_attention/mk_misc.
+// Everything here is architecture plumbing; the task bodies live in mk_gemv.cuh (GEMV kinds) and trtllm_mk/kinds/*.cuh.
 #pragma once
 #include <cuda_bf16.h>
 #include <stdint.h>
@@ -16,22 +16,9 @@ typedef __nv_bfloat16 bf16;
 
 __device__ __forceinline__ float bf16_to_f(bf16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ bf16 f_to_bf16(float v) { return __float2bfloat16(v); }
-__device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16(v)); }
 
 // 16-byte vector of 8 bf16 values.
 struct __align__(16) bf16x8 { __nv_bfloat162 h[4]; };
-
-__device__ __forceinline__ float dot8(const bf16x8& w, const bf16x8& a) {
-  float s = 0.f;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    float2 wf = __bfloat1622float2(w.h[i]);
-    float2 af = __bfloat1622float2(a.h[i]);
-    s = fmaf(wf.x, af.x, s);
-    s = fmaf(wf.y, af.y, s);
-  }
-  return s;
-}
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -39,16 +26,28 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
 // Activations change during the kernel (other SMs write them), so they are read through L2 only
 // (ld.global.cg): a stale L1 line from an earlier layer would otherwise be served.
 __device__ __forceinline__ float ld_act(const float* p) { return __ldcg(p); }
 __device__ __forceinline__ int ld_act(const int* p) { return __ldcg(p); }
+
+// The residual stream is fixed point, int64 with cfg::RESID_FRAC_BITS fractional bits
+// (trtllm_mk/residual.py says why): K-split partial sums add into it in arrival order, and integer
+// addition makes that order invisible, so a step gives the same bits on every run.
+constexpr float RESID_SCALE = (float)(1ull << cfg::RESID_FRAC_BITS);
+constexpr float RESID_UNIT = 1.f / RESID_SCALE;
+__device__ __forceinline__ long long resid_fixed(float v) { return __float2ll_rn(v * RESID_SCALE); }
+__device__ __forceinline__ float resid_float(long long q) { return __ll2float_rn(q) * RESID_UNIT; }
+// Residual elements 4i .. 4i+3 of one batch row, read through L2 (see ld_act).
+__device__ __forceinline__ float4 ld_resid4(const long long* row, int i) {
+  const longlong2 lo = __ldcg(reinterpret_cast<const longlong2*>(row) + 2 * i);
+  const longlong2 hi = __ldcg(reinterpret_cast<const longlong2*>(row) + 2 * i + 1);
+  return make_float4(resid_float(lo.x), resid_float(lo.y), resid_float(hi.x), resid_float(hi.y));
+}
+// Add v to a residual element: a fire-and-forget reduction at L2 (no round trip stalls the warp).
+__device__ __forceinline__ void add_resid(long long* x, float v) {
+  atomicAdd(reinterpret_cast<unsigned long long*>(x), static_cast<unsigned long long>(resid_fixed(v)));
+}
 
 __device__ __forceinline__ uint64_t globaltimer() {
   uint64_t t;
@@ -174,8 +173,7 @@ __device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
 }
 // Everything the ring carries (weights, cached K/V) is read once per step: copied with an L2
 // evict-first policy it does not displace what L2 holds for the dependency chain (activations,
-// counters, the kernel's code). Measured on H100 (benchmarks/NOTES.md, v9): weights 1B -1%, 8B -1.5%,
-// Qwen3-8B -2.4%; K/V at context 8192 1B b4 -7%, 8B b1 -1.6%.
+// counters, the kernel's code); benchmarks/NOTES.md has the measurements.
 __device__ __forceinline__ uint64_t evict_first_policy() {
   uint64_t pol;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
@@ -217,8 +215,8 @@ __device__ __forceinline__ void signal_event(uint32_t* p) {
   asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(p) : "memory");
 }
 
-struct ErrorInfo {      // written by a timed-out waiter before it traps
-  uint32_t code;        // 1: event wait timed out
+struct ErrorInfo {      // the first fault of a step (the host reads it after the step)
+  uint32_t code;        // 1: event wait timed out (the waiter traps); 2: a row's logits are all NaN / -inf
   uint32_t sm;
   uint32_t event_index; // flat counter index
   uint32_t target;

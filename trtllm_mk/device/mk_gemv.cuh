@@ -7,8 +7,6 @@
 
 namespace mk {
 
-enum Kind { EMBED = 0, QKV = 1, ATTN = 2, COMBINE = 3, OPROJ = 4, GATEUP = 5, DOWN = 6, LMHEAD = 7, ARGMAX = 8 };
-
 constexpr int CTHREADS = cfg::CWARPS * 32;
 static_assert(cfg::CWARPS * cfg::B <= 128, "scratch holds one partial (and one index) per consumer warp and batch row");
 
@@ -125,8 +123,8 @@ __device__ void gemv_load(Ctx& c, const TaskArgs& a) {
 // consumer warp 0 prefetches the weights its loader streams first in the next step (its first GEMV
 // task of layer 0, up to a ring's worth), and ARGMAX the next token's embedding row. The step's tail
 // (the LM head's uneven end, ARGMAX, the launch gap) leaves HBM mostly idle, and the next step starts
-// with an empty ring: its first QKV and EMBED then read L2 (H100: 1B -3..5 us, 8B shapes -20..29 us
-// per step; benchmarks/NOTES.md, v13). sm_90 bulk-copy path only; MK_PREFETCH_NEXT=0 turns it off.
+// with an empty ring: its first QKV and EMBED then read L2 (benchmarks/NOTES.md has the measurements).
+// sm_90 bulk-copy path only; MK_PREFETCH_NEXT=0 turns it off.
 #ifndef MK_PREFETCH_NEXT
 #define MK_PREFETCH_NEXT 1
 #endif
@@ -244,11 +242,11 @@ __device__ void stage_activation(Ctx& c, const TaskArgs& a) {
 #pragma unroll
       for (int b = 0; b < cfg::B; ++b) {
         ss[b] = 0.f;
-        const float4* xb = reinterpret_cast<const float4*>(p.x + (size_t)b * cfg::H);
+        const long long* xb = p.x + (size_t)b * cfg::H;
 #pragma unroll
         for (int j = 0; j < VPT; ++j) {
           const int i = tid + j * CTHREADS;
-          xv[b][j] = (FULL || i < H4) ? __ldcg(xb + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+          xv[b][j] = (FULL || i < H4) ? ld_resid4(xb, i) : make_float4(0.f, 0.f, 0.f, 0.f);
           const float4 v = xv[b][j];
           ss[b] = fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, ss[b]))));
         }
@@ -267,12 +265,12 @@ __device__ void stage_activation(Ctx& c, const TaskArgs& a) {
 #pragma unroll
       for (int b = 0; b < cfg::B; ++b) {
         ss[b] = 0.f;
-        const float4* xb = reinterpret_cast<const float4*>(p.x + (size_t)b * cfg::H);
+        const long long* xb = p.x + (size_t)b * cfg::H;
 #pragma unroll
         for (int j = 0; j < VPT; ++j) {
           const int i = tid + j * CTHREADS;
           if (FULL || i < H4) {
-            const float4 v = __ldcg(xb + i);
+            const float4 v = ld_resid4(xb, i);
             ss[b] = fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, ss[b]))));
           }
         }
@@ -285,7 +283,7 @@ __device__ void stage_activation(Ctx& c, const TaskArgs& a) {
           const float4 w = load_norm_w4(nw, i);
 #pragma unroll
           for (int b = 0; b < cfg::B; ++b)
-            store_act4<KIND>(c, b, i, norm4(__ldcg(reinterpret_cast<const float4*>(p.x + (size_t)b * cfg::H) + i), ss[b], w));
+            store_act4<KIND>(c, b, i, norm4(ld_resid4(p.x + (size_t)b * cfg::H, i), ss[b], w));
         }
       }
     }
@@ -333,9 +331,8 @@ __device__ __forceinline__ void gemv_epilogue(const Params& p, const TaskArgs& a
     }
     p.qkv[(size_t)b * cfg::QKVR + r] = v;
   } else if constexpr (KIND == OPROJ || KIND == DOWN) {
-    // A fire-and-forget reduction at L2: no round trip stalls the warp (a load-add-store would), and
-    // K-split partials accumulate in place. With one writer per element the result is deterministic.
-    atomicAdd(p.x + (size_t)b * cfg::H + r, v);
+    // K-split partials accumulate in place, in fixed point: the same sum in every arrival order
+    add_resid(p.x + (size_t)b * cfg::H + r, v);
   } else if constexpr (KIND == GATEUP) {
     p.act[(size_t)b * cfg::I + r] = silu(v) * v_up;
   } else {

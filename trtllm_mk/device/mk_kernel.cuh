@@ -4,8 +4,8 @@
 // `run_program(Ctx)`, each SM's static task list; this header supplies everything else. The layout of
 // shared memory and the per-thread context are in mk_params.cuh.
 #pragma once
-#include "mk_attention.cuh"
-#include "mk_misc.cuh"
+#include "mk_gemv.cuh"
+// (codegen inlines the kinds' device files, trtllm_mk/kinds/*.cuh, before this header)
 
 namespace mk {
 
@@ -145,7 +145,7 @@ mk_decode_step(const __grid_constant__ mk::Params p) {
   __syncthreads();
   c = run_program(c);
   if (c.tracing && (threadIdx.x == 0 || (c.loader() && c.lane() == 0))) {
-    uint64_t* r = p.trace + (size_t)gridDim.x * cfg::TRACE_TASKS * mk::TRACE_WORDS + (size_t)blockIdx.x * 4;
+    uint64_t* r = p.trace + (size_t)gridDim.x * cfg::TRACE_TASKS * mk::TRACE_WORDS + (size_t)blockIdx.x * mk::TRACE_SM_WORDS;
     if (c.loader()) { r[0] = c.loader_blocked; r[1] = mk::globaltimer(); }
     else { r[2] = mk::globaltimer(); r[3] = 0; }
   }

@@ -1,85 +1,25 @@
-// Kernel parameters (passed by value as a __grid_constant__) and the per-CTA execution context.
-// The host side that fills Params is trtllm_mk/runtime/megakernel.py (field order = PARAM_FIELDS there).
+// The per-CTA execution context and the shared-memory layout. The interface declarations (Kind,
+// LayerWeights, Params, TaskArgs, TRACE_WORDS) are generated from trtllm_mk/seam.py ahead of this file.
 #pragma once
 #include "mk_common.cuh"
 
 namespace mk {
 
-// Device pointers of one layer's weights, HF layouts ([out, in] row-major), read in place.
-struct LayerWeights {
-  const bf16 *q, *k, *v, *o, *gate, *up, *down;
-  const bf16 *ln1, *ln2;                 // input_layernorm, post_attention_layernorm
-  const bf16 *q_norm, *k_norm;           // qwen3 QK-norm (null otherwise)
-  const bf16 *q_bias, *k_bias, *v_bias;  // qwen2 (null otherwise)
-};
-
-struct Params {
-  const LayerWeights* layers;  // [L], device array
-  const bf16* embed;           // [V, H]
-  const bf16* final_norm;      // [H]
-  const bf16* lm_head;         // [V, H] (the embedding when tied)
-  const float* inv_freq;       // [D/2] RoPE inverse frequencies (llama3 scaling applied on the host)
-  float* x;                    // [B, H] residual stream
-  float* qkv;                  // [B, QKVR] grouped q/k/v projection
-  float* part_o;               // [B, NKV, S, G, D] attention partials
-  float* part_ml;              // [B, NKV, S, G, 2] (max, sum of exp)
-  float* attn_out;             // [B, NH*D]
-  float* act;                  // [B, I] silu(gate) * up
-  float* logits;               // [B, V]
-  float* lm_val;               // [B, N_LM_TILES]
-  int* lm_idx;                 // [B, N_LM_TILES]
-  int* tokens;                 // [B] in: this step's token; out: the next token
-  int* pos;                    // [B] position of this step's token; advanced by the step
-  int* history;                // [B, HISTORY_LEN] history[b, pos+1] = generated token
-  bf16* kv_pool;               // [L, num_blocks, 2, NKV, TPB, D]
-  const int* block_table;      // [B, block_table_stride]
-  uint32_t* counters;          // event counters (monotonic)
-  uint32_t* control;           // [0] step (monotonic, advanced by the step's ARGMAX), [1..3] unused
-  ErrorInfo* error;
-  int64_t num_blocks;          // blocks per layer in kv_pool
-  int64_t block_table_stride;
-  // Optional per-task timeline (null: off). Per SM and task of the step, TRACE_WORDS words: consumer
-  // thread 0 writes globaltimer ns at [task start, waits satisfied, activation staged, signalled] and
-  // [4] the ns it waited for ring slots to fill; loader lane 0 writes [5] when it reached the task,
-  // [6] when it had issued the task's last copy, [7] the ns of that span it waited for a free slot;
-  // consumer thread 0 again: [8] reduction done (before the output stores), [9] about to hand the
-  // task's events to the signaller warp; [10] the signaller published them (0: the task has none).
-  // After the TRACE_TASKS x TRACE_WORDS words of every SM, one row of 4 per SM holds [loader ns
-  // blocked on a full ring, loader done, consumers done, 0]. Read by trtllm_mk/runtime/trace.py.
-  uint64_t* trace;
-};
-
-constexpr int TRACE_WORDS = 11;  // per task (mirror: trtllm_mk/runtime/trace.py TRACE_WORDS)
-
-struct TaskArgs {
-  int layer, r0, r1, k0, k1, group, split, tile;
-  int stage;      // GEMV kinds: 1 = stage the activation, 0 = reuse the previous task's (same input)
-  int nw, w[cfg::MAX_REFS];   // flat counter indices to wait on
-  int ns, s[cfg::MAX_REFS];   // flat counter indices to signal
-};
-
-// Shared-memory layout (dynamic): [ring][activation / attention scratch][red][scratch][mbarriers]
-constexpr int SLOT_STRIDE = cfg::SLOT_BYTES + cfg::SLOT_PAD;   // a ring slot: weights + row skew (mk_gemv.cuh)
-constexpr size_t SMEM_RING = (size_t)cfg::STAGES * SLOT_STRIDE;
-constexpr size_t SMEM_ACT = ((size_t)cfg::ACT_SMEM_BYTES + 127) / 128 * 128;
-constexpr size_t SMEM_RED = (size_t)2 * cfg::CWARPS * 16 * cfg::B * sizeof(float);
-constexpr size_t SMEM_SCRATCH = 256 * sizeof(float);   // values [0, 128) and indices [128, 256)
-// Signals in flight between the consumers and the signaller warp. Publishing an event costs a GPU-scope
-// release (a memory barrier that waits until the SM's stores are acknowledged: ~0.7 us idle, 1.3-4 us
-// while the loaders stream; benchmarks/micro/ring_stream.cu). The consumers hand each finished task to
-// the signaller through a small mbarrier queue and go on with their next task at once.
-constexpr int SIG_SLOTS = 4;
-constexpr size_t SMEM_BARS = (2 * cfg::STAGES + 2 * SIG_SLOTS + 1) * sizeof(uint64_t);   // + the chain hint
-constexpr size_t SMEM_TOTAL = SMEM_RING + SMEM_ACT + SMEM_RED + SMEM_SCRATCH + SMEM_BARS;
-constexpr size_t SMEM_BARS_AT = SMEM_RING + SMEM_ACT + SMEM_RED + SMEM_SCRATCH;
+// The shared-memory layout (SLOT_STRIDE, SIG_SLOTS, SMEM_<region>_AT / SMEM_<region>) is generated from
+// trtllm_mk/smem.py smem_layout ahead of this file. The consumers hand each finished task to the
+// signaller warp through a queue of SIG_SLOTS mbarrier pairs and go on with their next task at once:
+// publishing an event is a GPU-scope release, which waits until the SM's stores are acknowledged.
+static_assert(SMEM_RING == (size_t)cfg::STAGES * SLOT_STRIDE && SMEM_ACT >= (size_t)cfg::ACT_SMEM_BYTES &&
+                  SMEM_RED == (size_t)2 * cfg::CWARPS * 16 * cfg::B * sizeof(float) &&
+                  SMEM_BARS == (2 * cfg::STAGES + 2 * SIG_SLOTS + 1) * sizeof(uint64_t),
+              "shared-memory layout and cfg disagree");
 
 extern __shared__ __align__(128) unsigned char smem[];   // the kernel's dynamic shared memory
 
 // Per-thread execution context, passed by value into each task and returned (mk_kernel.cuh run_task),
-// so it lives in registers: a Ctx in memory (a reference into a non-inlined task) sat in local memory,
-// ~30 loads and 8 stores per warp and task, which took the L1 that deeper rings need (ncu, H100:
-// local-load L1 misses 0.1% / 2.3% / 33% at 4 / 5 / 6 ring stages; benchmarks/NOTES.md, v11). What
-// is fixed per thread (role, lane, shared-memory regions) is derived, not stored.
+// so it lives in registers: a Ctx in memory (a reference into a non-inlined task) sits in local memory,
+// whose loads and stores take the L1 that deeper rings need (benchmarks/NOTES.md). What is fixed per
+// thread (role, lane, shared-memory regions) is derived, not stored.
 // The loader warp and the consumer warps walk the same static task list and count ring slots
 // identically, so no slot bookkeeping crosses roles.
 struct Ctx {
@@ -101,11 +41,11 @@ struct Ctx {
   // the weight ring: STAGES slots of SLOT_STRIDE bytes
   __device__ __forceinline__ unsigned char* ring() const { return smem; }
   // resident bf16 activation of the current GEMV (also attention scratch)
-  __device__ __forceinline__ bf16* act() const { return reinterpret_cast<bf16*>(smem + SMEM_RING); }
+  __device__ __forceinline__ bf16* act() const { return reinterpret_cast<bf16*>(smem + SMEM_ACT_AT); }
   // [2][CWARPS][B] cross-warp partial sums (double-buffered by row group)
-  __device__ __forceinline__ float* red() const { return reinterpret_cast<float*>(smem + SMEM_RING + SMEM_ACT); }
+  __device__ __forceinline__ float* red() const { return reinterpret_cast<float*>(smem + SMEM_RED_AT); }
   __device__ __forceinline__ float* scratch() const {   // small reductions
-    return reinterpret_cast<float*>(smem + SMEM_RING + SMEM_ACT + SMEM_RED);
+    return reinterpret_cast<float*>(smem + SMEM_SCRATCH_AT);
   }
   // [STAGES] loader -> consumers: slot holds its weights
   __device__ __forceinline__ uint64_t* full() const { return reinterpret_cast<uint64_t*>(smem + SMEM_BARS_AT); }
@@ -126,8 +66,8 @@ struct Ctx {
   // Every outstanding copy lengthens the queue that the dependency chain's L2 round trips (polls,
   // staging loads, releases) wait in, and beyond ~2 x 32 KB per SM more copies in flight add no
   // bandwidth; so cap = INFLIGHT while the consumers stream weights and INFLIGHT_CHAIN while they are
-  // on the chain (chain_hint). Measured on H100: benchmarks/NOTES.md, v9. The cp.async path (sm_80 /
-  // sm_89) is not throttled: it was never measured there.
+  // on the chain (chain_hint); the measurements are in benchmarks/NOTES.md. The cp.async path (sm_80 /
+  // sm_89) is not throttled: it has not been measured there.
   __device__ __forceinline__ void loader_throttle(uint32_t n) {
 #if defined(MK_USE_BULK_COPY)
     uint32_t cap = cfg::INFLIGHT;

@@ -18,8 +18,9 @@ Event granularity per edge follows producer and consumer partitions:
 from __future__ import annotations
 
 from ..errors import ModelError
+from ..model.families import FAMILIES
 from ..model.spec import ModelSpec
-from .tasks import HEAD, LAYER, MAX_BATCH, TAIL, Access, Event, EventRef, Kind, StepGraph, Task, TilePlan
+from .tasks import HEAD, LAYER, MAX_BATCH, TAIL, Access, Dims, Event, EventRef, Kind, StepGraph, Task, TilePlan
 
 
 def _tiles(n: int, size: int) -> list[tuple[int, int]]:
@@ -53,150 +54,78 @@ def check_plan(spec: ModelSpec, plan: TilePlan) -> None:
                          f"({plan.inflight_slots})")
 
 
+class Lowering:
+    """What a kind's ``lower`` reads: the shapes of the model at the batch and the tile plan."""
+
+    def __init__(self, spec: ModelSpec, batch: int, plan: TilePlan, context_len: int):
+        self.spec, self.plan, self.context_len = spec, plan, context_len
+        self.B, self.L = batch, spec.num_layers
+        self.H, self.I, self.V = spec.hidden_size, spec.intermediate_size, spec.vocab_size
+        self.nh, self.nkv, self.d, self.G = spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.group_size
+        self.S = plan.attn_splits
+        self.wb = spec.dtype_bytes
+        self.GR = (self.G + 2) * self.d      # qkv rows per KV group
+        self.QKVR = self.nkv * self.GR
+        self.QD = self.nh * self.d
+        self.groups_per_chunk = self.nkv // plan.o_ksplit   # KV groups per OPROJ K-chunk
+        self.lm_tiles = _tiles(self.V, plan.lm_rows)
+
+    tiles = staticmethod(_tiles)
+
+    def partials(self, g0: int, g1: int) -> tuple[Access, Access]:
+        """The S split partials of KV groups [g0, g1)."""
+        S, G, d = self.S, self.G, self.d
+        return (Access("part_o", g0 * S * G * d, g1 * S * G * d), Access("part_ml", g0 * S * G * 2, g1 * S * G * 2))
+
+
+def derive_events(head: list[Task], layer: list[Task], tail: list[Task], num_layers: int) -> dict[str, Event]:
+    """Event tensors from the tasks' signals: a slot's count is how many tasks signal it per step
+    (a LAYER task's relative row ``i`` is row ``layer + i`` of every layer). An event that a LAYER
+    task signals or waits on has a row per layer (plus the rows its relative indices reach); the
+    others have as many rows as their references reach."""
+    L = num_layers
+    refs: dict[str, list[tuple[str, EventRef]]] = {}
+    for phase, tasks in ((HEAD, head), (LAYER, layer), (TAIL, tail)):
+        for t in tasks:
+            for r in t.waits + t.signals:
+                refs.setdefault(r.event, []).append((phase, r))
+    events = {}
+    for name in sorted(refs):
+        per_layer = any(phase == LAYER for phase, _ in refs[name])
+        rows = max((L + r.index if phase == LAYER else r.index + 1) for phase, r in refs[name])
+        slots = max(r.slot for _, r in refs[name]) + 1
+        counts = [[0] * slots for _ in range(rows)]
+        for phase, tasks in ((HEAD, head), (LAYER, layer), (TAIL, tail)):
+            for t in tasks:
+                for r in t.signals:
+                    if r.event != name:
+                        continue
+                    for row in ([layer_i + r.index for layer_i in range(L)] if phase == LAYER else [r.index]):
+                        counts[row][r.slot] += 1
+        events[name] = Event(name, rows, slots, tuple(tuple(c) for c in counts), per_layer)
+    return events
+
+
 def build_step_graph(spec: ModelSpec, batch: int, plan: TilePlan, context_len: int = 512) -> StepGraph:
-    """The task graph of one decode step. ``context_len`` only feeds the cost estimates of ATTN."""
+    """The task graph of one decode step: each kind of the family's step lowers itself into tasks
+    (trtllm_mk.kinds, model.families); the event tensors follow from the tasks' signals. ``context_len`` only feeds
+    the cost estimates of ATTN."""
     check_model_supported(spec)
     check_plan(spec, plan)
     if not 1 <= batch <= MAX_BATCH:
         raise ValueError(f"batch {batch}: the megakernel decodes 1 to {MAX_BATCH} sequences per step")
-    B, L = batch, spec.num_layers
-    H, I, V = spec.hidden_size, spec.intermediate_size, spec.vocab_size
-    nh, nkv, d, G = spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.group_size
-    S = plan.attn_splits
-    wb = spec.dtype_bytes
-    GR = (G + 2) * d                      # qkv rows per KV group
-    QKVR = nkv * GR
-    QD = nh * d
-
-    # ---------------- head: embedding lookup ------------------------------------------------
-    erows = plan.embed_rows or 1024
-    head = [Task(Kind.EMBED, HEAD, i, r0=a, r1=b,
-                 signals=(EventRef("resid_ready", 0, 0),),
-                 reads=(Access("tokens", 0, 1),), writes=(Access("x", a, b),),
-                 act_bytes=B * (b - a) * (wb + 4))
-            for i, (a, b) in enumerate(_tiles(H, erows))]
-
-    layer: list[Task] = []
-
-    def add(**kw) -> None:
-        layer.append(Task(phase=LAYER, index=len(layer), **kw))
-
-    # ---------------- QKV (norm + projection); q/k-norm and RoPE happen in ATTN -------------
-    qkv_tiles = _tiles(QKVR, plan.qkv_rows)
-    qkv_counts = [0] * nkv
-    for a, b in qkv_tiles:
-        groups = range(a // GR, (b - 1) // GR + 1)
-        for g in groups:
-            qkv_counts[g] += 1
-        # With a K-split OPROJ, a chunk may add into x as soon as its own heads are combined, while
-        # QKV tiles of other groups still read x for their norm: qkv_all orders every OPROJ after
-        # every QKV (without K-split the single combine_done slot already implies it).
-        all_sig = (EventRef("qkv_all", 0, 0),) if plan.o_ksplit > 1 else ()
-        add(kind=Kind.QKV, r0=a, r1=b, k0=0, k1=H,
-            waits=(EventRef("resid_ready", 0, 0),),
-            signals=tuple(EventRef("qkv_done", 0, g) for g in groups) + all_sig,
-            reads=(Access("x", 0, H),), writes=(Access("qkv", a, b),),
-            weight_bytes=(b - a) * H * wb, act_bytes=B * (H * 4 + (b - a) * 4), flops=2 * B * (b - a) * H)
-
-    # ---------------- split-KV attention and combine, per KV group ---------------------------
-    ctx_chunk = -(-context_len // S)
-    o_chunk = QD // plan.o_ksplit
-    groups_per_chunk = nkv // plan.o_ksplit
-    for g in range(nkv):
-        for s in range(S):
-            part = (g * S + s) * G
-            done = EventRef("attn_done", 0, g // groups_per_chunk if plan.o_merge else g)
-            add(kind=Kind.ATTN, group=g, split=s,
-                waits=(EventRef("qkv_done", 0, g),), signals=(done,),
-                reads=(Access("qkv", g * GR, (g + 1) * GR), Access("pos", 0, 1),
-                       Access("kv", g * S + s, g * S + s + 1, layer=0)),
-                writes=(Access("kv", g * S + s, g * S + s + 1, layer=0),
-                        Access("part_o", part * d, (part + G) * d), Access("part_ml", part * 2, (part + G) * 2)),
-                act_bytes=B * (ctx_chunk * 2 * d * 2 + GR * 4 + G * (d + 2) * 4),
-                flops=4 * B * ctx_chunk * G * d)
-
-    def partials(g0: int, g1: int) -> tuple[Access, Access]:   # the S split partials of groups [g0, g1)
-        return (Access("part_o", g0 * S * G * d, g1 * S * G * d), Access("part_ml", g0 * S * G * 2, g1 * S * G * 2))
-
-    if not plan.o_merge:
-        for g in range(nkv):
-            add(kind=Kind.COMBINE, group=g,
-                waits=(EventRef("attn_done", 0, g),), signals=(EventRef("combine_done", 0, g // groups_per_chunk),),
-                reads=partials(g, g + 1), writes=(Access("attn_out", g * G * d, (g + 1) * G * d),),
-                act_bytes=B * (S * G * (d + 2) * 4 + G * d * 4), flops=3 * B * S * G * d)
-
-    # ---------------- O projection + residual (optionally K-split by head groups) -----------
-    o_tiles = _tiles(H, plan.o_rows)
-    for a, b in o_tiles:
-        for c in range(plan.o_ksplit):
-            k0, k1 = c * o_chunk, (c + 1) * o_chunk
-            split = plan.o_ksplit > 1
-            if plan.o_merge:   # the chunk's heads merged from the split partials while staging
-                ready = EventRef("attn_done", 0, c)
-                source = partials(c * groups_per_chunk, (c + 1) * groups_per_chunk)
-                staged = S * (k1 - k0) // d * (d + 2) * 4
-            else:
-                ready, source, staged = EventRef("combine_done", 0, c), (Access("attn_out", k0, k1),), (k1 - k0) * 4
-            # qkv_all first: it is long satisfied when the task starts waiting, so its round trip
-            # overlaps the wait for the chunk's heads instead of following it on the chain
-            add(kind=Kind.OPROJ, r0=a, r1=b, k0=k0, k1=k1,
-                waits=((EventRef("qkv_all", 0, 0),) if split else ()) + (ready,),
-                signals=(EventRef("oproj_done", 0, 0),),
-                reads=source + (() if split else (Access("x", a, b),)),
-                writes=(Access("x", a, b, add=split),),
-                weight_bytes=(b - a) * (k1 - k0) * wb, act_bytes=B * (staged + (b - a) * 8),
-                flops=2 * B * (b - a) * (k1 - k0))
-
-    # ---------------- norm + gate/up + SiLU*mul ---------------------------------------------
-    gu_tiles = _tiles(I, plan.gateup_rows)
-    for a, b in gu_tiles:
-        add(kind=Kind.GATEUP, r0=a, r1=b, k0=0, k1=H,
-            waits=(EventRef("oproj_done", 0, 0),), signals=(EventRef("gateup_done", 0, 0),),
-            reads=(Access("x", 0, H),), writes=(Access("act", a, b),),
-            weight_bytes=2 * (b - a) * H * wb, act_bytes=B * (H * 4 + (b - a) * 4), flops=4 * B * (b - a) * H)
-
-    # ---------------- down + residual (optionally K-split) ----------------------------------
-    d_tiles = _tiles(H, plan.down_rows)
-    d_chunk = I // plan.down_ksplit
-    for a, b in d_tiles:
-        for c in range(plan.down_ksplit):
-            k0, k1 = c * d_chunk, (c + 1) * d_chunk
-            split = plan.down_ksplit > 1   # K-split partials accumulate atomically; otherwise read-modify-write
-            add(kind=Kind.DOWN, r0=a, r1=b, k0=k0, k1=k1,
-                waits=(EventRef("gateup_done", 0, 0),), signals=(EventRef("resid_ready", 1, 0),),
-                reads=(Access("act", k0, k1),) + (() if split else (Access("x", a, b),)),
-                writes=(Access("x", a, b, add=split),),
-                weight_bytes=(b - a) * (k1 - k0) * wb, act_bytes=B * ((k1 - k0) * 4 + (b - a) * 8),
-                flops=2 * B * (b - a) * (k1 - k0))
-
-    # ---------------- tail: final norm + LM head + two-level argmax -------------------------
-    lm_tiles = _tiles(V, plan.lm_rows)
-    tail = [Task(Kind.LMHEAD, TAIL, i, r0=a, r1=b, k0=0, k1=H,
-                 waits=(EventRef("resid_ready", L, 0),), signals=(EventRef("lm_done", 0, 0),),
-                 reads=(Access("x", 0, H),), writes=(Access("logits", a, b), Access("lm_part", i, i + 1)),
-                 weight_bytes=(b - a) * H * wb, act_bytes=B * (H * 4 + (b - a) * 4), flops=2 * B * (b - a) * H)
-            for i, (a, b) in enumerate(lm_tiles)]
-    tail.append(Task(Kind.ARGMAX, TAIL, len(tail), waits=(EventRef("lm_done", 0, 0),),
-                     reads=(Access("lm_part", 0, len(lm_tiles)), Access("pos", 0, 1)),
-                     writes=(Access("tokens", 0, 1), Access("history", 0, 1)),
-                     act_bytes=B * len(lm_tiles) * 8))
-
-    n_down = len(d_tiles) * plan.down_ksplit
-    events = {
-        "resid_ready": Event("resid_ready", L + 1, 1, ((len(head),),) + ((n_down,),) * L, True),
-        "qkv_done": Event("qkv_done", L, nkv, (tuple(qkv_counts),) * L, True),
-        "attn_done": (Event("attn_done", L, plan.o_ksplit, ((S * groups_per_chunk,) * plan.o_ksplit,) * L, True)
-                      if plan.o_merge else Event("attn_done", L, nkv, ((S,) * nkv,) * L, True)),
-        "oproj_done": Event("oproj_done", L, 1, ((len(o_tiles) * plan.o_ksplit,),) * L, True),
-        "gateup_done": Event("gateup_done", L, 1, ((len(gu_tiles),),) * L, True),
-        "lm_done": Event("lm_done", 1, 1, ((len(lm_tiles),),), False),
-    }
-    if not plan.o_merge:
-        events["combine_done"] = Event("combine_done", L, plan.o_ksplit, ((groups_per_chunk,) * plan.o_ksplit,) * L,
-                                       True)
-    if plan.o_ksplit > 1:
-        events["qkv_all"] = Event("qkv_all", L, 1, ((len(qkv_tiles),),) * L, True)
-    dims = dict(B=B, L=L, H=H, I=I, V=V, nh=nh, nkv=nkv, d=d, G=G, S=S, GR=GR, QKVR=QKVR, QD=QD,
-                n_lm_tiles=len(lm_tiles), context_len=context_len)
-    return StepGraph(num_layers=L, batch=B, plan=plan, head=head, layer=layer, tail=tail,
+    c = Lowering(spec, batch, plan, context_len)
+    phases: dict[str, list[Task]] = {}
+    for phase, kind_names in FAMILIES[spec.family].step:   # the family composes the kinds
+        tasks: list[Task] = []
+        for kind in (Kind[n] for n in kind_names):
+            for kw in kind.module.lower(c):
+                tasks.append(Task(kind=kind, phase=phase, index=len(tasks), **kw))
+        phases[phase] = tasks
+    head, layer, tail = phases[HEAD], phases[LAYER], phases[TAIL]
+    events = derive_events(head, layer, tail, c.L)
+    dims = Dims(batch=c.B, layers=c.L, hidden=c.H, intermediate=c.I, vocab=c.V, heads=c.nh, kv_heads=c.nkv,
+                head_dim=c.d, group=c.G, splits=c.S, group_rows=c.GR, qkv_rows=c.QKVR, q_dim=c.QD,
+                n_lm_tiles=len(c.lm_tiles), context_len=context_len)
+    return StepGraph(num_layers=c.L, batch=c.B, plan=plan, head=head, layer=layer, tail=tail,
                      events=events, dims=dims)

@@ -30,30 +30,14 @@ GPU applies when it stages an activation in shared memory as the input of a GEMV
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from enum import IntEnum
+from dataclasses import asdict, dataclass
+
+from ..kinds import Kind
 
 
 # The GEMV consumers multiply weight tiles by the batch on tensor cores (mma.m16n8k16): the batch
 # rows are the mma's 8 N columns, so one step decodes at most 8 sequences.
 MAX_BATCH = 8
-
-
-class Kind(IntEnum):
-    EMBED = 0
-    QKV = 1
-    ATTN = 2
-    COMBINE = 3
-    OPROJ = 4
-    GATEUP = 5
-    DOWN = 6
-    LMHEAD = 7
-    ARGMAX = 8
-
-    @property
-    def streams_weights(self) -> bool:
-        """Kinds whose weight tiles go through the shared-memory ring (GEMV tasks)."""
-        return self in (Kind.QKV, Kind.OPROJ, Kind.GATEUP, Kind.DOWN, Kind.LMHEAD)
 
 
 # Which phase a task belongs to. A schedule is layer-periodic: per SM, its HEAD tasks, then its
@@ -156,10 +140,9 @@ class TilePlan:
     # Ring slots the loader keeps requested and not yet landed; the rest of the ring only buffers.
     # Every outstanding copy lengthens the queue the chain's L2 round trips wait in, and beyond ~2 x 32
     # KB per SM more copies add no bandwidth. sm_90 bulk-copy path only; not searched (the cost model
-    # does not price queueing); the defaults were measured on H100 (benchmarks/NOTES.md): 2 while
-    # streaming (v9; 3 and 4 are slower on every shape, v13), and no tighter cap on the chain since
-    # o_merge shortened it (v13: a cap of 1 there, v9's choice, kept the ring from filling during the
-    # chain: 1B +21 us, 8B +12 us, Qwen3-8B +58 us per step).
+    # does not price queueing); the defaults are H100 measurements (benchmarks/NOTES.md): 2 while
+    # streaming (more is slower on every shape), and no tighter cap on the chain, whose shortening by
+    # o_merge left a cap of 1 there keeping the ring from filling.
     inflight_slots: int = 2    # while the consumers stream weights
     inflight_chain: int = 2    # while they wait on an event, stage an input or run ATTN / COMBINE
 
@@ -169,6 +152,26 @@ class TilePlan:
     @classmethod
     def from_dict(cls, d: dict) -> "TilePlan":
         return cls(**d)
+
+
+@dataclass(frozen=True)
+class Dims:
+    """The shapes one decode step is lowered with."""
+    batch: int           # sequences decoded per step (B)
+    layers: int          # L
+    hidden: int          # H
+    intermediate: int    # I
+    vocab: int           # V
+    heads: int           # query heads
+    kv_heads: int        # KV heads (= KV groups)
+    head_dim: int        # d
+    group: int           # query heads per KV head (G)
+    splits: int          # KV splits per group (S)
+    group_rows: int      # QKV output rows per KV group: (G + 2) * d
+    qkv_rows: int        # all QKV output rows: kv_heads * group_rows
+    q_dim: int           # heads * head_dim
+    n_lm_tiles: int      # LM-head tiles (argmax partials per row)
+    context_len: int     # context the ATTN cost estimates assume
 
 
 @dataclass
@@ -181,7 +184,7 @@ class StepGraph:
     layer: list[Task]
     tail: list[Task]
     events: dict[str, Event]
-    dims: dict[str, int] = field(default_factory=dict)   # H, I, V, QKVR, nh, nkv, d, G, S, ...
+    dims: Dims
 
     def phase_tasks(self, phase: str) -> list[Task]:
         return {HEAD: self.head, LAYER: self.layer, TAIL: self.tail}[phase]

@@ -6,7 +6,6 @@ are then read through ``safe_open`` (memory-mapped) one at a time, straight onto
 """
 from __future__ import annotations
 
-import json
 import warnings
 from contextlib import ExitStack
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from ..errors import ModelError
+from ..errors import ModelError, read_json_object
 from .spec import ModelSpec
 
 SINGLE_FILE = "model.safetensors"
@@ -49,16 +48,15 @@ def weight_files(ckpt_dir: str | Path) -> dict[str, list[str] | None]:
         found = f" (found: {_listing(others)})" if others else ""
         raise ModelError(f"{d}: no {SINGLE_FILE} or {INDEX_FILE}{found}; "
                          f"save the model with save_pretrained(..., safe_serialization=True)")
-    try:
-        index = json.loads(index_path.read_text())
-    except json.JSONDecodeError as e:
-        raise ModelError(f"{index_path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    wmap = index.get("weight_map") if isinstance(index, dict) else None
+    index = read_json_object(index_path, ModelError, "copy or download the checkpoint again")
+    wmap = index.get("weight_map")
     if not isinstance(wmap, dict) or not wmap:
         raise ModelError(f"{index_path}: no 'weight_map' object mapping tensor names to shard files")
     files: dict[str, list[str]] = {}
     for name, fname in wmap.items():
-        files.setdefault(str(fname), []).append(name)
+        if not isinstance(fname, str) or "/" in fname or fname in ("", ".", ".."):
+            raise ModelError(f"{index_path}: weight_map entry {name!r} names no shard file in the checkpoint ({fname!r})")
+        files.setdefault(fname, []).append(name)
     missing = sorted(f for f in files if not (d / f).is_file())
     if missing:
         raise ModelError(f"{d}: shard file(s) listed in {INDEX_FILE} are missing: {_listing(missing)}")

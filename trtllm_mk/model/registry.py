@@ -15,7 +15,18 @@ from ..errors import ModelError
 from .spec import ModelSpec, load_spec
 
 CONFIG_DIR_ENV = "TRTLLM_MK_CONFIG_DIR"
-REPO_CONFIG_DIR = Path(__file__).resolve().parent.parent.parent / "configs"
+
+
+def _shipped_config_dir() -> Path:
+    """The shipped deployment YAMLs and architecture files: package data of an installed wheel
+    (setup.py copies the repository's configs/ into it), or configs/ of a source checkout (an
+    editable install)."""
+    package = Path(__file__).resolve().parent.parent
+    inside = package / "configs"
+    return inside if inside.is_dir() else package.parent / "configs"
+
+
+REPO_CONFIG_DIR = _shipped_config_dir()
 
 
 @dataclass(frozen=True)

@@ -9,21 +9,17 @@ Weights are named exactly as in HF checkpoints (see ``expected_tensors``).
 """
 from __future__ import annotations
 
-import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ModelError
+from ..errors import ModelError, read_json_object
+from .families import FAMILIES
 
 # HF "architectures" entry / "model_type" -> our family name.
-_ARCH_FAMILY = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "Qwen2ForCausalLM": "qwen2",
-    "Qwen3ForCausalLM": "qwen3",
-}
-_MODEL_TYPE_FAMILY = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
+_ARCH_FAMILY = {f.architecture: f.name for f in FAMILIES.values()}
+_MODEL_TYPE_FAMILY = {f.model_type: f.name for f in FAMILIES.values()}
 _DTYPES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
@@ -50,11 +46,11 @@ class ModelSpec:
     # ---- derived shapes -------------------------------------------------------------------
     @property
     def qkv_bias(self) -> bool:
-        return self.family == "qwen2"
+        return FAMILIES[self.family].qkv_bias
 
     @property
     def qk_norm(self) -> bool:
-        return self.family == "qwen3"
+        return FAMILIES[self.family].qk_norm
 
     @property
     def q_size(self) -> int:
@@ -134,35 +130,88 @@ class ModelSpec:
         return cls(**d)
 
 
+_MISSING = object()
+
+
 def _req(cfg: dict, key: str, where: str) -> Any:
-    if key not in cfg:
+    if key not in cfg or cfg[key] is None:
         raise ModelError(f"{where}: config.json has no '{key}'")
     return cfg[key]
 
 
+def _int(cfg: dict, key: str, where: str, default: Any = _MISSING, minimum: int = 1) -> int:
+    """A whole-number field of config.json, checked for type and range (JSON has no int type of its own,
+    so 4096.0 is accepted; "4096", true and 4096.5 are not)."""
+    v = _req(cfg, key, where) if default is _MISSING or cfg.get(key) is not None else default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
+        raise ModelError(f"{where}: '{key}' must be a whole number, got {v!r}")
+    if v < minimum:
+        given = "" if cfg.get(key) is not None else " (derived: the key is absent)"
+        raise ModelError(f"{where}: '{key}' is {v!r}{given}; it must be at least {minimum}")
+    return int(v)
+
+
+def _float(cfg: dict, key: str, where: str, default: float, positive: bool = True) -> float:
+    v = cfg.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or (positive and v <= 0):
+        raise ModelError(f"{where}: '{key}' must be a {'positive ' if positive else ''}finite number, got {v!r}")
+    return float(v)
+
+
+def _refuse_unimplemented(cfg: dict, family: str, where: str) -> None:
+    """Numerics the megakernel does not compute are refused by name: building them would run wrong."""
+    act = cfg.get("hidden_act", cfg.get("hidden_activation", "silu"))
+    if act not in ("silu", "swish"):
+        raise ModelError(f"{where}: hidden_act '{act}' is not implemented (the kernel's MLP is SiLU-gated)")
+    if cfg.get("attention_bias") and not FAMILIES[family].qkv_bias:
+        raise ModelError(f"{where}: attention_bias=true is not implemented for {family} (the kernel has no bias "
+                         "on these projections)")
+    if cfg.get("mlp_bias"):
+        raise ModelError(f"{where}: mlp_bias=true is not implemented (the kernel's MLP has no bias)")
+    for key in ("partial_rotary_factor",):
+        v = cfg.get(key, (cfg.get("rope_parameters") or {}).get(key) if isinstance(cfg.get("rope_parameters"), dict)
+                    else None)
+        if v is not None and v != 1 and v != 1.0:
+            raise ModelError(f"{where}: {key}={v!r} is not implemented (the kernel rotates the whole head)")
+    if cfg.get("pretraining_tp", 1) not in (1, None):
+        raise ModelError(f"{where}: pretraining_tp={cfg.get('pretraining_tp')!r} is not implemented (use 1)")
+
+
 def spec_from_hf_config(cfg: dict, name: str = "model", where: str = "config.json") -> ModelSpec:
     """Build a ModelSpec from the dict of an HF config.json; clear ModelError on anything else."""
+    if not isinstance(cfg, dict):
+        raise ModelError(f"{where}: expected a JSON object")
     archs = cfg.get("architectures") or []
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise ModelError(f"{where}: 'architectures' must be a list of names, got {archs!r}")
     family = None
     for a in archs:
         family = _ARCH_FAMILY.get(a, family)
     if family is None:
-        family = _MODEL_TYPE_FAMILY.get(cfg.get("model_type", ""))
+        mt = cfg.get("model_type", "")
+        family = _MODEL_TYPE_FAMILY.get(mt) if isinstance(mt, str) else None
     if family is None:
         got = archs[0] if archs else cfg.get("model_type", "<none>")
         raise ModelError(
             f"{where}: unsupported architecture '{got}'; supported: {', '.join(sorted(_ARCH_FAMILY))}")
-    H = int(_req(cfg, "hidden_size", where))
-    nh = int(_req(cfg, "num_attention_heads", where))
-    nkv = int(cfg.get("num_key_value_heads") or nh)
-    head_dim = int(cfg.get("head_dim") or H // nh)
+    _refuse_unimplemented(cfg, family, where)
+    H = _int(cfg, "hidden_size", where)
+    nh = _int(cfg, "num_attention_heads", where)
+    nkv = _int(cfg, "num_key_value_heads", where, default=nh)
+    head_dim = _int(cfg, "head_dim", where, default=H // nh if H >= nh else 0)
     if nh % nkv:
         raise ModelError(f"{where}: num_attention_heads={nh} is not a multiple of num_key_value_heads={nkv}")
     if head_dim % 16 or head_dim > 256:
         raise ModelError(f"{where}: head_dim={head_dim} unsupported (need a multiple of 16, at most 256)")
     # transformers >= 5 writes rope settings under "rope_parameters" instead of the old top-level keys.
     rp = cfg.get("rope_parameters") or {}
+    if not isinstance(rp, dict):
+        raise ModelError(f"{where}: 'rope_parameters' must be an object, got {rp!r}")
     rs = cfg.get("rope_scaling")
+    if rs is not None and not isinstance(rs, dict):
+        raise ModelError(f"{where}: 'rope_scaling' must be an object or null, got {rs!r}")
     if rs is None and rp.get("rope_type", "default") != "default":
         rs = rp
     if rs is not None:
@@ -171,30 +220,40 @@ def spec_from_hf_config(cfg: dict, name: str = "model", where: str = "config.jso
             raise ModelError(f"{where}: rope_scaling type '{rtype}' unsupported (supported: llama3)")
         if rtype in ("default", None):
             rs = None
+        else:
+            for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
+                _float(rs, k, f"{where}: rope_scaling", 1.0)
     dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
     if dtype not in _DTYPES:
         raise ModelError(f"{where}: torch_dtype '{dtype}' unsupported (bfloat16, float16, float32)")
     eos = cfg.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
-    sw = cfg.get("sliding_window") if family == "mistral" else None
-    if family in ("qwen2", "qwen3") and cfg.get("use_sliding_window"):
+    if not all(isinstance(e, int) and not isinstance(e, bool) and e >= 0 for e in eos_ids):
+        raise ModelError(f"{where}: 'eos_token_id' must be a token id or a list of them, got {eos!r}")
+    sw = cfg.get("sliding_window") if FAMILIES[family].reads_sliding_window else None
+    if sw is not None:
+        sw = _int(cfg, "sliding_window", where)
+    if FAMILIES[family].rejects_use_sliding_window and cfg.get("use_sliding_window"):
         raise ModelError(f"{where}: use_sliding_window=true is unsupported")
+    tie = cfg.get("tie_word_embeddings", False)
+    if not isinstance(tie, bool):
+        raise ModelError(f"{where}: 'tie_word_embeddings' must be true or false, got {tie!r}")
     return ModelSpec(
         name=name,
         family=family,
         hidden_size=H,
-        intermediate_size=int(_req(cfg, "intermediate_size", where)),
-        num_layers=int(_req(cfg, "num_hidden_layers", where)),
+        intermediate_size=_int(cfg, "intermediate_size", where),
+        num_layers=_int(cfg, "num_hidden_layers", where),
         num_heads=nh,
         num_kv_heads=nkv,
         head_dim=head_dim,
-        vocab_size=int(_req(cfg, "vocab_size", where)),
-        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(cfg.get("rope_theta", rp.get("rope_theta", 10000.0))),
-        max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        vocab_size=_int(cfg, "vocab_size", where),
+        rms_norm_eps=_float(cfg, "rms_norm_eps", where, 1e-6),
+        rope_theta=_float(cfg, "rope_theta", where, _float(rp, "rope_theta", where, 10000.0)),
+        max_position_embeddings=_int(cfg, "max_position_embeddings", where, default=4096),
+        tie_word_embeddings=tie,
         rope_scaling=dict(rs) if rs else None,
-        sliding_window=int(sw) if sw else None,
+        sliding_window=sw or None,
         dtype=dtype,
         eos_token_ids=eos_ids,
     )
@@ -206,10 +265,5 @@ def load_spec(path: str | Path, name: str | None = None) -> ModelSpec:
     cfg_path = p / "config.json" if p.is_dir() else p
     if not cfg_path.exists():
         raise ModelError(f"{cfg_path}: no such file (expected an HF config.json)")
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as e:
-        raise ModelError(f"{cfg_path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    if not isinstance(cfg, dict):
-        raise ModelError(f"{cfg_path}: expected a JSON object")
+    cfg = read_json_object(cfg_path, ModelError, "expected an HF config.json")
     return spec_from_hf_config(cfg, name=name or (p.name if p.is_dir() else p.stem), where=str(cfg_path))

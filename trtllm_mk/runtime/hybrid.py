@@ -1,6 +1,6 @@
 """HybridEngine: prefill on a conventional backend, every decode step on the megakernel.
 
-    engine = HybridEngine("engines/h100_bs1", weights="random")      # or an HF checkpoint directory
+    engine = HybridEngine("engines/h100_bs1")   # the engine's own checkpoint; or weights=DIR / "random"
     result = engine.generate([[1, 2, 3]], max_new_tokens=64)
     result.tokens, result.ttft_ms, result.tpot_ms
     for event in engine.stream("Hello", max_tokens=32, temperature=0.7, seed=1):   # text needs a tokenizer
@@ -57,6 +57,23 @@ class GenerationResult:
         return sorted(self.tpot_ms)[len(self.tpot_ms) // 2] if self.tpot_ms else float("nan")
 
 
+def resolve_weights(engine: EngineDir, weights: str | Path | dict | None) -> str | Path | dict:
+    """What to decode with: the checkpoint the engine was built from (None, checked unchanged), a
+    checkpoint directory (checked to describe the engine's model), ``"random"`` by name, or tensors."""
+    from ..model.consistency import check_matches, check_unchanged
+    spec = engine.schedule.spec
+    if isinstance(weights, dict) or str(weights) == "random":
+        return weights
+    if weights is None:
+        if engine.checkpoint is None:
+            raise UserError(f"engine {engine.path} was built from the architecture '{spec.name}' without a checkpoint: "
+                            "pass --weights CKPT_DIR, or --weights random for random weights")
+        check_unchanged(engine.checkpoint)
+        weights = engine.checkpoint["path"]
+    check_matches(spec, weights)
+    return weights
+
+
 def _load_weights(spec, weights: str | Path | dict, device: str, seed: int):
     if isinstance(weights, dict):
         return weights
@@ -71,7 +88,7 @@ def _load_weights(spec, weights: str | Path | dict, device: str, seed: int):
 
 
 class HybridEngine:
-    def __init__(self, engine_dir: str | Path, weights: str | Path | dict = "random", simulate: bool = False,
+    def __init__(self, engine_dir: str | Path, weights: str | Path | dict | None = None, simulate: bool = False,
                  seed: int = 0, prefill_backend: str | None = None):
         self.engine = EngineDir.open(engine_dir)
         cfg = self.engine.config
@@ -80,7 +97,6 @@ class HybridEngine:
         self.max_seq_len, self.max_input_len = int(cfg["max_seq_len"]), int(cfg["max_input_len"])
         self.tokens_per_block = int(cfg["kv_cache_config"]["tokens_per_block"])
         self.simulate = simulate
-        self.weights_dir = None if isinstance(weights, dict) or str(weights) == "random" else Path(weights)
         if simulate:
             self.device = "cpu"
         else:
@@ -92,6 +108,10 @@ class HybridEngine:
                 raise EngineError(f"engine {self.engine.path} was built for {built_for.name} but this GPU is "
                                   f"{here.name}; build a config with gpu: {here.name} (or gpu: auto) instead")
             self.device = "cuda"
+        weights = resolve_weights(self.engine, weights)
+        # where the weights came from: a checkpoint directory (its tokenizer, if any), "random" or "tensors"
+        self.weights_source = "tensors" if isinstance(weights, dict) else str(weights)
+        self.weights_dir = None if self.weights_source in ("tensors", "random") else Path(weights)
         self.weights = _load_weights(self.spec, weights, self.device, seed)
         if simulate:  # the CPU executor computes in fp32 from bf16-valued weights
             self.weights = {k: v.float() if v.dtype == torch.bfloat16 else v for k, v in self.weights.items()}

@@ -6,33 +6,22 @@ it can be captured in a CUDA graph, called from a torch custom op or from the Te
 """
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from .. import seam
 from ..codegen import KERNEL_NAME, KernelLayout
 from ..errors import EngineError
 from ..kv_cache import PagedKVCache
 from ..model.spec import ModelSpec
 from ..schedule import Schedule
-from .trace import TRACE_WORDS
+from ..seam import TRACE_SM_WORDS, TRACE_WORDS
 
-# Order and kinds of the fields of mk::Params (trtllm_mk/device/mk_params.cuh).
-PARAM_FIELDS = [
-    "layers", "embed", "final_norm", "lm_head", "inv_freq", "x", "qkv", "part_o", "part_ml", "attn_out", "act",
-    "logits", "lm_val", "lm_idx", "tokens", "pos", "history", "kv_pool", "block_table", "counters", "control",
-    "error", "num_blocks", "block_table_stride", "trace",
-]
-# Order of the pointers of mk::LayerWeights.
-LAYER_FIELDS = [
-    ("q", "self_attn.q_proj.weight"), ("k", "self_attn.k_proj.weight"), ("v", "self_attn.v_proj.weight"),
-    ("o", "self_attn.o_proj.weight"), ("gate", "mlp.gate_proj.weight"), ("up", "mlp.up_proj.weight"),
-    ("down", "mlp.down_proj.weight"), ("ln1", "input_layernorm.weight"), ("ln2", "post_attention_layernorm.weight"),
-    ("q_norm", "self_attn.q_norm.weight"), ("k_norm", "self_attn.k_norm.weight"), ("q_bias", "self_attn.q_proj.bias"),
-    ("k_bias", "self_attn.k_proj.bias"), ("v_bias", "self_attn.v_proj.bias"),
-]
+# mk::Params and mk::LayerWeights are described once, in trtllm_mk/seam.py.
+PARAM_FIELDS = [f.name for f in seam.PARAMS]
+LAYER_FIELDS = [(w.field, w.hf_suffix) for w in seam.LAYER_WEIGHTS]
 ERROR_WORDS = 8  # mk::ErrorInfo
 
 
@@ -72,7 +61,7 @@ class DecodeBuffers:
         S, G = schedule.plan.attn_splits, spec.group_size
         qkvr = spec.num_kv_heads * (G + 2) * spec.head_dim
         return cls(
-            x=torch.empty(batch, spec.hidden_size, **f32),
+            x=torch.empty(batch, spec.hidden_size, dtype=torch.int64, device=device),   # fixed point
             qkv=torch.empty(batch, qkvr, **f32),
             part_o=torch.empty(batch, spec.num_kv_heads, S, G, spec.head_dim, **f32),
             part_ml=torch.empty(batch, spec.num_kv_heads, S, G, 2, **f32),
@@ -159,24 +148,17 @@ class MegakernelDecoder:
         for f in ("x", "qkv", "part_o", "part_ml", "attn_out", "act", "logits", "lm_val", "lm_idx", "tokens", "pos",
                   "history", "counters", "control", "error"):
             ptrs[f] = getattr(b, f)
-        values = []
-        for f in PARAM_FIELDS:
-            if f == "num_blocks":
-                values.append(self.cache.pool.shape[1])
-            elif f == "block_table_stride":
-                values.append(self.cache.block_table.shape[1])
-            elif f == "trace":
-                values.append(self._trace.data_ptr() if self._trace is not None else 0)
-            else:
-                values.append(ptrs[f].data_ptr())
-        return struct.pack(f"<{len(values)}q", *values)
+        values = {f: t.data_ptr() for f, t in ptrs.items()}
+        values.update(num_blocks=self.cache.pool.shape[1], block_table_stride=self.cache.block_table.shape[1],
+                      trace=self._trace.data_ptr() if self._trace is not None else 0)
+        return seam.pack_params(values)
 
     # ------------------------------------------------------------------ tracing
     def set_trace(self, on: bool) -> None:
         """Record a per-task timeline in the following steps (each overwrites the last); see
         trtllm_mk/runtime/trace.py. Costs a few timer reads per task, so benchmarks leave it off."""
         if on and self._trace is None:
-            n = self.layout.grid * (self.layout.trace_tasks * TRACE_WORDS + 4)
+            n = self.layout.grid * (self.layout.trace_tasks * TRACE_WORDS + TRACE_SM_WORDS)
             self._trace = torch.zeros(n, dtype=torch.int64, device=self.device)
         elif not on:
             self._trace = None
@@ -190,7 +172,7 @@ class MegakernelDecoder:
         g, n = self.layout.grid, self.layout.trace_tasks
         t = self._trace.cpu()
         w = TRACE_WORDS
-        return t[: g * n * w].view(g, n, w), t[g * n * w:].view(g, 4)
+        return t[: g * n * w].view(g, n, w), t[g * n * w:].view(g, TRACE_SM_WORDS)
 
     # ------------------------------------------------------------------ stepping
     def set_state(self, tokens: torch.Tensor, pos: torch.Tensor) -> None:
@@ -216,6 +198,9 @@ class MegakernelDecoder:
         e = [int(v) for v in self.buf.error.tolist()]
         if e[0] == 0:
             return "no device-side diagnostic recorded"
+        if e[0] == 2:
+            return (f"the logits of batch row {e[5]} were all NaN or -inf at step {e[6]} (the weights or the "
+                    "KV cache hold non-finite values); its token was set to 0")
         names = sorted(self.layout.event_offsets.items(), key=lambda kv: kv[1])
         ev = "?"
         for name, off in names:

@@ -7,7 +7,7 @@ waited for ring slots to fill; the signaller warp records when it published the 
 loader warp records when it reached the task, when it had issued the task's last copy and how long of
 that it waited for a free slot (or under the in-flight cap, TilePlan.inflight_slots); per SM, the
 loader's total time blocked on a full ring or the cap (layout:
-TRACE_WORDS, mk_params.cuh). This module turns that into:
+TRACE_WORD_NAMES in trtllm_mk/seam.py). This module turns that into:
 
   * per task kind: tasks, mean blocked (waiting on events), staging and body time, and of the body
     the ring wait (the weight stream is behind), the output stores + barrier, the time from hand-off
@@ -30,8 +30,7 @@ from ..graph.tasks import HEAD, LAYER, TAIL, Kind
 from ..schedule import Schedule
 
 
-# words per task in the kernel's trace buffer (mirror: trtllm_mk/device/mk_params.cuh TRACE_WORDS)
-TRACE_WORDS = 11
+from ..seam import TRACE_WORD_NAMES, TRACE_WORDS  # noqa: F401  (the kernel's trace words, one description)
 
 
 # per-kind sums of the summary (us); each also gets a per-task mean, "mean_<name>"

@@ -111,8 +111,10 @@ def load_calibration(gpu: GpuSpec | str, directory: Path | None = None) -> Calib
     name = gpu.name if isinstance(gpu, GpuSpec) else str(gpu)
     path = (directory or CALIBRATION_DIR) / f"{name}.json"
     cal = Calibration()
-    if not path.exists():
-        return cal
+    if not path.is_file():
+        raise ConfigError(f"{path}: no calibration file for {name}; every GPU the search targets needs one "
+                          "(benchmarks/calibrate.py writes it on that GPU; a file holding only a \"_note\" "
+                          "states that the defaults are used)")
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as e:

@@ -23,7 +23,7 @@ consumers still reduce every 16-row block of every slot (``comp`` counts whole s
 Other kinds take ``dur`` on the consumer: ATTN its traced fixed latency (q/k/v from L2, RoPE, the
 merge) plus, for cached tokens beyond what the loader brings through the ring before the wait
 (smem.attention_kv_ring), the rounds in which the consumers copy them into the same ring slots
-(mk_attention.cuh attn_fetch_late): per round two dependent loaded round trips (block table, then
+(kinds/attn.cuh attn_fetch_late): per round two dependent loaded round trips (block table, then
 K/V; ``l2_latency_us`` each), plus their bytes at the hbm share and ``attn_late_token_us`` per token.
 """
 from __future__ import annotations
@@ -32,14 +32,16 @@ from dataclasses import dataclass
 
 from ..gpus import GpuSpec
 from ..graph.tasks import HEAD, LAYER, TAIL, Kind, StepGraph, Task
-from ..smem import SlotGeometry, attention_chunk, attention_kv_ring, slot_geometry
+from ..kinds.attn import ATTN_TILE_TOKENS
+from ..kinds.combine import merge_cost, merge_units
+from ..smem import SlotGeometry, slot_geometry
 from .calibration import Calibration, load_calibration
 
 __all__ = ["Calibration", "load_calibration", "Rates", "sm_rates", "TaskCost", "CostTable", "task_cost", "staging_passes",
+           "merge_units", "merge_cost", "ATTN_TILE_TOKENS",
            "cost_table", "default_streaming", "streaming_key", "Streaming"]
 
 
-ATTN_TILE_TOKENS = 16   # tokens of one ATTN tensor-core tile (mk_attention.cuh attn_tile)
 
 Streaming = tuple[tuple[int, int], ...]   # ((kind, SMs streaming that kind), ...), sorted: a dict key
 
@@ -91,22 +93,10 @@ class TaskCost:
 def staging_passes(kind: Kind, hidden: int, batch: int, consumer_warps: int) -> int:
     """Dependent L2 passes of stage_activation (mk_gemv.cuh): RMSNorm kinds take one pass when the
     batch's x fits in registers (VPT * B <= 16 float4 per thread), else two; OPROJ / DOWN copy a slice."""
-    if kind in (Kind.QKV, Kind.GATEUP, Kind.LMHEAD):
+    if kind.module.NORMS_INPUT:
         vpt = -(-(hidden // 4) // (consumer_warps * 32))
         return 1 if vpt * batch <= 16 else 2
     return 1
-
-
-def merge_units(splits: int, elements: int, consumer_warps: int) -> int:
-    """Split-merges on a consumer thread's path when ``elements`` attention outputs are merged from
-    their ``splits`` partials (mk_gemv.cuh merge_splits): each thread merges its elements one after
-    another, each from every split's (max, sum, o) loaded together."""
-    return splits * -(-elements // (32 * consumer_warps))
-
-
-def merge_cost(splits: int, elements: int, consumer_warps: int, cal: Calibration) -> float:
-    """Consumer time of that merge: ``merge_split_us`` per unit."""
-    return merge_units(splits, elements, consumer_warps) * cal.merge_split_us
 
 
 def task_cost(task: Task, graph: StepGraph, rates: Rates, cal: Calibration,
@@ -114,7 +104,7 @@ def task_cost(task: Task, graph: StepGraph, rates: Rates, cal: Calibration,
     plan, d = graph.plan, graph.dims
     if task.kind.streams_weights:
         if geo is None:
-            geo = slot_geometry(task.k1 - task.k0, 2 if task.kind == Kind.GATEUP else 1, plan.slot_bytes,
+            geo = slot_geometry(task.k1 - task.k0, task.kind.module.MATRICES, plan.slot_bytes,
                                 plan.consumer_warps)
         nslots = geo.slots_for(task.rows)
         ngroups = -(-task.rows // geo.out_rows)
@@ -129,35 +119,11 @@ def task_cost(task: Task, graph: StepGraph, rates: Rates, cal: Calibration,
         turnover = cal.mem_latency_us + fill / bw + slot_t
         issue = geo.k_chunk * 2 / cal.copy_issue_us        # one bulk copy per weight row piece
         rate = min(bw, ring / turnover, task.weight_bytes / comp, issue)
-        stage = staging_passes(task.kind, d["H"], d["B"], plan.consumer_warps) * cal.l2_latency_us + task.act_bytes / rates.l2
-        if task.kind == Kind.OPROJ and plan.o_merge:   # the partials of every split, merged while staging
-            stage += merge_cost(d["S"], d["B"] * (task.k1 - task.k0), plan.consumer_warps, cal)
+        stage = staging_passes(task.kind, d.hidden, d.batch, plan.consumer_warps) * cal.l2_latency_us + task.act_bytes / rates.l2
+        stage += task.kind.module.staging_extra_us(task, graph, cal)
         return TaskCost(True, float(task.weight_bytes), cal.task_overhead_us + stage, comp,
                         slot_t, fill, ring, rate, stage=stage)
-    if task.kind == Kind.ATTN:
-        # the loader brings up to `cap` cached tokens per row through the ring before the task's wait
-        # (their bytes ride along the weight stream); the consumers copy the rest in rounds of `cap`
-        chunk = -(-d["context_len"] // d["S"])
-        _, cap = attention_kv_ring(d["d"], plan.slot_bytes, d["S"], d["context_len"])
-        token = 2 * d["d"] * 2
-        kv = d["B"] * chunk * token
-        late_row = max(0, attention_chunk(d["context_len"], d["S"]) - cap)    # per batch row
-        late, rounds = d["B"] * late_row, d["B"] * -(-late_row // cap)
-        late_us = rounds * 2 * cal.l2_latency_us + late * (token / rates.hbm + cal.attn_late_token_us)
-        # the consumer warps take the split's 16-token tensor-core tiles in turns and a warp's tiles
-        # run one after another (mk_attention.cuh attn_compute): the math costs tile rounds, not FLOPs
-        tiles = -(-attention_chunk(d["context_len"], d["S"]) // ATTN_TILE_TOKENS)
-        tile_rounds = d["B"] * -(-tiles // plan.consumer_warps)
-        dur = (cal.task_overhead_us + cal.attn_fixed_us + late_us
-               + max(0, task.act_bytes - kv) / rates.l2 + tile_rounds * cal.attn_tile_us)
-    elif task.kind == Kind.EMBED:
-        rows = task.r1 - task.r0
-        emb = d["B"] * rows * 2                      # bf16 embedding rows come from HBM
-        dur = cal.task_overhead_us + emb / rates.hbm + (task.act_bytes - emb) / rates.l2
-    else:                                            # COMBINE, ARGMAX: L2-resident partials
-        fixed = (cal.combine_fixed_us + merge_cost(d["S"], d["B"] * d["G"] * d["d"], plan.consumer_warps, cal)
-                 if task.kind == Kind.COMBINE else cal.l2_latency_us)
-        dur = cal.task_overhead_us + fixed + task.act_bytes / rates.l2 + task.flops / rates.attn
+    dur = task.kind.module.duration_us(task, graph, rates, cal)
     return TaskCost(False, dur=dur)
 
 

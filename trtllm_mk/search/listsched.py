@@ -2,8 +2,12 @@
 
 Tasks are taken in template order (a topological order: head, then per layer QKV by KV group, ATTN,
 COMBINE, OPROJ, GATEUP, DOWN, then tail) and each goes to the SM where it would *finish* first
-(earliest finish time, HEFT without insertion). The finish estimate uses a per-SM state of the same
-loader / consumer model the simulator uses, vectorized over SMs with numpy:
+(earliest finish time, HEFT without insertion). The finish estimate uses a per-SM state of the
+simulator's loader / consumer model (search/simulate.py), vectorized over SMs with numpy, with two
+simplifications: the ring space the loader waits for is estimated from the consumer's free time
+instead of the consumption history, and no task reuses a staged input (the predecessor on the SM is
+not known yet). tests/test_timing_models.py holds the two models to each other on every shipped
+config:
   consumer  start = max(consumer free, ready + sync) + pre; end >= start + math
   loader    may run one ring (C bytes) ahead of the consumer: the task's first min(W, C) bytes issue
             at max(loader free + head / rate, consumer free - (C - head) / rate), the rest after the
@@ -58,8 +62,10 @@ def _place(state: _State, c: TaskCost, ready: float, cal: Calibration, order: np
 
 
 def list_schedule(graph: StepGraph, costs: CostTable, num_sms: int, cal: Calibration,
-                  rng: np.random.Generator) -> list[SMProgram]:
-    """Earliest-finish-time assignment of head, one layer template and tail (see module doc)."""
+                  rng: np.random.Generator, ends: list[float] | None = None) -> list[SMProgram]:
+    """Earliest-finish-time assignment of head, one layer template and tail (see module doc).
+    ``ends``: when given, each task's estimated finish is appended (head, layer, tail order), which
+    tests/test_timing_models.py compares with the simulator's."""
     order = rng.permutation(num_sms)
     state = _State(num_sms)
     progs = [SMProgram() for _ in range(num_sms)]
@@ -76,6 +82,8 @@ def list_schedule(graph: StepGraph, costs: CostTable, num_sms: int, cal: Calibra
         for i, (t, c) in enumerate(zip(tasks, tcosts)):
             ready = max((done.get(key(r, tail), 0.0) for r in t.waits), default=-1.0)
             s, end = _place(state, c, ready, cal, order)
+            if ends is not None:
+                ends.append(end)
             getattr(progs[s], attr).append(i)
             for r in t.signals:
                 k = key(r, tail)

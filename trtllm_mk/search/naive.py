@@ -50,5 +50,5 @@ def naive_schedule(spec: ModelSpec, graph: StepGraph, gpu: GpuSpec, num_sms: int
     """The naive schedule of ``graph`` (build the graph with ``naive_plan`` for the baseline proper)."""
     n = num_sms or gpu.sm_count
     return Schedule(spec=spec, batch=graph.batch, plan=graph.plan, num_sms=n, gpu=gpu.name,
-                    programs=naive_programs(graph, n), context_len=graph.dims["context_len"],
+                    programs=naive_programs(graph, n), context_len=graph.dims.context_len,
                     meta={"kind": "naive", "barrier": True})

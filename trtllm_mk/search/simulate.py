@@ -95,9 +95,10 @@ class Simulator:
     """Precomputed unrolled task arrays of one graph; ``run`` simulates any schedule of that graph."""
 
     def __init__(self, graph: StepGraph, gpu: GpuSpec, cal: Calibration, layers: int | None = None,
-                 barrier: bool = False, costs: CostTable | None = None):
+                 barrier: bool = False, costs: CostTable | None = None, reuse_staged: bool = True):
         self.graph, self.gpu, self.cal = graph, gpu, cal.resolved(gpu)
         self.barrier = barrier
+        self.reuse_staged = reuse_staged   # False: every task stages its input (the list scheduler's view)
         L = graph.num_layers
         self.Ls = L if layers is None else max(1, min(L, layers))
         self.nh, self.nt, self.ntail = len(graph.head), len(graph.layer), len(graph.tail)
@@ -218,6 +219,8 @@ class Simulator:
     def staged_reuse(self, seqs: list[list[int]]) -> list[list[bool]]:
         """Per SM and position: the task reuses its predecessor's staged activation (codegen emits
         stage = 0 for it, see Task.reuses_staged_input), so its ``stage`` time is not spent."""
+        if not self.reuse_staged:
+            return [[False] * len(seq) for seq in seqs]
         tmpl, layer_of, memo = self.tmpl, self.layer_of, self._reuse_memo
         out = []
         for seq in seqs:

@@ -1,5 +1,5 @@
-// Split-KV GQA decode attention over the paged KV cache (TRT-LLM layout, HND inside a block), and
-// the combine of the split partials. One ATTN task = one KV group x one split, for every batch row.
+// ATTN's device body: split-KV GQA decode attention over the paged KV cache (TRT-LLM layout, HND
+// inside a block). Inlined by codegen after the shared device headers. One ATTN task = one KV group x one split, for every batch row.
 //
 // The cached K/V of a split (every token before this step's) does not depend on this step, so the
 // loader warp copies it into the weight ring when it reaches the task in its list, as it does for a
@@ -10,7 +10,6 @@
 // copied into the same slots after the wait, KV_CAP at a time, and the new token comes from this
 // step's q/k/v. Scores and P V run on the tensor cores (attn_tile).
 #pragma once
-#include "mk_gemv.cuh"
 
 namespace mk {
 
@@ -50,8 +49,8 @@ __device__ __forceinline__ SplitRange split_range(const Params& p, int b, int sp
 // kv_ring_offset). The 16-byte skew per group of 8 tokens makes the eight token rows of one ldmatrix
 // block ({T, T + 8, ..., T + 56}: attn_compute's tiles) hit eight different bank groups although a
 // row is a multiple of 128 bytes long. The skew restarts every 64 tokens, 128 bytes further on:
-// token 63's row, skewed by 112 bytes, would otherwise reach 112 bytes into token 64's (until v13
-// it did, and a split with more than 64 tokens in the ring read those bytes of token 63 wrong).
+// token 63's row, skewed by 112 bytes, would otherwise reach 112 bytes into token 64's, and a split
+// with more than 64 tokens in the ring would read those bytes of token 63 wrong.
 constexpr int RB = cfg::D * 2;                          // bytes of one bf16 K or V row
 __device__ __host__ constexpr int kv_ring_offset(int u) { return u * RB + ((u >> 3) & 7) * 16 + (u >> 6) * 128; }
 constexpr int KV_REGION = kv_ring_offset(cfg::KV_CAP - 1) + RB;   // bytes of one row's K (or V) in the ring
@@ -434,15 +433,6 @@ __device__ void attn_compute(Ctx& c, const TaskArgs& a) {
     consumer_sync(CTHREADS);
   }
   c.ring_n = ring0 + cfg::B * cfg::KV_SLOTS;
-}
-
-__device__ void combine_compute(Ctx& c, const TaskArgs& a) {
-  const Params& p = *c.p;
-  for (int i = threadIdx.x; i < cfg::B * cfg::G * cfg::D; i += CTHREADS) {
-    const int b = i / (cfg::G * cfg::D), h = (i / cfg::D) % cfg::G, e = i % cfg::D;
-    p.attn_out[(size_t)b * cfg::QD + (a.group * cfg::G + h) * cfg::D + e] = merge_splits(p, b, a.group, h, e);
-  }
-  consumer_sync(CTHREADS);
 }
 
 }  // namespace mk

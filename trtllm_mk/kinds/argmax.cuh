@@ -1,19 +1,8 @@
-// Small tasks: embedding lookup and the final (second-level) argmax.
+// ARGMAX's device body: the second-level argmax over the LM-head tiles, and the end of the step.
+// Inlined by codegen after the shared device headers (trtllm_mk/device), before mk_kernel.cuh.
 #pragma once
-#include "mk_gemv.cuh"
 
 namespace mk {
-
-__device__ void embed_compute(Ctx& c, const TaskArgs& a) {
-  const Params& p = *c.p;
-  const int n = a.r1 - a.r0;
-  for (int i = threadIdx.x; i < cfg::B * n; i += CTHREADS) {
-    const int b = i / n, r = a.r0 + i % n;
-    const int tok = ld_act(p.tokens + b);
-    p.x[(size_t)b * cfg::H + r] = bf16_to_f(p.embed[(size_t)tok * cfg::H + r]);
-  }
-  consumer_sync(CTHREADS);
-}
 
 // ARGMAX's step-invariant input, read before its wait: this step's positions (nothing writes them
 // until ARGMAX itself), so the history store and the advance below cost no round trip on the tail.
@@ -28,7 +17,7 @@ __device__ __forceinline__ void argmax_prologue(const Ctx& c, int (&pos)[cfg::B]
 // LM-head tile, and every other task of the step precedes those), so no CTA reads pos or the step
 // counter after it, and it advances both itself; the next launch sees them at the kernel boundary. An
 // end-of-kernel "last CTA to finish" protocol put a fence, an atomic round trip and a read-modify-
-// write of pos after this task on the step's critical path (benchmarks/NOTES.md, v13).
+// write of pos after this task on the step's critical path (benchmarks/NOTES.md).
 __device__ void argmax_compute(Ctx& c, const TaskArgs& a, const int (&pos)[cfg::B]) {
   const Params& p = *c.p;
   for (int b = 0; b < cfg::B; ++b) {
@@ -41,6 +30,10 @@ __device__ void argmax_compute(Ctx& c, const TaskArgs& a, const int (&pos)[cfg::
     }
     block_argmax(c, best, bi);
     if (threadIdx.x == 0) {
+      if (bi == 0x7fffffff) {   // no logit of the row is a number above -inf: report it, emit token 0
+        if (atomicCAS(&p.error->code, 0u, 2u) == 0u) { p.error->sm = blockIdx.x; p.error->layer = b; p.error->task = c.step; }
+        bi = 0;
+      }
       p.tokens[b] = bi;
       if (pos[b] + 1 < cfg::HISTORY_LEN) p.history[(size_t)b * cfg::HISTORY_LEN + pos[b] + 1] = bi;
       p.pos[b] = pos[b] + 1;

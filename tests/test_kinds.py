@@ -1,0 +1,55 @@
+"""The task-kind registry, the per-kind lowering and the event tensors derived from it."""
+from __future__ import annotations
+
+import pytest
+
+from trtllm_mk.graph import HEAD, LAYER, TAIL, Kind, TilePlan, build_step_graph
+from trtllm_mk.kinds import KIND_DEFS, TASK_ARG_FIELDS, KindDef
+from trtllm_mk.model.families import FAMILIES
+from test_verify import tiny_spec
+
+
+def test_kind_numbers_are_the_schedule_format():
+    # schedule.json and the kernel's enum store these numbers: the registry order must not move
+    assert [(k.name, int(k)) for k in Kind] == [("EMBED", 0), ("QKV", 1), ("ATTN", 2), ("COMBINE", 3), ("OPROJ", 4),
+                                               ("GATEUP", 5), ("DOWN", 6), ("LMHEAD", 7), ("ARGMAX", 8)]
+    assert [k for k in Kind if k.streams_weights] == [Kind.QKV, Kind.OPROJ, Kind.GATEUP, Kind.DOWN, Kind.LMHEAD]
+    assert all(k.definition is KIND_DEFS[int(k)] and k.module.DEF is k.definition for k in Kind)
+
+
+def test_kind_args_name_task_arg_fields():
+    assert all(set(d.args) <= set(TASK_ARG_FIELDS) for d in KIND_DEFS)
+    with pytest.raises(ValueError, match="unknown task-argument"):
+        KindDef("X", streams_weights=False, args=("rows",))
+
+
+@pytest.mark.parametrize("o_merge", [False, True])
+@pytest.mark.parametrize("o_ksplit,down_ksplit", [(1, 1), (2, 2)])
+def test_events_count_the_signals_of_each_slot(o_merge, o_ksplit, down_ksplit):
+    spec = tiny_spec(layers=3)
+    plan = TilePlan(qkv_rows=48, o_rows=32, o_ksplit=o_ksplit, gateup_rows=64, down_rows=32, down_ksplit=down_ksplit,
+                    lm_rows=128, attn_splits=4, o_merge=o_merge)
+    g = build_step_graph(spec, 2, plan)
+    L = spec.num_layers
+    n = {k: sum(t.kind == k for t in g.head + g.layer + g.tail) for k in Kind}
+    ev = g.events
+    assert ev["resid_ready"].rows == L + 1 and ev["resid_ready"].per_layer
+    assert ev["resid_ready"].counts == ((n[Kind.EMBED],),) + ((n[Kind.DOWN],),) * L
+    assert ev["oproj_done"].counts == ((n[Kind.OPROJ],),) * L
+    assert ev["gateup_done"].counts == ((n[Kind.GATEUP],),) * L
+    assert ev["lm_done"].counts == ((n[Kind.LMHEAD],),) and not ev["lm_done"].per_layer
+    assert sum(ev["qkv_done"].counts[0]) >= n[Kind.QKV]     # a tile spanning two groups signals both
+    assert ("combine_done" in ev) == (not o_merge) and ("qkv_all" in ev) == (o_ksplit > 1)
+    per_slot = plan.attn_splits * (spec.num_kv_heads // o_ksplit if o_merge else 1)
+    assert ev["attn_done"].counts == ((per_slot,) * (o_ksplit if o_merge else spec.num_kv_heads),) * L
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_families_compose_the_step(family):
+    spec = tiny_spec(family=family)
+    g = build_step_graph(spec, 1, TilePlan(qkv_rows=64, lm_rows=128, attn_splits=2))
+    step = dict(FAMILIES[family].step)
+    for phase, tasks in ((HEAD, g.head), (LAYER, g.layer), (TAIL, g.tail)):
+        kinds = list(dict.fromkeys(t.kind.name for t in tasks))
+        assert kinds == list(step[phase])
+    assert spec.qkv_bias == FAMILIES[family].qkv_bias and spec.qk_norm == FAMILIES[family].qk_norm

@@ -1,0 +1,69 @@
+"""The task-kind registry: one module per kind (this package's ``<kind>.py``), in the order that fixes
+each kind's number. ``Kind`` (re-exported by ``trtllm_mk.graph``) is built from the registry, so a new
+kind is one new module here plus its line in ``_MODULES``; the generated kernel's ``enum Kind`` and
+the task dispatch follow from ``Kind``.
+
+Each kind module defines ``DEF``, a ``KindDef``: its name, whether its weight tiles stream through the
+shared-memory ring (the GEMV kinds), the ``TaskArgs`` fields its device body reads, and its device
+file (``<kind>.cuh`` beside the module) once its body lives there."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+from importlib import import_module
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+# The task-argument fields a device body may read (mk::TaskArgs, less the wait/signal lists).
+TASK_ARG_FIELDS = ("layer", "r0", "r1", "k0", "k1", "group", "split", "tile", "stage")
+
+
+@dataclass(frozen=True)
+class KindDef:
+    name: str                      # the enum name, e.g. "QKV"
+    streams_weights: bool          # weight tiles go through the shared-memory ring (GEMV tasks)
+    args: tuple[str, ...]          # the TaskArgs fields the device body reads
+    device_file: str | None = None  # "<kind>.cuh" beside this package, when the body lives there
+
+    def __post_init__(self):
+        unknown = [a for a in self.args if a not in TASK_ARG_FIELDS]
+        if unknown:
+            raise ValueError(f"kind {self.name}: unknown task-argument fields {unknown}")
+
+
+# Registry order is the kind's number (part of the schedule file format and the kernel's ABI).
+_MODULES = ("embed", "qkv", "attn", "combine", "oproj", "gateup", "down", "lmhead", "argmax")
+KIND_MODULES = tuple(import_module(f".{m}", __name__) for m in _MODULES)
+KIND_DEFS: tuple[KindDef, ...] = tuple(m.DEF for m in KIND_MODULES)
+
+
+class _KindBase(IntEnum):
+    @property
+    def definition(self) -> KindDef:
+        return KIND_DEFS[self.value]
+
+    @property
+    def module(self):
+        """The kind's module: lowering, costs and CPU-executor semantics (``execute``)."""
+        return KIND_MODULES[self.value]
+
+    @property
+    def streams_weights(self) -> bool:
+        """Kinds whose weight tiles go through the shared-memory ring (GEMV tasks)."""
+        return KIND_DEFS[self.value].streams_weights
+
+    @property
+    def args(self) -> tuple[str, ...]:
+        return KIND_DEFS[self.value].args
+
+
+Kind = _KindBase("Kind", [(d.name, i) for i, d in enumerate(KIND_DEFS)], module=__name__)
+
+
+def device_files() -> list[Path]:
+    """The kinds' device files in registry order, for codegen to inline after the shared headers."""
+    return [HERE / d.device_file for d in KIND_DEFS if d.device_file]
+
+
+__all__ = ["KIND_DEFS", "KIND_MODULES", "Kind", "KindDef", "TASK_ARG_FIELDS", "device_files"]

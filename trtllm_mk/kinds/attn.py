@@ -1,0 +1,90 @@
+"""ATTN: one KV group and split of paged decode attention (QK-norm, RoPE, cache store, partials)."""
+from __future__ import annotations
+
+from . import KindDef
+
+ATTN_TILE_TOKENS = 16   # tokens of one ATTN tensor-core tile (the device body's attn_tile)
+
+DEF = KindDef("ATTN", streams_weights=False, args=("layer", "group", "split"), device_file="attn.cuh")
+
+
+def execute(ex, t, layer: int) -> None:
+    """CPU-executor semantics (trtllm_mk.executor.CpuExecutor ``ex``): see graph.tasks."""
+    import torch
+    from ..model.rope import apply_rope
+    G, d, S, g, s = ex.G, ex.d, ex.S, t.group, t.split
+    lw, cache, tpb = ex.layers[layer], ex.cache, ex.cache.tokens_per_block
+    for b in range(ex.B):
+        p = int(ex.pos[b])
+        n = p + 1
+        chunk = -(-n // S)
+        t0, t1 = s * chunk, min(n, s * chunk + chunk)
+        heads = ex.qkv[b, g * ex.GR:(g + 1) * ex.GR].view(G + 2, d)
+        qk, v = heads[:G + 1], heads[G + 1]
+        if ex.spec.qk_norm:
+            qk = torch.cat([ex.head_norm(qk[:G], lw["q_norm"]), ex.head_norm(qk[G:], lw["k_norm"])])
+        qk = apply_rope(qk[None], torch.tensor([p]), ex.inv_freq)[0]
+        q, k, v = qk[:G], ex.stage_round(qk[G]), ex.stage_round(v)
+        if t0 <= p < t1:   # this split owns the new token: append it to the cache
+            blk = int(cache.block_table[b, p // tpb])
+            cache.pool[layer, blk, 0, g, p % tpb] = k.to(cache.pool.dtype)
+            cache.pool[layer, blk, 1, g, p % tpb] = v.to(cache.pool.dtype)
+        if t1 <= t0:       # an empty split (fewer tokens than splits)
+            ex.part_o[b, g, s] = 0.0
+            ex.part_ml[b, g, s, :, 0] = float("-inf")
+            ex.part_ml[b, g, s, :, 1] = 0.0
+            continue
+        ts = torch.arange(t0, t1)
+        blocks = cache.block_table[b, ts // tpb].long()
+        kc = cache.pool[layer, blocks, 0, g, ts % tpb].float()   # [T, d]
+        vc = cache.pool[layer, blocks, 1, g, ts % tpb].float()
+        if t0 <= p < t1:   # the new token from registers, as the GPU does (same bf16 values)
+            kc[p - t0], vc[p - t0] = k, v
+        sc = (q * d ** -0.5) @ kc.T                               # [G, T]
+        m = sc.max(-1).values
+        e = torch.exp(sc - m[:, None])
+        ex.part_o[b, g, s] = e @ vc
+        ex.part_ml[b, g, s, :, 0] = m
+        ex.part_ml[b, g, s, :, 1] = e.sum(-1)
+
+
+def duration_us(task, graph, rates, cal) -> float:
+    """Consumer time of one split: fixed latency, late K/V rounds, L2 reads and tensor-core tile rounds."""
+    from ..smem import attention_chunk, attention_kv_ring
+    d, plan = graph.dims, graph.plan
+    # the loader brings up to `cap` cached tokens per row through the ring before the task's wait
+    # (their bytes ride along the weight stream); the consumers copy the rest in rounds of `cap`
+    chunk = -(-d.context_len // d.splits)
+    _, cap = attention_kv_ring(d.head_dim, plan.slot_bytes, d.splits, d.context_len)
+    token = 2 * d.head_dim * 2
+    kv = d.batch * chunk * token
+    late_row = max(0, attention_chunk(d.context_len, d.splits) - cap)    # per batch row
+    late, rounds = d.batch * late_row, d.batch * -(-late_row // cap)
+    late_us = rounds * 2 * cal.l2_latency_us + late * (token / rates.hbm + cal.attn_late_token_us)
+    # the consumer warps take the split's 16-token tensor-core tiles in turns and a warp's tiles
+    # run one after another (attn_compute): the math costs tile rounds, not FLOPs
+    tiles = -(-attention_chunk(d.context_len, d.splits) // ATTN_TILE_TOKENS)
+    tile_rounds = d.batch * -(-tiles // plan.consumer_warps)
+    return (cal.task_overhead_us + cal.attn_fixed_us + late_us
+            + max(0, task.act_bytes - kv) / rates.l2 + tile_rounds * cal.attn_tile_us)
+
+
+def lower(c) -> list[dict]:
+    """One task per KV group and split."""
+    from ..graph.tasks import Access, EventRef
+    B, G, S, d, GR = c.B, c.G, c.S, c.d, c.GR
+    ctx_chunk = -(-c.context_len // S)
+    out = []
+    for g in range(c.nkv):
+        for s in range(S):
+            part = (g * S + s) * G
+            done = EventRef("attn_done", 0, g // c.groups_per_chunk if c.plan.o_merge else g)
+            out.append(dict(group=g, split=s, waits=(EventRef("qkv_done", 0, g),), signals=(done,),
+                            reads=(Access("qkv", g * GR, (g + 1) * GR), Access("pos", 0, 1),
+                                   Access("kv", g * S + s, g * S + s + 1, layer=0)),
+                            writes=(Access("kv", g * S + s, g * S + s + 1, layer=0),
+                                    Access("part_o", part * d, (part + G) * d),
+                                    Access("part_ml", part * 2, (part + G) * 2)),
+                            act_bytes=B * (ctx_chunk * 2 * d * 2 + GR * 4 + G * (d + 2) * 4),
+                            flops=4 * B * ctx_chunk * G * d))
+    return out

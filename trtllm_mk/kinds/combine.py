@@ -1,0 +1,44 @@
+"""COMBINE: merges one KV group's attention split partials into attn_out."""
+from __future__ import annotations
+
+from . import KindDef
+
+DEF = KindDef("COMBINE", streams_weights=False, args=("group",), device_file="combine.cuh")
+
+
+def execute(ex, t, layer: int) -> None:
+    """CPU-executor semantics (trtllm_mk.executor.CpuExecutor ``ex``): see graph.tasks."""
+    g, n = t.group, ex.G * ex.d
+    ex.attn_out[:, g * n:(g + 1) * n] = ex.merged_attention(g)
+
+
+def merge_units(splits: int, elements: int, consumer_warps: int) -> int:
+    """Split-merges on a consumer thread's path when ``elements`` attention outputs are merged from
+    their ``splits`` partials (mk_gemv.cuh merge_splits): each thread merges its elements one after
+    another, each from every split's (max, sum, o) loaded together."""
+    return splits * -(-elements // (32 * consumer_warps))
+
+
+def merge_cost(splits: int, elements: int, consumer_warps: int, cal: Calibration) -> float:
+    """Consumer time of that merge: ``merge_split_us`` per unit."""
+    return merge_units(splits, elements, consumer_warps) * cal.merge_split_us
+
+
+def duration_us(task, graph, rates, cal) -> float:
+    """Consumer time: the fixed merge latency, the merge of every split's partials, L2-resident reads."""
+    d, plan = graph.dims, graph.plan
+    fixed = cal.combine_fixed_us + merge_cost(d.splits, d.batch * d.group * d.head_dim, plan.consumer_warps, cal)
+    return cal.task_overhead_us + fixed + task.act_bytes / rates.l2 + task.flops / rates.attn
+
+
+def lower(c) -> list[dict]:
+    """One task per KV group; none under TilePlan.o_merge (OPROJ merges the partials itself)."""
+    from ..graph.tasks import Access, EventRef
+    if c.plan.o_merge:
+        return []
+    B, G, S, d = c.B, c.G, c.S, c.d
+    return [dict(group=g, waits=(EventRef("attn_done", 0, g),),
+                 signals=(EventRef("combine_done", 0, g // c.groups_per_chunk),),
+                 reads=c.partials(g, g + 1), writes=(Access("attn_out", g * G * d, (g + 1) * G * d),),
+                 act_bytes=B * (S * G * (d + 2) * 4 + G * d * 4), flops=3 * B * S * G * d)
+            for g in range(c.nkv)]

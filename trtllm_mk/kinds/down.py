@@ -1,0 +1,40 @@
+"""DOWN: the MLP down projection, a K-split GEMV that adds into x."""
+from __future__ import annotations
+
+from . import KindDef
+from .gemv import no_staging_extra
+
+DEF = KindDef("DOWN", streams_weights=True, args=("layer", "r0", "r1", "k0", "k1", "stage"))
+
+
+def execute(ex, t, layer: int) -> None:
+    """CPU-executor semantics (trtllm_mk.executor.CpuExecutor ``ex``): see graph.tasks."""
+    from ..residual import to_fixed
+    w = ex.layers[layer]["down"][t.r0:t.r1, t.k0:t.k1]
+    ex.x[:, t.r0:t.r1] += to_fixed(ex.stage_round(ex.act[:, t.k0:t.k1]) @ w.T)
+
+# GEMV cost hooks (kinds/gemv.py)
+MATRICES = 1
+NORMS_INPUT = False
+staging_extra_us = no_staging_extra
+
+
+def lower(c) -> list[dict]:
+    """Row tiles of H, each K-split into ``down_ksplit`` chunks of I, adding into x. They wait on the
+    whole gateup_done, not per K-chunk: DOWN adds into x, which the layer's GATEUP tasks read for
+    their norm (the race checker rejects the per-chunk variant)."""
+    from ..graph.tasks import Access, EventRef
+    plan, B = c.plan, c.B
+    d_chunk = c.I // plan.down_ksplit
+    out = []
+    for a, b in c.tiles(c.H, plan.down_rows):
+        for k in range(plan.down_ksplit):
+            k0, k1 = k * d_chunk, (k + 1) * d_chunk
+            split = plan.down_ksplit > 1   # K-split partials accumulate atomically (fixed point: any order)
+            out.append(dict(r0=a, r1=b, k0=k0, k1=k1,
+                            waits=(EventRef("gateup_done", 0, 0),), signals=(EventRef("resid_ready", 1, 0),),
+                            reads=(Access("act", k0, k1),) + (() if split else (Access("x", a, b),)),
+                            writes=(Access("x", a, b, add=split),),
+                            weight_bytes=(b - a) * (k1 - k0) * c.wb, act_bytes=B * ((k1 - k0) * 4 + (b - a) * 8),
+                            flops=2 * B * (b - a) * (k1 - k0)))
+    return out

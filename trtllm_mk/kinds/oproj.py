@@ -1,0 +1,61 @@
+"""OPROJ: the output projection, a K-split GEMV that adds into x (optionally merging the splits itself)."""
+from __future__ import annotations
+
+from . import KindDef
+from .combine import merge_cost
+
+DEF = KindDef("OPROJ", streams_weights=True, args=("layer", "r0", "r1", "k0", "k1", "stage"))
+
+
+def execute(ex, t, layer: int) -> None:
+    """CPU-executor semantics (trtllm_mk.executor.CpuExecutor ``ex``): see graph.tasks."""
+    import torch
+
+    from ..residual import to_fixed
+    w = ex.layers[layer]["o"][t.r0:t.r1, t.k0:t.k1]
+    if ex.graph.plan.o_merge:            # the chunk's heads, merged from the partials here
+        n = ex.G * ex.d
+        src = torch.cat([ex.merged_attention(g) for g in range(t.k0 // n, t.k1 // n)], dim=1)
+    else:
+        src = ex.attn_out[:, t.k0:t.k1]
+    ex.x[:, t.r0:t.r1] += to_fixed(ex.stage_round(src) @ w.T)
+
+# GEMV cost hooks (kinds/gemv.py)
+MATRICES = 1
+NORMS_INPUT = False
+
+
+def staging_extra_us(task, graph, cal) -> float:
+    """Under TilePlan.o_merge the staging merges the partials of every split of the task's heads."""
+    if not graph.plan.o_merge:
+        return 0.0
+    d = graph.dims
+    return merge_cost(d.splits, d.batch * (task.k1 - task.k0), graph.plan.consumer_warps, cal)
+
+
+def lower(c) -> list[dict]:
+    """Row tiles of H, each K-split by head groups (``o_ksplit`` chunks), adding into x."""
+    from ..graph.tasks import Access, EventRef
+    plan, B, S, d = c.plan, c.B, c.S, c.d
+    o_chunk = c.QD // plan.o_ksplit
+    out = []
+    for a, b in c.tiles(c.H, plan.o_rows):
+        for k in range(plan.o_ksplit):
+            k0, k1 = k * o_chunk, (k + 1) * o_chunk
+            split = plan.o_ksplit > 1
+            if plan.o_merge:   # the chunk's heads merged from the split partials while staging
+                ready = EventRef("attn_done", 0, k)
+                source = c.partials(k * c.groups_per_chunk, (k + 1) * c.groups_per_chunk)
+                staged = S * (k1 - k0) // d * (d + 2) * 4
+            else:
+                ready, source, staged = EventRef("combine_done", 0, k), (Access("attn_out", k0, k1),), (k1 - k0) * 4
+            # qkv_all first: it is long satisfied when the task starts waiting, so its round trip
+            # overlaps the wait for the chunk's heads instead of following it on the chain
+            out.append(dict(r0=a, r1=b, k0=k0, k1=k1,
+                            waits=((EventRef("qkv_all", 0, 0),) if split else ()) + (ready,),
+                            signals=(EventRef("oproj_done", 0, 0),),
+                            reads=source + (() if split else (Access("x", a, b),)),
+                            writes=(Access("x", a, b, add=split),),
+                            weight_bytes=(b - a) * (k1 - k0) * c.wb, act_bytes=B * (staged + (b - a) * 8),
+                            flops=2 * B * (b - a) * (k1 - k0)))
+    return out

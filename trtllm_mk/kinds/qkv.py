@@ -1,0 +1,39 @@
+"""QKV: RMS-norms x (ln1) and multiplies the grouped q/k/v weight rows (plus bias for Qwen2)."""
+from __future__ import annotations
+
+from . import KindDef
+from .gemv import no_staging_extra
+
+DEF = KindDef("QKV", streams_weights=True, args=("layer", "r0", "r1", "stage"))
+
+
+def execute(ex, t, layer: int) -> None:
+    """CPU-executor semantics (trtllm_mk.executor.CpuExecutor ``ex``): see graph.tasks."""
+    lw = ex.layers[layer]
+    out = ex.norm_staged(lw["ln1"]) @ lw["qkv"][t.r0:t.r1].T
+    if lw["qkv_bias"] is not None:
+        out = out + lw["qkv_bias"][t.r0:t.r1]
+    ex.qkv[:, t.r0:t.r1] = out
+
+# GEMV cost hooks (kinds/gemv.py)
+MATRICES = 1
+NORMS_INPUT = True
+staging_extra_us = no_staging_extra
+
+
+def lower(c) -> list[dict]:
+    """Row tiles of the grouped QKV rows; q/k-norm and RoPE happen in ATTN."""
+    from ..graph.tasks import Access, EventRef
+    out = []
+    for a, b in c.tiles(c.QKVR, c.plan.qkv_rows):
+        groups = range(a // c.GR, (b - 1) // c.GR + 1)
+        # With a K-split OPROJ, a chunk may add into x as soon as its own heads are combined, while
+        # QKV tiles of other groups still read x for their norm: qkv_all orders every OPROJ after
+        # every QKV (without K-split the single combine_done slot already implies it).
+        all_sig = (EventRef("qkv_all", 0, 0),) if c.plan.o_ksplit > 1 else ()
+        out.append(dict(r0=a, r1=b, k0=0, k1=c.H, waits=(EventRef("resid_ready", 0, 0),),
+                        signals=tuple(EventRef("qkv_done", 0, g) for g in groups) + all_sig,
+                        reads=(Access("x", 0, c.H),), writes=(Access("qkv", a, b),),
+                        weight_bytes=(b - a) * c.H * c.wb, act_bytes=c.B * (c.H * 4 + (b - a) * 4),
+                        flops=2 * c.B * (b - a) * c.H))
+    return out

@@ -1,0 +1,35 @@
+"""Model families: one module each, composing the task kinds (trtllm_mk.kinds) into the decode step
+and naming the optional numerics the family needs. A new family is one module here plus its line in
+``_MODULES``; ``model.spec`` recognises checkpoints by ``architecture`` and ``model_type``."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import import_module
+
+# The step's kinds per phase (by kind name), in program order: the embedding lookup, the layer
+# template repeated for every layer, then the LM head and the argmax.
+DECODER_STEP = {"head": ("EMBED",), "layer": ("QKV", "ATTN", "COMBINE", "OPROJ", "GATEUP", "DOWN"),
+                "tail": ("LMHEAD", "ARGMAX")}
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str                      # ModelSpec.family
+    architecture: str              # HF config "architectures" entry
+    model_type: str                # HF config "model_type"
+    qkv_bias: bool = False         # q/k/v projections carry a bias (added by QKV)
+    qk_norm: bool = False          # per-head RMSNorm of q and k before RoPE (applied by ATTN)
+    reads_sliding_window: bool = False    # the config's sliding_window applies (Mistral)
+    rejects_use_sliding_window: bool = False   # use_sliding_window=true is unsupported (Qwen)
+    step: tuple[tuple[str, tuple[str, ...]], ...] = tuple(DECODER_STEP.items())   # (phase, kind names)
+
+
+_MODULES = ("llama", "mistral", "qwen2", "qwen3")
+FAMILIES: dict[str, Family] = {f.name: f for f in (import_module(f".{m}", __name__).FAMILY for m in _MODULES)}
+
+
+def family(name: str) -> Family:
+    return FAMILIES[name]
+
+
+__all__ = ["DECODER_STEP", "FAMILIES", "Family", "family"]

@@ -1,0 +1,195 @@
+"""The one description of the interface between the Python host and the generated CUDA kernel.
+
+Codegen emits the C++ declarations from it (``emit_cuda``: ``enum Kind``, ``struct LayerWeights``,
+``struct Params``, ``struct TaskArgs``, the trace word names and a ``static_assert`` per Params field
+offset, so nvcc checks the layout computed here), the Python runtime packs ``Params`` from it
+(``pack_params``), kernel.json records the layout (``params_layout_json``) so the TensorRT plugin
+packs from offsets, and the TensorRT backend takes the layer weight order from it. Importable without
+torch.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+# C type -> (size, alignment, struct format char). Every pointer is 8 bytes on the 64-bit hosts
+# and devices the kernel runs on.
+_SCALARS = {"int": (4, 4, "i"), "uint32_t": (4, 4, "I"), "float": (4, 4, "f"), "int64_t": (8, 8, "q"),
+            "uint64_t": (8, 8, "Q")}
+_POINTER = (8, 8, "Q")
+
+WEIGHT, BUFFER, SCALAR = "weight", "buffer", "scalar"   # Params field roles
+
+
+def ctype_info(ctype: str) -> tuple[int, int, str]:
+    """(size, alignment, struct format char) of a C type of the seam."""
+    return _POINTER if ctype.endswith("*") else _SCALARS[ctype]
+
+
+@dataclass(frozen=True)
+class ParamField:
+    name: str
+    ctype: str
+    role: str   # WEIGHT: model tensor; BUFFER: engine-owned device memory; SCALAR: a value
+    doc: str
+
+
+@dataclass(frozen=True)
+class LayerWeight:
+    field: str       # mk::LayerWeights member
+    hf_suffix: str   # tensor name after "model.layers.{i}."
+    optional: bool   # absent in some model families (null pointer then)
+
+
+@dataclass(frozen=True)
+class TaskArg:
+    name: str
+    count: str = ""   # array extent (a cfg constant) or "" for a scalar
+    doc: str = ""
+
+
+LAYER_WEIGHTS = (
+    LayerWeight("q", "self_attn.q_proj.weight", False),
+    LayerWeight("k", "self_attn.k_proj.weight", False),
+    LayerWeight("v", "self_attn.v_proj.weight", False),
+    LayerWeight("o", "self_attn.o_proj.weight", False),
+    LayerWeight("gate", "mlp.gate_proj.weight", False),
+    LayerWeight("up", "mlp.up_proj.weight", False),
+    LayerWeight("down", "mlp.down_proj.weight", False),
+    LayerWeight("ln1", "input_layernorm.weight", False),
+    LayerWeight("ln2", "post_attention_layernorm.weight", False),
+    LayerWeight("q_norm", "self_attn.q_norm.weight", True),    # qwen3 QK-norm
+    LayerWeight("k_norm", "self_attn.k_norm.weight", True),
+    LayerWeight("q_bias", "self_attn.q_proj.bias", True),      # qwen2 q/k/v bias
+    LayerWeight("k_bias", "self_attn.k_proj.bias", True),
+    LayerWeight("v_bias", "self_attn.v_proj.bias", True),
+)
+LAYER_FIELD_NAMES = tuple(w.field for w in LAYER_WEIGHTS)
+OPTIONAL_LAYER_FIELDS = frozenset(w.field for w in LAYER_WEIGHTS if w.optional)
+
+PARAMS = (
+    ParamField("layers", "const LayerWeights*", WEIGHT, "[L], device array"),
+    ParamField("embed", "const bf16*", WEIGHT, "[V, H]"),
+    ParamField("final_norm", "const bf16*", WEIGHT, "[H]"),
+    ParamField("lm_head", "const bf16*", WEIGHT, "[V, H] (the embedding when tied)"),
+    ParamField("inv_freq", "const float*", WEIGHT, "[D/2] RoPE inverse frequencies (llama3 scaling applied on the host)"),
+    ParamField("x", "long long*", BUFFER, "[B, H] residual stream, fixed point (trtllm_mk/residual.py)"),
+    ParamField("qkv", "float*", BUFFER, "[B, QKVR] grouped q/k/v projection"),
+    ParamField("part_o", "float*", BUFFER, "[B, NKV, S, G, D] attention partials"),
+    ParamField("part_ml", "float*", BUFFER, "[B, NKV, S, G, 2] (max, sum of exp)"),
+    ParamField("attn_out", "float*", BUFFER, "[B, NH*D]"),
+    ParamField("act", "float*", BUFFER, "[B, I] silu(gate) * up"),
+    ParamField("logits", "float*", BUFFER, "[B, V]"),
+    ParamField("lm_val", "float*", BUFFER, "[B, N_LM_TILES]"),
+    ParamField("lm_idx", "int*", BUFFER, "[B, N_LM_TILES]"),
+    ParamField("tokens", "int*", BUFFER, "[B] in: this step's token; out: the next token"),
+    ParamField("pos", "int*", BUFFER, "[B] position of this step's token; advanced by the step"),
+    ParamField("history", "int*", BUFFER, "[B, HISTORY_LEN] history[b, pos+1] = generated token"),
+    ParamField("kv_pool", "bf16*", BUFFER, "[L, num_blocks, 2, NKV, TPB, D]"),
+    ParamField("block_table", "const int*", BUFFER, "[B, block_table_stride]"),
+    ParamField("counters", "uint32_t*", BUFFER, "event counters (monotonic)"),
+    ParamField("control", "uint32_t*", BUFFER, "[0] step (monotonic, advanced by the step's ARGMAX), [1..3] unused"),
+    ParamField("error", "ErrorInfo*", BUFFER, "first device-side diagnostic (pinned host memory)"),
+    ParamField("num_blocks", "int64_t", SCALAR, "blocks per layer in kv_pool"),
+    ParamField("block_table_stride", "int64_t", SCALAR, "int32 entries per block-table row"),
+    ParamField("trace", "uint64_t*", BUFFER, "optional per-task timeline (null: off); words in TRACE_WORD_NAMES"),
+)
+
+TASK_ARGS = (
+    TaskArg("layer"), TaskArg("r0"), TaskArg("r1"), TaskArg("k0"), TaskArg("k1"), TaskArg("group"), TaskArg("split"),
+    TaskArg("tile"),
+    TaskArg("stage", doc="GEMV kinds: 1 = stage the activation, 0 = reuse the previous task's (same input)"),
+    TaskArg("nw"), TaskArg("w", "cfg::MAX_REFS", "flat counter indices to wait on"),
+    TaskArg("ns"), TaskArg("s", "cfg::MAX_REFS", "flat counter indices to signal"),
+)
+
+# Per SM and task of a traced step, one 64-bit word each (globaltimer ns, or ns durations). After the
+# TRACE_TASKS x TRACE_WORDS words of every SM, one row of TRACE_SM_WORDS per SM holds
+# [loader ns blocked on a full ring, loader done, consumers done, 0]. Read by runtime/trace.py.
+TRACE_WORD_NAMES = (
+    "start",           # consumer thread 0: the task starts
+    "waited",          # its event waits are satisfied
+    "staged",          # its activation is staged
+    "signalled",       # it handed its signals over (or finished)
+    "full_wait_ns",    # ns it waited for ring slots to fill
+    "loader_start",    # loader lane 0 reached the task
+    "loader_issued",   # loader issued the task's last copy
+    "loader_wait_ns",  # ns of that span the loader waited for a free slot
+    "computed",        # consumer thread 0: reduction done (before the output stores)
+    "handed",          # about to hand the task's events to the signaller warp
+    "published",       # the signaller published them (0: the task has none)
+)
+TRACE_WORDS = len(TRACE_WORD_NAMES)
+TRACE_SM_WORDS = 4
+
+
+def params_layout() -> tuple[list[tuple[ParamField, int, int]], int]:
+    """([(field, offset, size)], sizeof(Params)) with natural alignment."""
+    out, off, align_max = [], 0, 1
+    for f in PARAMS:
+        size, align, _ = ctype_info(f.ctype)
+        off = -(-off // align) * align
+        out.append((f, off, size))
+        off += size
+        align_max = max(align_max, align)
+    return out, -(-off // align_max) * align_max
+
+
+def pack_params(values: dict[str, int]) -> bytes:
+    """The bytes of mk::Params from {field name: value} (pointers as integers; 0 for null)."""
+    missing = [f.name for f in PARAMS if f.name not in values]
+    extra = sorted(set(values) - {f.name for f in PARAMS})
+    if missing or extra:
+        raise ValueError(f"Params: missing {missing}, unknown {extra}")
+    layout, size = params_layout()
+    buf = bytearray(size)
+    for f, off, _ in layout:
+        struct.pack_into("<" + ctype_info(f.ctype)[2], buf, off, values[f.name])
+    return bytes(buf)
+
+
+def params_layout_json() -> dict:
+    """The Params layout for kernel.json: what a host without this package packs from."""
+    layout, size = params_layout()
+    return {"size": size,
+            "fields": [{"name": f.name, "ctype": f.ctype, "role": f.role, "offset": off, "size": n}
+                       for f, off, n in layout],
+            "layer_fields": list(LAYER_FIELD_NAMES)}
+
+
+def _kind_enum() -> str:
+    from .graph import Kind
+    return "enum Kind { " + ", ".join(f"{k.name} = {int(k)}" for k in Kind) + " };"
+
+
+def emit_cuda() -> str:
+    """The interface declarations, in namespace mk (after mk_common.cuh, before mk_params.cuh)."""
+    lines = ["namespace mk {", "", "// Task kinds (trtllm_mk.graph.Kind).", _kind_enum(), "",
+             "// Device pointers of one layer's weights, HF layouts ([out, in] row-major), read in place.",
+             "struct LayerWeights {"]
+    lines += [f"  const bf16* {w.field};  // {w.hf_suffix}{' (optional: null when absent)' if w.optional else ''}"
+              for w in LAYER_WEIGHTS]
+    lines += ["};", "", "// Kernel parameters, passed by value as a __grid_constant__.", "struct Params {"]
+    lines += [f"  {f.ctype} {f.name};  // {f.doc}" for f in PARAMS]
+    lines += ["};"]
+    layout, size = params_layout()
+    lines.append(f"static_assert(sizeof(Params) == {size}, \"Params layout (trtllm_mk/seam.py)\");")
+    lines += [f"static_assert(__builtin_offsetof(Params, {f.name}) == {off}, \"Params layout\");" for f, off, _ in layout]
+    lines += ["", f"constexpr int TRACE_WORDS = {TRACE_WORDS};  // per traced task: "
+              + ", ".join(f"[{i}] {n}" for i, n in enumerate(TRACE_WORD_NAMES)),
+              f"constexpr int TRACE_SM_WORDS = {TRACE_SM_WORDS};", "",
+              "// One task's arguments (codegen emits an initializer per task call).", "struct TaskArgs {"]
+    for a in TASK_ARGS:
+        decl = f"  int {a.name}{f'[{a.count}]' if a.count else ''};"
+        lines.append(decl + (f"  // {a.doc}" if a.doc else ""))
+    lines += ["};", "", "}  // namespace mk"]
+    return "\n".join(lines) + "\n"
+
+
+def task_args_init(values: dict[str, object]) -> str:
+    """An mk::TaskArgs initializer from {argument: C expression or list of them}, in TASK_ARGS order."""
+    parts = []
+    for a in TASK_ARGS:
+        v = values[a.name]
+        parts.append("{" + ", ".join(map(str, v)) + "}" if a.count else str(v))
+    return "mk::TaskArgs{" + ", ".join(parts) + "}"
