@@ -36,7 +36,7 @@ def write_tiny_tokenizer(out_dir: str | Path, vocab_size: int = 512) -> Path:
         from tokenizers import Tokenizer, models, pre_tokenizers
         from transformers import PreTrainedTokenizerFast
     except ImportError:
-        raise UserError("the tiny tokenizer needs transformers: pip install 'trtllm_mk[server]'") from None
+        raise UserError("the tiny tokenizer needs transformers: pip install 'trtllm_mk[tokenizer]'") from None
     vocab = {t: i for i, t in enumerate(SPECIALS + _words(vocab_size - len(SPECIALS)))}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()

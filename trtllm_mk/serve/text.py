@@ -3,7 +3,7 @@ ids (``generation_config.json`` first, as transformers' ``generate`` reads them)
 detokenization with stop strings.
 
 The tokenizer is read from local files only (no network at run time) through transformers, an
-optional dependency (the ``server`` extra); without it, text prompts fail with one line naming the fix.
+optional dependency (the ``tokenizer`` and ``server`` extras); without it, text prompts fail with one line naming the fix.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 from ..errors import UserError
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+TOKENIZER_HINT = "pip install 'trtllm_mk[tokenizer]'"
 INSTALL_HINT = "pip install 'trtllm_mk[server]'"
 
 
@@ -27,7 +28,7 @@ def load_tokenizer(weights: str | Path):
     try:
         from transformers import AutoTokenizer
     except ImportError:
-        raise UserError(f"reading the tokenizer of {weights} needs transformers: {INSTALL_HINT}") from None
+        raise UserError(f"reading the tokenizer of {weights} needs transformers: {TOKENIZER_HINT}") from None
     try:
         return AutoTokenizer.from_pretrained(str(weights), local_files_only=True)
     except (OSError, ValueError) as e:
