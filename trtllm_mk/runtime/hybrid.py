@@ -158,10 +158,6 @@ class HybridEngine:
             raise UserError(f"token ids must be in [0, {self.spec.vocab_size})")
 
     # ------------------------------------------------------------------ slots
-    def _sync(self) -> None:
-        if self.device == "cuda":
-            torch.cuda.synchronize()
-
     def start(self, slot: int, prompt: list[int], params: SamplingParams) -> Choice:
         """Prefill ``prompt`` alone into ``slot``'s KV blocks; the first generated token."""
         from ..backends.torch_prefill import TorchPrefill
@@ -183,9 +179,9 @@ class HybridEngine:
     def decode(self, busy: dict[int, SamplingParams], max_steps: int = GREEDY_STEPS_PER_ROUND
                ) -> dict[int, list[Choice]]:
         """Decode steps for every slot at once; the tokens chosen for the ``busy`` slots (one list per
-        slot, as many entries as steps ran: 1, or up to ``max_steps`` on the GPU when every busy slot
-        is greedy without log-probabilities). ``max_steps`` must not exceed any busy slot's remaining
-        token budget."""
+        slot, as many entries as steps ran: 1, or up to ``min(max_steps, GREEDY_STEPS_PER_ROUND)`` on
+        the GPU when every busy slot is greedy without log-probabilities). ``max_steps`` must not
+        exceed any busy slot's remaining token budget."""
         for b in range(self.batch):
             if b not in busy:
                 self.release(b)
@@ -212,7 +208,7 @@ class HybridEngine:
     def _decode_gpu(self, busy: dict[int, SamplingParams], max_steps: int) -> dict[int, list[Choice]]:
         dec = self.decoder
         on_host = [b for b, p in busy.items() if not p.greedy or p.logprobs is not None]
-        k = 1 if on_host or not busy else max(1, max_steps)
+        k = 1 if on_host or not busy else max(1, min(max_steps, GREEDY_STEPS_PER_ROUND))
         dec.set_state(torch.tensor(self._tok), torch.tensor(self._pos))
         events = []
         for _ in range(k):
