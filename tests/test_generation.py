@@ -3,7 +3,6 @@ seeds, streaming, end-of-sequence ids from generation_config.json, stop ids and 
 template, special tokens in text, and the fp16 -> bf16 cast at load."""
 import json
 import shutil
-import threading
 import time
 
 import pytest

@@ -80,14 +80,16 @@ def test_models_and_health(server, client):
 
 def test_greedy_completion_equals_the_engine(server, client):
     url, eng = server
-    r = client.completions.create(model=MODEL, prompt="ba be ko", max_tokens=6, temperature=0, extra_body={"ignore_eos": True})
+    r = client.completions.create(model=MODEL, prompt="ba be ko", max_tokens=6, temperature=0,
+                                  extra_body={"ignore_eos": True})
     ids = eng.tokenizer.encode("ba be ko")
     want = eng.generate([ids], 6, eos_ids=()).tokens[0]
     assert r.choices[0].text == eng.tokenizer.decode(want, skip_special_tokens=True)
     assert r.choices[0].finish_reason == "length"
     assert (r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens) == (len(ids), 6, len(ids) + 6)
     # token-id prompts are accepted as well
-    r2 = client.completions.create(model=MODEL, prompt=ids, max_tokens=6, temperature=0, extra_body={"ignore_eos": True})
+    r2 = client.completions.create(model=MODEL, prompt=ids, max_tokens=6, temperature=0,
+                                   extra_body={"ignore_eos": True})
     assert r2.choices[0].text == r.choices[0].text
 
 

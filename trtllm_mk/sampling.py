@@ -8,8 +8,8 @@ chosen (the number of tokens before it in the sequence, prompt included):
 2. Otherwise ``z = l / temperature`` (fp32). Each vocabulary entry gets Gumbel noise
    ``g[i] = -log(-log(u))`` with ``u = ((h >> 9) + 0.5) * 2**-23`` (exact in fp32, strictly inside
    (0, 1): 23 bits, as fp32 cannot hold 1 - 2**-25) and ``h = gumbel_hash(seed, n, i)`` (below).
-   The chosen token is the first index of the maximum of ``z[i] + g[i]`` over the kept set. Gumbel-max draws exactly from the softmax of ``z``
-   restricted to the kept set, and the noise depends only on (seed, n, i): the same seed gives the
+   The chosen token is the first index of the maximum of ``z[i] + g[i]`` over the kept set.
+   Gumbel-max draws exactly from the softmax of ``z`` restricted to the kept set, and the noise depends only on (seed, n, i): the same seed gives the
    same tokens whatever else is batched, whichever slot serves the request.
 3. The kept set is the whole vocabulary when neither top-k nor top-p restricts it. Otherwise it is a
    prefix of the *candidate set*: the ``CANDIDATES`` (256) largest logits, ordered by logit

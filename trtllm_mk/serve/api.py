@@ -89,7 +89,8 @@ def create_app(engine, model_name: str, max_queue: int | None = None) -> FastAPI
     async def _invalid(request, exc: RequestValidationError):
         first = exc.errors()[0] if exc.errors() else {}
         where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-        return _error(400, f"{where}: {first.get('msg', 'invalid request')}" if where else str(exc), param=where or None)
+        msg = f"{where}: {first.get('msg', 'invalid request')}" if where else str(exc)
+        return _error(400, msg, param=where or None)
 
     @app.exception_handler(ApiError)
     async def _api_error(request, exc: ApiError):

@@ -3,7 +3,8 @@ ids (``generation_config.json`` first, as transformers' ``generate`` reads them)
 detokenization with stop strings.
 
 The tokenizer is read from local files only (no network at run time) through transformers, an
-optional dependency (the ``tokenizer`` and ``server`` extras); without it, text prompts fail with one line naming the fix.
+optional dependency (the ``tokenizer`` and ``server`` extras); without it, text prompts fail with one
+line naming the fix.
 """
 from __future__ import annotations
 
