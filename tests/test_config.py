@@ -155,7 +155,9 @@ def test_memory_budget_counts_weights_kv_and_activations():
     assert spec.kv_bytes_per_token() == 2 * 36 * 8 * 128 * 2
     assert mem.kv_cache == 4096 * spec.kv_bytes_per_token()
     assert mem.weights == spec.weight_bytes()
-    assert mem.available == int(48 * GB * 0.9)
+    # TensorRT-LLM's meaning: the share of the memory left free after weights and activations
+    assert mem.available == int((48 * GB - mem.weights - mem.activations) * 0.9)
+    assert mem.headroom == mem.available - mem.kv_cache
     assert 0 < mem.activations < 1 * GB
     assert mem.total == mem.weights + mem.kv_cache + mem.activations
 
@@ -235,8 +237,9 @@ def test_kv_cache_that_does_not_fit_says_how_much_and_what_fits(tmp_path):
     data = {"model": "llama-3.1-8b", "gpu": "L20", "max_batch_size": 8, "max_seq_len": 131072,
             "max_input_len": 1024}
     msg = config_error(write_yaml(tmp_path / "big.yaml", data))
-    assert msg.startswith(f"{tmp_path / 'big.yaml'}: max_seq_len: weights 16.06 GB + KV cache ")
-    assert "(8 x 131072 tokens)" in msg and "but L20 has 43.20 GB (48 GB x free_gpu_memory_fraction 0.9)" in msg
+    assert msg.startswith(f"{tmp_path / 'big.yaml'}: max_seq_len: weights 16.06 GB + activations ")
+    assert "(8 x 131072 tokens)" in msg and "of L20's 48 GB, of which the KV cache may take" in msg
+    assert "(free_gpu_memory_fraction 0.9)" in msg
     suggested = int(re.search(r"lower max_seq_len to at most (\d+)", msg).group(1))
     assert load_config(write_yaml(tmp_path / "fits.yaml", {**data, "max_seq_len": suggested})).memory_budget().fits
     msg = config_error(write_yaml(tmp_path / "over.yaml", {**data, "max_seq_len": suggested + 32}))
@@ -251,11 +254,26 @@ def test_batch_whose_prompts_cannot_fit_asks_for_a_smaller_batch(tmp_path):
 
 
 def test_weights_that_do_not_fit_point_at_a_bigger_gpu(tmp_path):
-    data = {"model": "llama-3.1-8b", "gpu": "L20", "max_batch_size": 1, "max_seq_len": 4096,
-            "kv_cache_config": {"free_gpu_memory_fraction": 0.2}}
+    # a Llama of about 35 B parameters (70 GB in bf16): too big for L20's 48 GB, not for 80 GB GPUs
+    arch = tiny_config("llama", hidden_size=8192, intermediate_size=28672, num_hidden_layers=40,
+                       num_attention_heads=64, num_key_value_heads=8, head_dim=128, vocab_size=128256,
+                       max_position_embeddings=8192)
+    (tmp_path / "big.json").write_text(json.dumps(arch))
+    data = {"model": str(tmp_path / "big.json"), "gpu": "L20", "max_batch_size": 1, "max_seq_len": 4096}
     msg = config_error(write_yaml(tmp_path / "x.yaml", data))
     assert msg.startswith(f"{tmp_path / 'x.yaml'}: model: ") and "alone do not fit" in msg
-    assert "(H200)" in msg  # only H200's 141 GB x 0.2 holds 16 GB of weights
+    assert "(A100-80GB, H100-SXM, H200)" in msg
+
+
+def test_free_gpu_memory_fraction_is_a_share_of_the_memory_left_after_weights(tmp_path):
+    # 8B on L20: 48 GB - 16.4 GB of weights leaves ~31 GB; a fraction of 0.2 gives the KV cache ~6 GB,
+    # enough for 4 x 8192 tokens (4.3 GB) but not 8 x 8192 (8.6 GB). Read as a share of all memory
+    # (9.6 GB), not even the weights would fit.
+    base = {"model": "llama-3.1-8b", "gpu": "L20", "max_seq_len": 8192,
+            "kv_cache_config": {"free_gpu_memory_fraction": 0.2}}
+    assert load_config(write_yaml(tmp_path / "a.yaml", {**base, "max_batch_size": 4})).memory_budget().fits
+    msg = config_error(write_yaml(tmp_path / "b.yaml", {**base, "max_batch_size": 8}))
+    assert "free_gpu_memory_fraction 0.2" in msg
 
 
 def test_mistral_sliding_window_must_cover_max_seq_len(tmp_path):

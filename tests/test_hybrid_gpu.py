@@ -55,3 +55,34 @@ def test_generate_matches_reference_and_reports_latency(tmp_path, checkpoint, ba
         want = ref.decode(tok, lens + t, cache).argmax(-1).tolist()
         flips += sum(int(want[b] != res.tokens[b][t + 1]) for b in range(batch))
     assert flips <= max(1, (NEW - 1) * batch // 100), f"{flips} tokens differ from the reference"
+
+
+def test_slots_on_the_gpu_decode_as_if_alone_and_seeds_repeat(tmp_path, checkpoint):
+    """Per-slot batching on the megakernel: a request that joins while another decodes gets the tokens
+    it gets alone (batch rows are computed independently), and a seeded sampled request (logits read
+    back each step, token chosen by trtllm_mk.sampling) repeats exactly."""
+    from trtllm_mk.build import build_engine
+    from trtllm_mk.runtime.hybrid import HybridEngine
+    from trtllm_mk.sampling import SamplingParams
+    from trtllm_mk.serve.scheduler import make_request
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "tiny_cpu.yaml")
+    cfg = with_overrides(cfg, {"model": str(checkpoint), "gpu": "auto", "max_batch_size": 2,
+                               "megakernel": {"search_budget_s": 2.0}})
+    out, _ = build_engine(cfg, tmp_path / "engine", show_progress=False)
+    eng = HybridEngine(out, weights=str(checkpoint))
+    prompts = [[3, 141, 59, 26, 5, 358, 97], [6, 7, 8, 9, 10]]
+    alone = [eng.generate([p], 24, eos_ids=()).tokens[0] for p in prompts]
+    sched = eng.scheduler
+    sched.start()
+    long = make_request(eng, prompts[0], 64, ignore_eos=True)
+    sched.submit(long)
+    next(long.events())
+    late = make_request(eng, prompts[1], 24, ignore_eos=True)
+    sched.submit(late)
+    assert late.result().tokens == alone[1]
+    assert long.result().tokens[:24] == alone[0]
+    p = SamplingParams(temperature=1.0, top_k=40, seed=7)
+    a = eng.generate(prompts, 24, eos_ids=(), sampling=p).tokens
+    b = eng.generate(prompts[:1], 24, eos_ids=(), sampling=p).tokens
+    assert a[0] == b[0]
+    eng.close()

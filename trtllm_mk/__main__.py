@@ -1,4 +1,4 @@
-"""python -m trtllm_mk build|run|bench|verify [...]  (each subcommand has --help)."""
+"""python -m trtllm_mk build|run|serve|bench|verify [...]  (each subcommand has --help)."""
 from __future__ import annotations
 
 import importlib
@@ -7,6 +7,7 @@ import sys
 from .errors import run_cli
 
 COMMANDS = {"build": "build an engine from a deployment YAML", "run": "generate with an engine",
+            "serve": "OpenAI-compatible HTTP server over an engine",
             "bench": "TTFT/TPOT latency report of an engine", "verify": "re-validate an engine directory"}
 
 

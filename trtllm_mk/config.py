@@ -404,21 +404,23 @@ def _check_memory(cfg: DeploymentConfig, where: str) -> None:
     if mem.fits:
         return
     gpu, kv = cfg.gpu_spec, cfg.kv_cache_config
-    need = (f"weights {mem.weights / GB:.2f} GB + KV cache {mem.kv_cache / GB:.2f} GB ({cfg.max_batch_size} x "
-            f"{cfg.max_seq_len} tokens) + activations {mem.activations / GB:.2f} GB = {mem.total / GB:.2f} GB, but "
-            f"{gpu.name} has {mem.available / GB:.2f} GB ({gpu.hbm_bytes / GB:.0f} GB x free_gpu_memory_fraction "
-            f"{kv.free_gpu_memory_fraction:g})")
+    left = mem.gpu_memory - mem.weights - mem.activations
+    need = (f"weights {mem.weights / GB:.2f} GB + activations {mem.activations / GB:.2f} GB leave "
+            f"{left / GB:.2f} GB of {gpu.name}'s {gpu.hbm_bytes / GB:.0f} GB, of which the KV cache may take "
+            f"{mem.available / GB:.2f} GB (free_gpu_memory_fraction {kv.free_gpu_memory_fraction:g}), but it needs "
+            f"{mem.kv_cache / GB:.2f} GB ({cfg.max_batch_size} x {cfg.max_seq_len} tokens)")
     bigger = [g.name for g in CATALOG.values() if g.hbm_bytes > gpu.hbm_bytes and
               memory_budget(cfg.model_spec, g, max_batch_size=cfg.max_batch_size, max_seq_len=cfg.max_seq_len,
                             max_num_tokens=cfg.max_num_tokens, tokens_per_block=kv.tokens_per_block,
                             free_gpu_memory_fraction=kv.free_gpu_memory_fraction).fits]
     other_gpu = f"a GPU with more memory ({', '.join(bigger)})" if bigger else "a GPU with more memory"
-    if mem.weights + mem.activations > mem.available:
-        raise ConfigError(f"{where}: model: {need}; the weights (and prefill activations) alone do not fit: "
-                          f"use {other_gpu} or a smaller model")
-    # Whole KV blocks of every sequence that fit next to the weights and activations.
+    if not mem.weights_fit:
+        raise ConfigError(f"{where}: model: weights {mem.weights / GB:.2f} GB + activations "
+                          f"{mem.activations / GB:.2f} GB exceed {gpu.name}'s {gpu.hbm_bytes / GB:.0f} GB; the weights "
+                          f"(and prefill activations) alone do not fit: use {other_gpu} or a smaller model")
+    # Whole KV blocks of every sequence that fit in the KV cache's share.
     block_bytes = kv.tokens_per_block * cfg.model_spec.kv_bytes_per_token()
-    blocks_per_seq = (mem.available - mem.weights - mem.activations) // (cfg.max_batch_size * block_bytes)
+    blocks_per_seq = mem.available // (cfg.max_batch_size * block_bytes)
     if blocks_per_seq * kv.tokens_per_block < cfg.max_input_len:
         raise ConfigError(f"{where}: max_batch_size: {need}; lower max_batch_size or max_seq_len, or use {other_gpu}")
     raise ConfigError(f"{where}: max_seq_len: {need}; lower max_seq_len to at most "

@@ -1,9 +1,10 @@
 """What a deployment needs and resolves to: its GPU memory budget, its decode bandwidth floor, and
 ``describe``, the readable summary the builder prints before it searches.
 
-The memory budget follows TensorRT-LLM's accounting: weights, the paged KV cache for every sequence
-at full length, and activations (the largest live set of one prefill pass) must fit in the GPU's
-memory times ``kv_cache_config.free_gpu_memory_fraction``.
+The memory budget follows TensorRT-LLM's accounting: weights and activations (the largest live set
+of one prefill pass) must fit in the GPU's memory, and ``kv_cache_config.free_gpu_memory_fraction``
+is TensorRT-LLM's share of the memory left free after them that the KV cache may take; the paged KV
+cache for every sequence at full length must fit in that share.
 """
 from __future__ import annotations
 
@@ -26,7 +27,9 @@ class MemoryBudget:
     kv_cache: int         # bytes, max_batch_size sequences of max_seq_len tokens (whole blocks)
     kv_tokens: int        # tokens the KV pool holds (max_batch_size x max_seq_len rounded up to blocks)
     activations: int      # bytes, estimate of one prefill pass of max_num_tokens tokens + logits
-    available: int        # bytes, GPU memory x free_gpu_memory_fraction
+    gpu_memory: int       # bytes of the GPU
+    available: int        # bytes the KV cache may take: free_gpu_memory_fraction x (GPU memory - weights
+                          # - activations), 0 when those do not fit
 
     @property
     def total(self) -> int:
@@ -34,11 +37,15 @@ class MemoryBudget:
 
     @property
     def headroom(self) -> int:
-        return self.available - self.total
+        return self.available - self.kv_cache
+
+    @property
+    def weights_fit(self) -> bool:
+        return self.weights + self.activations <= self.gpu_memory
 
     @property
     def fits(self) -> bool:
-        return self.total <= self.available
+        return self.weights_fit and self.kv_cache <= self.available
 
 
 def kv_pool_tokens(max_batch_size: int, max_seq_len: int, tokens_per_block: int) -> int:
@@ -61,12 +68,14 @@ def prefill_activation_bytes(spec: ModelSpec, max_num_tokens: int, max_batch_siz
 def memory_budget(spec: ModelSpec, gpu: GpuSpec, *, max_batch_size: int, max_seq_len: int, max_num_tokens: int,
                   tokens_per_block: int, free_gpu_memory_fraction: float, kv_dtype_bytes: int = 2) -> MemoryBudget:
     tokens = kv_pool_tokens(max_batch_size, max_seq_len, tokens_per_block)
+    weights, activations = spec.weight_bytes(), prefill_activation_bytes(spec, max_num_tokens, max_batch_size)
     return MemoryBudget(
-        weights=spec.weight_bytes(),
+        weights=weights,
         kv_cache=tokens * spec.kv_bytes_per_token(kv_dtype_bytes),
         kv_tokens=tokens,
-        activations=prefill_activation_bytes(spec, max_num_tokens, max_batch_size),
-        available=int(gpu.hbm_bytes * free_gpu_memory_fraction),
+        activations=activations,
+        gpu_memory=gpu.hbm_bytes,
+        available=int(max(0, gpu.hbm_bytes - weights - activations) * free_gpu_memory_fraction),
     )
 
 
@@ -170,8 +179,9 @@ def describe(cfg: "DeploymentConfig") -> str:
             ("KV cache", f"{_gb(mem.kv_cache)}  ({mem.kv_tokens} tokens x {spec.kv_bytes_per_token()} B)"),
             ("activations", f"{_gb(mem.activations)}  (estimate: prefill of {cfg.max_num_tokens} tokens + logits)"),
             ("total", _gb(mem.total)),
-            ("available", f"{_gb(mem.available)}  ({gpu.hbm_bytes / GB:.0f} GB x free_gpu_memory_fraction "
-                          f"{kv.free_gpu_memory_fraction})"),
+            ("KV cache may take", f"{_gb(mem.available)}  (free_gpu_memory_fraction {kv.free_gpu_memory_fraction} "
+                                  f"of the {_gb(mem.gpu_memory - mem.weights - mem.activations)} left of "
+                                  f"{gpu.hbm_bytes / GB:.0f} GB)"),
             ("headroom", _gb(mem.headroom)),
         ]),
         ("Prefill and decode", [

@@ -3,17 +3,29 @@
     engine = HybridEngine("engines/h100_bs1")   # the engine's own checkpoint; or weights=DIR / "random"
     result = engine.generate([[1, 2, 3]], max_new_tokens=64)
     result.tokens, result.ttft_ms, result.tpot_ms
+    for event in engine.stream("Hello", max_tokens=32, temperature=0.7, seed=1):   # text needs a tokenizer
+        print(event.text, end="")
 
-The prefill writes the paged KV cache (TensorRT-LLM layout) and yields each sequence's first token;
-the megakernel then continues from that cache with positions and tokens kept on the device, so a
-decode step is just a launch. ``simulate=True`` runs the decode steps on the CPU task-graph executor
-instead (machines without a GPU; same schedule, same semantics, far slower).
+Each batch row of the engine is a *slot*. A request takes a free slot and is prefilled alone into
+that slot's KV blocks (``start``) while the other slots keep their state; every decode step then
+advances all busy slots at once (``decode``). Free slots still run through the kernel (its schedule is
+specialised for the batch size) but start each round at position 0, so they neither grow nor touch
+another slot's blocks; their outputs are ignored. The scheduler in ``trtllm_mk.serve.scheduler``
+drives these two calls for ``generate``, ``stream`` and the HTTP server.
+
+On the GPU the kernel's own argmax feeds greedy slots (tokens and positions stay on the device, and
+several steps run per host round trip); a slot that samples or asks for log-probabilities reads its
+logits back after each step and its next token is chosen on the host by ``trtllm_mk.sampling``,
+the function the device will compute in place. ``simulate=True`` runs the decode steps on the CPU
+task-graph executor instead (machines without a GPU; same schedule, same semantics, far slower).
 """
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
@@ -22,15 +34,23 @@ from ..errors import EngineError, UserError
 from ..gpus import detect_gpu, get_gpu
 from ..kv_cache import PagedKVCache
 from ..model.rope import rope_inv_freq
+from ..sampling import Choice, SamplingParams, sample, with_logprobs
+
+# Decode steps launched per host round trip when every busy slot is greedy (GPU only): a new request
+# waits at most this many steps for its slot, a finished one decodes at most this many extra steps.
+GREEDY_STEPS_PER_ROUND = 8
 
 
 @dataclass
 class GenerationResult:
     tokens: list[list[int]]              # generated tokens per prompt (EOS included when hit)
-    ttft_ms: float                       # prefill + first token
+    ttft_ms: float                       # until every prompt has its first token (prefills + first tokens)
     tpot_ms: list[float] = field(default_factory=list)  # per decode step (CUDA events or wall clock)
     prefill_backend: str = "torch"
     decode: str = "megakernel"
+    request_ttft_ms: list[float] = field(default_factory=list)     # per prompt, from submission
+    request_latency_ms: list[float] = field(default_factory=list)  # per prompt, submission to last token
+    finish_reasons: list[str] = field(default_factory=list)
 
     @property
     def tpot_median_ms(self) -> float:
@@ -61,7 +81,10 @@ def _load_weights(spec, weights: str | Path | dict, device: str, seed: int):
         from ..model.random_weights import random_weights
         return random_weights(spec, device=device, seed=seed)
     from ..model.checkpoint import load_checkpoint
-    return load_checkpoint(weights, spec, device=device)
+    if spec.dtype != "bfloat16":
+        # The megakernel streams bf16 weights (and the CPU executor rounds to bf16 as it does).
+        print(f"note: {weights} holds {spec.dtype} weights; they are cast to bfloat16 at load", file=sys.stderr)
+    return load_checkpoint(weights, spec, device=device, dtype=torch.bfloat16)
 
 
 class HybridEngine:
@@ -88,9 +111,13 @@ class HybridEngine:
         weights = resolve_weights(self.engine, weights)
         # where the weights came from: a checkpoint directory (its tokenizer, if any), "random" or "tensors"
         self.weights_source = "tensors" if isinstance(weights, dict) else str(weights)
+        self.weights_dir = None if self.weights_source in ("tensors", "random") else Path(weights)
         self.weights = _load_weights(self.spec, weights, self.device, seed)
         if simulate:  # the CPU executor computes in fp32 from bf16-valued weights
             self.weights = {k: v.float() if v.dtype == torch.bfloat16 else v for k, v in self.weights.items()}
+        else:
+            self.weights = {k: v.to(torch.bfloat16) if v.dtype in (torch.float16, torch.float32) else v
+                            for k, v in self.weights.items()}
         kv_dtype = torch.float32 if simulate else torch.bfloat16
         self.cache = PagedKVCache.allocate(self.spec, self.batch, self.max_seq_len, self.tokens_per_block,
                                            dtype=kv_dtype, device=self.device)
@@ -108,79 +135,174 @@ class HybridEngine:
             from .megakernel import MegakernelDecoder
             self.decoder = MegakernelDecoder(self.schedule, self.engine.cubin, self.engine.layout, self.weights,
                                              self.cache, rope_inv_freq(self.spec))
+        # Host copy of each slot's state: the token it feeds next and that token's position.
+        self._tok = [0] * self.batch
+        self._pos = [0] * self.batch
+        self.step_ms: list[float] = []      # time of every decode step run so far
+        self._scheduler = None
+        self._tokenizer = None
+        self._eos: set[int] | None = None
 
-    def _check_prompts(self, prompts: list[list[int]], max_new_tokens: int) -> None:
+    # ------------------------------------------------------------------ checks
+    def check_request(self, prompt: list[int], max_new_tokens: int) -> None:
+        if max_new_tokens < 1:
+            raise UserError("max_new_tokens must be >= 1")
+        if not prompt:
+            raise UserError("empty prompt")
+        if len(prompt) > self.max_input_len:
+            raise UserError(f"prompt of {len(prompt)} tokens is longer than max_input_len={self.max_input_len}")
+        if len(prompt) + max_new_tokens > self.max_seq_len:
+            raise UserError(f"prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) exceeds "
+                            f"max_seq_len={self.max_seq_len}")
+        if min(prompt) < 0 or max(prompt) >= self.spec.vocab_size:
+            raise UserError(f"token ids must be in [0, {self.spec.vocab_size})")
+
+    # ------------------------------------------------------------------ slots
+    def start(self, slot: int, prompt: list[int], params: SamplingParams) -> Choice:
+        """Prefill ``prompt`` alone into ``slot``'s KV blocks; the first generated token."""
+        from ..backends.torch_prefill import TorchPrefill
+        row = PagedKVCache(self.cache.pool, self.cache.block_table[slot:slot + 1], self.cache.tokens_per_block)
+        impl = getattr(self.prefill, "impl", None)
+        n = len(prompt)
+        if isinstance(impl, TorchPrefill):
+            logits = impl.prefill([prompt], row)[0].float().cpu()
+            choice = sample(logits, params, n)
+        else:   # TensorRT-LLM hands over its own greedy first token, without logits
+            choice = Choice(int(self.prefill.first_tokens([prompt], row)[0]))
+        self._tok[slot], self._pos[slot] = choice.token, n
+        return choice
+
+    def release(self, slot: int) -> None:
+        """A free slot restarts at position 0 each round (it never reaches the end of its blocks)."""
+        self._tok[slot], self._pos[slot] = 0, 0
+
+    def decode(self, busy: dict[int, SamplingParams], max_steps: int = GREEDY_STEPS_PER_ROUND
+               ) -> dict[int, list[Choice]]:
+        """Decode steps for every slot at once; the tokens chosen for the ``busy`` slots (one list per
+        slot, as many entries as steps ran: 1, or up to ``min(max_steps, GREEDY_STEPS_PER_ROUND)`` on
+        the GPU when every busy slot is greedy without log-probabilities). ``max_steps`` must not
+        exceed any busy slot's remaining token budget."""
+        for b in range(self.batch):
+            if b not in busy:
+                self.release(b)
+        if self.simulate:
+            return self._decode_cpu(busy)
+        return self._decode_gpu(busy, max_steps)
+
+    def _choose(self, logits: torch.Tensor, greedy_token: int, params: SamplingParams, n: int) -> Choice:
+        if params.greedy:   # the kernel's (executor's) argmax: today's greedy path, bit for bit
+            return with_logprobs(logits, greedy_token, params.logprobs)
+        return sample(logits, params, n)
+
+    def _decode_cpu(self, busy: dict[int, SamplingParams]) -> dict[int, list[Choice]]:
+        t = time.perf_counter()
+        logits, greedy = self.decoder.step(torch.tensor(self._tok), torch.tensor(self._pos))
+        self.step_ms.append((time.perf_counter() - t) * 1e3)
+        out = {}
+        for b, p in busy.items():
+            c = self._choose(logits[b], int(greedy[b]), p, self._pos[b] + 1)
+            self._tok[b], self._pos[b] = c.token, self._pos[b] + 1
+            out[b] = [c]
+        return out
+
+    def _decode_gpu(self, busy: dict[int, SamplingParams], max_steps: int) -> dict[int, list[Choice]]:
+        dec = self.decoder
+        on_host = [b for b, p in busy.items() if not p.greedy or p.logprobs is not None]
+        k = 1 if on_host or not busy else max(1, min(max_steps, GREEDY_STEPS_PER_ROUND))
+        dec.set_state(torch.tensor(self._tok), torch.tensor(self._pos))
+        events = []
+        for _ in range(k):
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            dec.step()
+            e1.record()
+            events.append((e0, e1))
+        dec.synchronize()
+        # The kernel writes step s's token of row b at history[b, pos[b] + 1 + s].
+        pos = torch.tensor(self._pos, device=self.device, dtype=torch.long)
+        cols = (pos[:, None] + 1 + torch.arange(k, device=self.device)).clamp(max=dec.buf.history.shape[1] - 1)
+        hist = torch.gather(dec.buf.history, 1, cols).cpu()
+        logits = dec.buf.logits[on_host].float().cpu() if on_host else None
+        self.step_ms.extend(a.elapsed_time(b) for a, b in events)
+        out = {}
+        for b, p in busy.items():
+            if b in on_host:
+                c = self._choose(logits[on_host.index(b)], int(hist[b, 0]), p, self._pos[b] + 1)
+                out[b] = [c]
+            else:
+                out[b] = [Choice(int(hist[b, s])) for s in range(k)]
+            self._tok[b], self._pos[b] = out[b][-1].token, self._pos[b] + len(out[b])
+        return out
+
+    # ------------------------------------------------------------------ requests
+    @property
+    def scheduler(self):
+        """The request scheduler over this engine's slots (created on first use)."""
+        if self._scheduler is None:
+            from ..serve.scheduler import Scheduler
+            self._scheduler = Scheduler(self)
+        return self._scheduler
+
+    @property
+    def tokenizer(self):
+        """The checkpoint's tokenizer, or None (random weights, or a directory without one)."""
+        if self._tokenizer is None and self.weights_dir is not None:
+            from ..serve.text import has_tokenizer, load_tokenizer
+            if has_tokenizer(self.weights_dir):
+                self._tokenizer = load_tokenizer(self.weights_dir)
+        return self._tokenizer
+
+    def eos_ids(self) -> set[int]:
+        """End-of-sequence ids (generation_config.json, else config.json, else the tokenizer's)."""
+        if self._eos is None:
+            from ..serve.text import eos_token_ids
+            self._eos = eos_token_ids(self.weights_dir, self.spec.eos_token_ids, self.tokenizer)
+        return self._eos
+
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, eos_ids: tuple[int, ...] | None = None,
+                 sampling: SamplingParams | None = None) -> GenerationResult:
+        """Up to max_batch_size prompts of different lengths, each in its own slot (greedy by default).
+        ``eos_ids=()`` decodes exactly ``max_new_tokens`` tokens per prompt."""
+        from ..serve.scheduler import Request
         if not prompts:
             raise UserError("no prompt given")
         if len(prompts) > self.batch:
             raise UserError(f"{len(prompts)} prompts but the engine was built for max_batch_size={self.batch}")
         for p in prompts:
-            if not p:
-                raise UserError("empty prompt")
-            if len(p) > self.max_input_len:
-                raise UserError(f"prompt of {len(p)} tokens is longer than max_input_len={self.max_input_len}")
-            if len(p) + max_new_tokens > self.max_seq_len:
-                raise UserError(f"prompt ({len(p)}) + max_new_tokens ({max_new_tokens}) exceeds "
-                                f"max_seq_len={self.max_seq_len}")
-            if min(p) < 0 or max(p) >= self.spec.vocab_size:
-                raise UserError(f"token ids must be in [0, {self.spec.vocab_size})")
-
-    def generate(self, prompts: list[list[int]], max_new_tokens: int, eos_ids: tuple[int, ...] | None = None
-                 ) -> GenerationResult:
-        """Greedy generation for up to max_batch_size prompts of different lengths."""
-        if max_new_tokens < 1:
-            raise UserError("max_new_tokens must be >= 1")
-        self._check_prompts(prompts, max_new_tokens)
-        eos = set(self.spec.eos_token_ids if eos_ids is None else eos_ids)
-        n = len(prompts)
-        padded = prompts + [prompts[0]] * (self.batch - n)   # unused batch slots decode a copy, ignored
-        sync = torch.cuda.synchronize if self.device == "cuda" else (lambda: None)
-        sync()
+            self.check_request(p, max_new_tokens)
+        eos = self.eos_ids() if eos_ids is None else set(eos_ids)
+        reqs = [Request(list(p), sampling or SamplingParams(), max_new_tokens, eos_ids=eos) for p in prompts]
+        first_step = len(self.step_ms)
         t0 = time.perf_counter()
-        first = self.prefill.first_tokens(padded, self.cache).to(torch.int32)
-        sync()
-        ttft = (time.perf_counter() - t0) * 1e3
-        pos = torch.tensor([len(p) for p in padded], dtype=torch.int32, device=self.device)
-        out = [[int(first[b])] for b in range(n)]
-        done = [out[b][0] in eos for b in range(n)]
-        tpot: list[float] = []
-        if self.simulate:
-            tokens = first
-            for _ in range(max_new_tokens - 1):
-                if all(done):
-                    break
-                t = time.perf_counter()
-                _, tokens = self.decoder.step(tokens, pos)
-                pos = pos + 1
-                tpot.append((time.perf_counter() - t) * 1e3)
-                self._append(out, done, tokens, eos)
-            return GenerationResult(out, ttft, tpot, self.prefill_name, "cpu-executor")
-        dec = self.decoder
-        dec.set_state(first, pos)
-        events = []
-        check_every = 8   # read tokens back in chunks so the GPU never idles on the host
-        steps = 0
-        while steps < max_new_tokens - 1 and not all(done):
-            chunk = min(check_every, max_new_tokens - 1 - steps)
-            for _ in range(chunk):
-                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                e0.record()
-                dec.step()
-                e1.record()
-                events.append((e0, e1))
-            dec.synchronize()
-            hist = dec.buf.history[:n].cpu()
-            for s in range(steps, steps + chunk):
-                tok = torch.tensor([int(hist[b, len(padded[b]) + 1 + s]) for b in range(n)])
-                self._append(out, done, tok, eos)
-            steps += chunk
-        tpot = [a.elapsed_time(b) for a, b in events]
-        return GenerationResult(out, ttft, tpot, self.prefill_name, "megakernel")
+        self.scheduler.run(reqs)
+        done = [r.result() for r in reqs]
+        ttft = max(r.t_first for r in reqs) - t0
+        return GenerationResult(
+            [d.tokens for d in done], ttft * 1e3, self.step_ms[first_step:], self.prefill_name,
+            "cpu-executor" if self.simulate else "megakernel",
+            request_ttft_ms=[(r.t_first - r.t_submit) * 1e3 for r in reqs],
+            request_latency_ms=[(r.t_done - r.t_submit) * 1e3 for r in reqs],
+            finish_reasons=[d.finish_reason for d in done])
 
-    @staticmethod
-    def _append(out, done, tokens, eos) -> None:
-        for b in range(len(out)):
-            if not done[b]:
-                t = int(tokens[b])
-                out[b].append(t)
-                done[b] = t in eos
+    def stream(self, prompt: str | list[int], max_tokens: int = 16, *, temperature: float = 0.0, top_k: int = 0,
+               top_p: float = 1.0, seed: int | None = None, stop: list[str] | None = None,
+               stop_token_ids: list[int] | None = None, logprobs: int | None = None, ignore_eos: bool = False
+               ) -> Iterator:
+        """Yield ``serve.scheduler.Event``s (tokens, their text, log-probs) as they are decoded; the last
+        one carries ``finish_reason``. A text prompt needs the checkpoint's tokenizer. Stopping the
+        iteration early frees the slot."""
+        from ..serve.scheduler import make_request
+        req = make_request(self, prompt, max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                           seed=seed, stop=stop, stop_token_ids=stop_token_ids, logprobs=logprobs,
+                           ignore_eos=ignore_eos)
+        sched = self.scheduler
+        sched.start()
+        sched.submit(req)
+        try:
+            yield from req.events()
+        finally:
+            sched.cancel(req)
+
+    def close(self) -> None:
+        if self._scheduler is not None:
+            self._scheduler.close()

@@ -1,0 +1,25 @@
+"""Tiny engines and checkpoints (with a tokenizer, a chat template and generation_config.json) for the
+generation, scheduler and server tests: everything built here, in seconds, on the CPU."""
+from pathlib import Path
+
+from trtllm_mk.config import load_config, with_overrides
+from trtllm_mk.model.tiny import write_tiny_checkpoint
+from trtllm_mk.model.tiny_tokenizer import write_tiny_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tiny_checkpoint(d: Path, seed: int = 7) -> Path:
+    """An untied tiny Llama (tied random embeddings make greedy decoding repeat the last token)."""
+    write_tiny_checkpoint(d, family="llama", seed=seed, tie_word_embeddings=False)
+    write_tiny_tokenizer(d)
+    return d
+
+
+def tiny_engine(out: Path, checkpoint: Path, batch: int) -> Path:
+    from trtllm_mk.build import build_engine
+    cfg = with_overrides(load_config(ROOT / "configs" / "tiny_cpu.yaml"), {
+        "model": str(checkpoint), "max_batch_size": batch, "max_seq_len": 256, "max_input_len": 128,
+        "megakernel": {"search_budget_s": 0.5, "context_len": 128}})
+    build_engine(cfg, out, show_progress=False)
+    return out

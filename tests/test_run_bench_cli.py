@@ -1,0 +1,65 @@
+"""``run`` and ``bench`` on a tiny engine with ``--simulate``: text, chat, sampling options, stop
+strings and streaming in ``run``; the trtllm-bench fields of ``bench``'s report; one-line errors."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from serve_helpers import tiny_checkpoint, tiny_engine
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    ck = tiny_checkpoint(tmp_path_factory.mktemp("ckpt"))
+    return tiny_engine(tmp_path_factory.mktemp("eng") / "tiny", ck, batch=2), ck
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "trtllm_mk", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_run_text_chat_sampling_stop_and_stream(built):
+    eng, ck = built
+    base = ["run", "--engine", str(eng), "--weights", str(ck), "--simulate", "--max-new-tokens", "8", "--ignore-eos"]
+    greedy = cli(*base, "--prompt", "ba be ko", "--prompt", "mi")
+    assert greedy.returncode == 0, greedy.stderr
+    lines = greedy.stdout.splitlines()
+    assert lines[0].startswith("[0] ") and lines[1].startswith("[1] ") and "finish: length, length" in lines[2]
+    words = lines[0][4:].split(" ")
+    assert len(words) == 8 and all(w.isalpha() for w in words)   # text, no special tokens, no ids
+    streamed = cli(*base, "--prompt", "ba be ko", "--prompt", "mi", "--stream")
+    assert streamed.returncode == 0 and streamed.stdout.splitlines()[:2] == lines[:2]
+    stop = cli(*base, "--prompt", "ba be ko", "--stop", " ".join(words[3:5]))
+    assert stop.returncode == 0 and stop.stdout.splitlines()[0] == "[0] " + " ".join(words[:3]) + " "
+    assert "finish: stop" in stop.stdout
+    # sampling options and the chat template (seeds are checked at the engine, tests/test_generation.py)
+    chat = cli(*base, "--prompt", "ba be", "--chat", "--temperature", "1", "--top-k", "40", "--top-p", "0.9")
+    assert chat.returncode == 0 and chat.stdout.startswith("[0] ") and lines[0] != chat.stdout.splitlines()[0]
+
+
+@pytest.mark.parametrize("args,needle", [(["--top-p", "0"], "top_p"),
+                                         (["--prompt", "ba", "--prompt", "be", "--prompt", "ko"], "max_batch_size")])
+def test_run_mistakes_are_one_line(built, args, needle):
+    eng, ck = built
+    r = cli("run", "--engine", str(eng), "--weights", str(ck), "--simulate", "--prompt", "ba", *args)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and needle in r.stderr, r.stderr
+
+
+def test_bench_simulate_reports_trtllm_bench_fields(built, tmp_path):
+    eng, ck = built
+    out = tmp_path / "report.json"
+    r = cli("bench", "--engine", str(eng), "--weights", str(ck), "--simulate", "--input-len", "12",
+            "--output-len", "4", "--runs", "2", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(out.read_text())
+    assert rep["num_requests"] == 4 and rep["batch"] == 2 and rep["device"].startswith("CPU executor")
+    for key in ("request_latency_ms", "ttft_ms", "tpot_ms"):
+        st = rep[key]
+        assert set(st) >= {"avg", "p50", "p90", "p95", "p99", "min", "max"}
+        assert st["min"] <= st["p50"] <= st["max"] and st["n"] == 4
+    assert rep["output_throughput_tok_per_s"] > 0 and rep["request_throughput_req_per_s"] > 0
+    assert rep["tokens_per_sec_per_user"] == pytest.approx(1e3 / rep["tpot_ms"]["avg"])
+    assert "request latency ms" in r.stdout and "req/s" in r.stdout
+    bad = cli("bench", "--engine", str(eng), "--weights", str(ck), "--simulate", "--input-len", "500")
+    assert bad.returncode == 2 and "max_input_len" in bad.stderr

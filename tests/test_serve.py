@@ -1,0 +1,242 @@
+"""The OpenAI-compatible server on a tiny ``--simulate`` engine, driven by the official ``openai``
+client: completions, chat, streaming, seeds, logprobs, errors (400/404/429/503), dropped clients
+and concurrent clients. The server binds 127.0.0.1 on a free port and stops with the module."""
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+from serve_helpers import tiny_checkpoint, tiny_engine
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("fastapi")
+uvicorn = pytest.importorskip("uvicorn")
+httpx = pytest.importorskip("httpx")
+
+MODEL = "tiny"
+MAX_QUEUE = 2
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(cond, timeout=20.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return tiny_checkpoint(tmp_path_factory.mktemp("ckpt"))
+
+
+@pytest.fixture(scope="module")
+def engine_dir(tmp_path_factory, checkpoint):
+    return tiny_engine(tmp_path_factory.mktemp("eng") / MODEL, checkpoint, batch=2)
+
+
+@pytest.fixture(scope="module")
+def server(engine_dir, checkpoint):
+    from trtllm_mk.runtime.hybrid import HybridEngine
+    from trtllm_mk.serve.api import create_app
+    eng = HybridEngine(engine_dir, weights=checkpoint, simulate=True)
+    port = free_port()
+    srv = uvicorn.Server(uvicorn.Config(create_app(eng, MODEL, max_queue=MAX_QUEUE), host="127.0.0.1", port=port,
+                                       log_level="error"))
+    th = threading.Thread(target=srv.run, daemon=True)
+    th.start()
+    url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: srv.started, what="the server to start")
+    yield url, eng
+    srv.should_exit = True
+    th.join(timeout=30)
+
+
+@pytest.fixture
+def client(server):
+    return openai.OpenAI(base_url=server[0] + "/v1", api_key="none", max_retries=0, timeout=60)
+
+
+def health(url):
+    return httpx.get(url + "/health", timeout=10).json()
+
+
+def test_models_and_health(server, client):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    h = health(server[0])
+    assert h["status"] == "ok" and h["slots"] == 2
+
+
+def test_greedy_completion_equals_the_engine(server, client):
+    url, eng = server
+    r = client.completions.create(model=MODEL, prompt="ba be ko", max_tokens=6, temperature=0,
+                                  extra_body={"ignore_eos": True})
+    ids = eng.tokenizer.encode("ba be ko")
+    want = eng.generate([ids], 6, eos_ids=()).tokens[0]
+    assert r.choices[0].text == eng.tokenizer.decode(want, skip_special_tokens=True)
+    assert r.choices[0].finish_reason == "length"
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens) == (len(ids), 6, len(ids) + 6)
+    # token-id prompts are accepted as well
+    r2 = client.completions.create(model=MODEL, prompt=ids, max_tokens=6, temperature=0,
+                                   extra_body={"ignore_eos": True})
+    assert r2.choices[0].text == r.choices[0].text
+
+
+def test_chat_streaming_equals_non_streaming_for_a_seed(client):
+    msgs = [{"role": "user", "content": "ba be ko"}]
+    full = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=8, seed=11, temperature=0.9)
+    chunks = list(client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=8, seed=11, temperature=0.9,
+                                                 stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == full.choices[0].message.content and full.choices[0].message.role == "assistant"
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) >= 2   # streamed, not one blob
+    assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == full.choices[0].finish_reason
+
+
+def test_seeds(client):
+    def text(seed):
+        return client.completions.create(model=MODEL, prompt="ba be", max_tokens=10, temperature=1.0, seed=seed,
+                                         extra_body={"ignore_eos": True}).choices[0].text
+    a, b, c = text(5), text(5), text(6)
+    assert a == b and a != c
+
+
+def test_logprobs(server, client):
+    eng = server[1]
+    r = client.completions.create(model=MODEL, prompt="ba be ko", max_tokens=4, temperature=0, logprobs=3,
+                                  extra_body={"ignore_eos": True})
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 4
+    assert "".join(lp.tokens[i] if i == 0 else " " + lp.tokens[i] for i in range(4)) == r.choices[0].text
+    ids = eng.tokenizer.encode("ba be ko")
+    logits = eng.prefill.impl.prefill([ids], _scratch_cache(eng))[0]
+    want = torch.log_softmax(logits.float(), 0)
+    assert lp.token_logprobs[0] == pytest.approx(float(want.max()), abs=1e-4)   # greedy: the top token
+    assert len(lp.top_logprobs[0]) == 3 and max(lp.top_logprobs[0].values()) == pytest.approx(lp.token_logprobs[0])
+    c = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "ba"}], max_tokens=3,
+                                       logprobs=True, top_logprobs=2, seed=1)
+    content = c.choices[0].logprobs.content
+    assert len(content) == 3 and all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in content)
+
+
+def _scratch_cache(eng):
+    from trtllm_mk.kv_cache import PagedKVCache
+    return PagedKVCache.allocate(eng.spec, 1, 256, eng.tokens_per_block, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("kwargs,status,needle", [
+    (dict(top_p=1.5), 400, "top_p"),
+    (dict(max_tokens=0), 400, "max_tokens"),
+    (dict(max_tokens=500), 400, "max_seq_len"),
+    (dict(n=2), 400, "n must be 1"),
+    (dict(model="gpt-9"), 404, "does not exist"),
+    (dict(prompt=["a", "b"]), 400, "one prompt"),
+    (dict(prompt=[1, 99999]), 400, "token ids"),
+    (dict(temperature=-1), 400, "temperature"),
+])
+def test_bad_completion_requests(client, kwargs, status, needle):
+    args = dict(model=MODEL, prompt="ba", max_tokens=4) | kwargs
+    with pytest.raises(openai.APIStatusError) as e:
+        client.completions.create(**args)
+    assert e.value.status_code == status
+    body = e.value.response.json()["error"]
+    assert needle in body["message"] and body["type"]
+
+
+def test_malformed_json_and_bad_chat(server):
+    url = server[0]
+    r = httpx.post(url + "/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "error" in r.json()
+    r = httpx.post(url + "/v1/completions", json={"model": MODEL, "max_tokens": "many", "prompt": "ba"})
+    assert r.status_code == 400 and "max_tokens" in r.json()["error"]["message"]
+    r = httpx.post(url + "/v1/chat/completions", json={"model": MODEL, "messages": []})
+    assert r.status_code == 400 and "messages" in r.json()["error"]["message"]
+    r = httpx.post(url + "/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "x"}}]}]})
+    assert r.status_code == 400 and "text" in r.json()["error"]["message"]
+
+
+def test_full_queue_gets_429_and_dropped_clients_free_their_slots(server, client):
+    url, eng = server
+    streams = []
+    try:
+        for _ in range(2 + MAX_QUEUE):   # both slots busy, the queue full
+            s = client.completions.create(model=MODEL, prompt="ba be", max_tokens=200, stream=True,
+                                          extra_body={"ignore_eos": True})
+            streams.append(s)
+        wait_until(lambda: health(url)["busy_slots"] == 2 and health(url)["waiting"] == MAX_QUEUE,
+                   what="busy slots and a full queue")
+        with pytest.raises(openai.RateLimitError) as e:
+            client.completions.create(model=MODEL, prompt="ba", max_tokens=2)
+        assert e.value.status_code == 429
+    finally:
+        for s in streams:
+            s.close()                    # the clients go away mid-stream
+    wait_until(lambda: health(url)["busy_slots"] == 0 and health(url)["waiting"] == 0,
+               what="the dropped requests to free their slots")
+    assert client.completions.create(model=MODEL, prompt="ba", max_tokens=2).usage.completion_tokens >= 1
+
+
+def test_closed_scheduler_gets_503(server, client):
+    url, eng = server
+    eng.scheduler.closed = "maintenance"
+    try:
+        with pytest.raises(openai.InternalServerError) as e:
+            client.completions.create(model=MODEL, prompt="ba", max_tokens=2)
+        assert e.value.status_code == 503
+        assert httpx.get(url + "/health").status_code == 503
+    finally:
+        eng.scheduler.closed = None
+
+
+def test_concurrent_clients_get_what_they_get_alone(client):
+    prompts = ["ba be", "ko zu da", "mi", "fe ga ki lo"]
+    alone = [client.completions.create(model=MODEL, prompt=p, max_tokens=6, seed=i, temperature=0.8,
+                                       extra_body={"ignore_eos": True}).choices[0].text for i, p in enumerate(prompts)]
+    got = [None] * len(prompts)
+
+    def one(i):
+        got[i] = client.completions.create(model=MODEL, prompt=prompts[i], max_tokens=6, seed=i, temperature=0.8,
+                                           extra_body={"ignore_eos": True}).choices[0].text
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert got == alone
+
+
+def test_serve_command(engine_dir, checkpoint):
+    port = free_port()
+    p = subprocess.Popen([sys.executable, "-m", "trtllm_mk", "serve", "--engine", str(engine_dir), "--weights",
+                          str(checkpoint), "--simulate", "--port", str(port)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+
+        def up():
+            assert p.poll() is None, p.communicate()[1]
+            try:
+                return httpx.get(url + "/health", timeout=1).status_code == 200
+            except httpx.TransportError:
+                return False
+        wait_until(up, timeout=60, what="serve to answer /health")
+        c = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
+        r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "ba"}], max_tokens=3)
+        assert r.usage.completion_tokens >= 1 and r.choices[0].finish_reason in ("stop", "length")
+    finally:
+        p.terminate()
+        p.wait(timeout=30)

@@ -1,0 +1,54 @@
+"""``serve``: an OpenAI-compatible HTTP server over one engine (FastAPI + uvicorn, the ``server`` extra).
+
+    python -m trtllm_mk serve --engine engines/h100_bs1 [--weights CKPT] [--simulate] [--host H] [--port P]
+
+Then any OpenAI client: ``/v1/completions``, ``/v1/chat/completions`` (needs the checkpoint's chat
+template), ``/v1/models``, ``/health``. Each engine batch row serves one request at a time; further
+requests wait in a queue of ``--max-queue`` (then 429).
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..errors import UserError
+from ..serve.scheduler import DEFAULT_MAX_QUEUE
+from ..serve.text import INSTALL_HINT
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(prog="python -m trtllm_mk serve", description=__doc__.splitlines()[0])
+    ap.add_argument("--engine", required=True, help="engine directory written by build")
+    ap.add_argument("--weights",
+                    help="HF checkpoint directory (its tokenizer, chat template and generation_config.json are "
+                         "used; default: the checkpoint the engine was built from), or 'random' (prompts are then "
+                         "token ids)")
+    ap.add_argument("--simulate", action="store_true", help="decode on the CPU executor instead of the GPU")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--served-model-name", help="the model id clients send (default: the engine directory's name)")
+    ap.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
+                    help="requests that may wait for a free slot; more get HTTP 429")
+    ap.add_argument("--seed", type=int, default=0, help="seed of random weights")
+    ap.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        import uvicorn
+        from ..serve.api import create_app
+    except ImportError as e:
+        raise UserError(f"serve needs fastapi and uvicorn ({e.name} is missing): {INSTALL_HINT}") from None
+    if args.max_queue < 0:
+        raise UserError("--max-queue must be >= 0")
+    from ..runtime.hybrid import HybridEngine
+    eng = HybridEngine(args.engine, weights=args.weights, simulate=args.simulate, seed=args.seed)
+    eng.tokenizer   # read it now: a broken tokenizer fails at start, not on the first request
+    name = args.served_model_name or Path(args.engine).resolve().name
+    app = create_app(eng, name, max_queue=args.max_queue)
+    print(f"serving {name} ({eng.batch} slots, {'CPU executor' if args.simulate else 'megakernel'}) on "
+          f"http://{args.host}:{args.port}/v1", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0

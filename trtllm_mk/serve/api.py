@@ -1,0 +1,324 @@
+"""The OpenAI-compatible HTTP API over one engine: ``/health``, ``/v1/models``, ``/v1/completions``
+and ``/v1/chat/completions``, streamed (server-sent events) or not, with usage counts.
+
+Errors follow OpenAI's body, ``{"error": {"message", "type", "param", "code"}}``: a malformed or
+unsupported request is 400, an unknown model 404, a full queue 429, a server that is shutting down
+(or whose engine failed) 503. A client that disconnects cancels its request, which frees its slot.
+One prompt per request and ``n = 1``: clients batch by sending requests concurrently, which the
+scheduler puts into free slots as they arrive.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from contextlib import asynccontextmanager
+from typing import Any, Union
+
+from fastapi import FastAPI, Request as HttpRequest
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict
+
+from ..errors import UserError
+from .scheduler import Event, QueueFull, SchedulerClosed, make_request
+from .text import apply_chat_template
+
+DISCONNECT_POLL_S = 0.25
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+
+
+def _error(status: int, message: str, type_: str = "invalid_request_error", param=None, code=None) -> JSONResponse:
+    return JSONResponse(status_code=status,
+                        content={"error": {"message": message, "type": type_, "param": param, "code": code}})
+
+
+class _Common(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None               # extension (vLLM, TensorRT-LLM): 0 or -1 = off
+    n: int | None = 1
+    stream: bool | None = False
+    stream_options: dict | None = None
+    stop: Union[str, list[str], None] = None
+    stop_token_ids: list[int] | None = None  # extension
+    seed: int | None = None
+    ignore_eos: bool | None = False        # extension
+    presence_penalty: float | None = 0.0
+    frequency_penalty: float | None = 0.0
+    user: str | None = None
+
+
+class CompletionBody(_Common):
+    prompt: Union[str, list[int], list[str], list[list[int]]]
+    logprobs: int | None = None
+    echo: bool | None = False
+
+
+class ChatBody(_Common):
+    messages: list[dict[str, Any]]
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = False
+    top_logprobs: int | None = None
+
+
+def create_app(engine, model_name: str, max_queue: int | None = None) -> FastAPI:
+    sched = engine.scheduler
+    if max_queue is not None:
+        sched.max_queue = max_queue
+
+    @asynccontextmanager
+    async def lifespan(app):
+        sched.start()
+        yield
+        await asyncio.to_thread(sched.close)
+
+    app = FastAPI(title="trtllm_mk", lifespan=lifespan)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request, exc: RequestValidationError):
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        msg = f"{where}: {first.get('msg', 'invalid request')}" if where else str(exc)
+        return _error(400, msg, param=where or None)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request, exc: ApiError):
+        return _error(exc.status, exc.message, exc.type, exc.param, exc.code)
+
+    @app.exception_handler(UserError)
+    async def _user_error(request, exc: UserError):
+        return _error(400, str(exc))
+
+    @app.get("/health")
+    async def health():
+        if sched.closed:
+            return _error(503, sched.closed, "service_unavailable")
+        return {"status": "ok", "busy_slots": sched.busy, "slots": engine.batch, "waiting": len(sched.waiting)}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": int(time.time()),
+                                            "owned_by": "trtllm_mk", "max_model_len": engine.max_seq_len}]}
+
+    def check_common(body: _Common, default_max: int) -> dict:
+        if body.model is not None and body.model != model_name:
+            raise ApiError(404, f"The model `{body.model}` does not exist; this server serves `{model_name}`",
+                           code="model_not_found", param="model")
+        if (body.n or 1) != 1:
+            raise ApiError(400, "n must be 1 (send concurrent requests instead)", param="n")
+        if body.presence_penalty or body.frequency_penalty:
+            raise ApiError(400, "presence_penalty and frequency_penalty are not supported", param="presence_penalty")
+        max_tokens = default_max if body.max_tokens is None else body.max_tokens
+        if max_tokens < 1:
+            raise ApiError(400, f"max_tokens must be >= 1 (got {max_tokens})", param="max_tokens")
+        top_k = body.top_k or 0
+        stop = [body.stop] if isinstance(body.stop, str) else (body.stop or None)
+        return dict(max_tokens=max_tokens, temperature=1.0 if body.temperature is None else body.temperature,
+                    top_k=0 if top_k == -1 else top_k, top_p=1.0 if body.top_p is None else body.top_p,
+                    seed=body.seed, stop=stop, stop_token_ids=body.stop_token_ids, ignore_eos=bool(body.ignore_eos))
+
+    async def submit(prompt, opts: dict, logprobs: int | None):
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[Event] = asyncio.Queue()
+
+        def sink(ev: Event) -> None:   # called on the scheduler thread
+            try:
+                loop.call_soon_threadsafe(events.put_nowait, ev)
+            except RuntimeError:       # the event loop is gone (shutdown): nobody listens
+                pass
+
+        max_tokens = opts.pop("max_tokens")
+        req = make_request(engine, prompt, max_tokens, logprobs=logprobs, sink=sink, **opts)
+        try:
+            sched.submit(req)
+        except QueueFull as e:
+            raise ApiError(429, f"server busy: {e}; retry later", "rate_limit_exceeded") from None
+        except SchedulerClosed as e:
+            raise ApiError(503, f"server unavailable: {e}", "service_unavailable") from None
+        return req, events
+
+    async def collect(req, events: asyncio.Queue, http: HttpRequest) -> list[Event]:
+        got = []
+        try:
+            while True:
+                try:
+                    ev = await asyncio.wait_for(events.get(), DISCONNECT_POLL_S)
+                except asyncio.TimeoutError:
+                    if await http.is_disconnected():
+                        sched.cancel(req)
+                        return []
+                    continue
+                got.append(ev)
+                if ev.finish_reason is not None:
+                    return got
+        finally:
+            if not req.done.is_set():
+                sched.cancel(req)
+
+    def usage(req) -> dict:
+        return {"prompt_tokens": len(req.prompt), "completion_tokens": len(req.generated),
+                "total_tokens": len(req.prompt) + len(req.generated)}
+
+    def failed(ev: Event):
+        if ev.finish_reason == "error":
+            raise ApiError(503, f"server unavailable: {ev.error}", "service_unavailable")
+
+    def stream_response(req, events, chunk_of, final_usage: bool) -> StreamingResponse:
+        async def gen():
+            try:
+                first = True
+                while True:
+                    ev = await events.get()
+                    if ev.finish_reason == "error":
+                        yield _sse({"error": {"message": ev.error, "type": "service_unavailable", "param": None,
+                                              "code": None}})
+                        break
+                    if ev.finish_reason == "cancelled":
+                        break
+                    if ev.tokens or ev.finish_reason or first:
+                        yield _sse(chunk_of(ev, first))
+                        first = False
+                    if ev.finish_reason is not None:
+                        if final_usage:
+                            yield _sse(chunk_of(None, False) | {"choices": [], "usage": usage(req)})
+                        break
+                yield "data: [DONE]\n\n"
+            finally:
+                if not req.done.is_set():
+                    sched.cancel(req)
+        return StreamingResponse(gen(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    # ------------------------------------------------------------------ completions
+    def prompt_of(body: CompletionBody):
+        p = body.prompt
+        if isinstance(p, list) and p and isinstance(p[0], (str, list)):
+            if len(p) != 1:
+                raise ApiError(400, "one prompt per request (send concurrent requests instead)", param="prompt")
+            p = p[0]
+        if isinstance(p, str) and engine.tokenizer is None:
+            raise ApiError(400, "this server has no tokenizer (random weights or none in the checkpoint): "
+                                "send the prompt as token ids", param="prompt")
+        if not p:
+            raise ApiError(400, "empty prompt", param="prompt")
+        return engine.tokenizer.encode(p) if isinstance(p, str) else p
+
+    def completion_logprobs(req, evs: list[Event], offset: int) -> dict:
+        toks, lps, tops, offs = [], [], [], []
+        for c in (c for ev in evs for c in ev.logprobs):
+            t = req.text.token_text(c.token)
+            toks.append(t)
+            lps.append(c.logprob)
+            tops.append({req.text.token_text(i): v for i, v in c.top_logprobs} if c.top_logprobs else None)
+            offs.append(offset)
+            offset += len(t)
+        return {"tokens": toks, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offs}
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionBody, http: HttpRequest):
+        if body.echo:
+            raise ApiError(400, "echo is not supported", param="echo")
+        prompt = prompt_of(body)
+        opts = check_common(body, 16)
+        req, events = await submit(prompt, opts, body.logprobs)
+        rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        base = {"id": rid, "object": "text_completion", "created": created, "model": model_name}
+        want_lp = body.logprobs is not None
+
+        if body.stream:
+            def chunk(ev: Event | None, first: bool) -> dict:
+                if ev is None:
+                    return dict(base)
+                return base | {"choices": [{"index": 0, "text": ev.text, "finish_reason": ev.finish_reason,
+                                            "logprobs": completion_logprobs(req, [ev], 0) if want_lp else None}]}
+            return stream_response(req, events, chunk, bool((body.stream_options or {}).get("include_usage")))
+        evs = await collect(req, events, http)
+        if not evs:
+            return _error(499, "client closed the request")
+        failed(evs[-1])
+        return base | {"choices": [{"index": 0, "text": "".join(e.text for e in evs), "finish_reason":
+                                    evs[-1].finish_reason,
+                                    "logprobs": completion_logprobs(req, evs, 0) if want_lp else None}],
+                       "usage": usage(req)}
+
+    # ------------------------------------------------------------------ chat
+    def chat_prompt(body: ChatBody) -> list[int]:
+        msgs = []
+        for i, m in enumerate(body.messages):
+            role, content = m.get("role"), m.get("content")
+            if not isinstance(role, str):
+                raise ApiError(400, f"messages[{i}].role must be a string", param=f"messages[{i}].role")
+            if isinstance(content, list):   # content parts: only text can be served here
+                if any(not isinstance(p, dict) or p.get("type") != "text" for p in content):
+                    raise ApiError(400, f"messages[{i}].content: only text parts are supported",
+                                   param=f"messages[{i}].content")
+                content = "".join(p.get("text", "") for p in content)
+            if content is None:
+                content = ""
+            if not isinstance(content, str):
+                raise ApiError(400, f"messages[{i}].content must be a string or text parts",
+                               param=f"messages[{i}].content")
+            msgs.append({"role": role, "content": content})
+        if not msgs:
+            raise ApiError(400, "messages must not be empty", param="messages")
+        return apply_chat_template(engine.tokenizer, msgs)
+
+    def chat_logprobs(req, evs: list[Event]) -> dict:
+        def entry(tok: int, lp: float) -> dict:
+            t = req.text.token_text(tok)
+            return {"token": t, "logprob": lp, "bytes": list(t.encode())}
+        return {"content": [entry(c.token, c.logprob) | {"top_logprobs": [entry(i, v) for i, v in
+                                                                           (c.top_logprobs or [])]}
+                            for ev in evs for c in ev.logprobs]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatBody, http: HttpRequest):
+        prompt = chat_prompt(body)
+        if body.max_tokens is None and body.max_completion_tokens is not None:
+            body.max_tokens = body.max_completion_tokens
+        opts = check_common(body, max(1, engine.max_seq_len - len(prompt)))
+        n_top = None
+        if body.logprobs:
+            n_top = body.top_logprobs or 0
+        elif body.top_logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        req, events = await submit(prompt, opts, n_top)
+        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        base = {"id": rid, "object": "chat.completion.chunk" if body.stream else "chat.completion",
+                "created": created, "model": model_name}
+
+        if body.stream:
+            def chunk(ev: Event | None, first: bool) -> dict:
+                if ev is None:
+                    return dict(base)
+                delta = ({"role": "assistant", "content": ev.text} if first else
+                         ({"content": ev.text} if ev.tokens else {}))
+                return base | {"choices": [{"index": 0, "delta": delta, "finish_reason": ev.finish_reason,
+                                            "logprobs": chat_logprobs(req, [ev]) if n_top is not None else None}]}
+            return stream_response(req, events, chunk, bool((body.stream_options or {}).get("include_usage")))
+        evs = await collect(req, events, http)
+        if not evs:
+            return _error(499, "client closed the request")
+        failed(evs[-1])
+        return base | {"choices": [{"index": 0, "message": {"role": "assistant",
+                                                            "content": "".join(e.text for e in evs)},
+                                    "finish_reason": evs[-1].finish_reason,
+                                    "logprobs": chat_logprobs(req, evs) if n_top is not None else None}],
+                       "usage": usage(req)}
+
+    return app
+
+
+def _sse(obj: dict) -> str:
+    return f"data: {json.dumps(obj)}\n\n"
