@@ -121,11 +121,17 @@ def test_a_second_build_into_the_same_folder_refuses(tmp_path):
 
 
 def test_a_killed_builds_folder_is_cleaned_by_the_next_build(tmp_path):
+    from trtllm_mk.engine_target import BUILDING_MARK
     stale = tmp_path / ".eng.building-abc"
     stale.mkdir()
     (stale / "half.cu").write_text("//")
+    (stale / BUILDING_MARK).write_text("")
+    lookalike = tmp_path / ".eng.building-mine"       # a user's folder with a matching name survives
+    lookalike.mkdir()
+    (lookalike / "notes.txt").write_text("keep")
     build_engine(_cfg(), tmp_path / "eng", show_progress=False)
-    assert sorted(os.listdir(tmp_path)) == ["eng"]
+    assert sorted(os.listdir(tmp_path)) == [".eng.building-mine", "eng"]
+    assert (lookalike / "notes.txt").read_text() == "keep"
 
 
 def test_sigterm_during_compilation_stops_the_compiler_and_cleans_up(tmp_path):

@@ -21,6 +21,8 @@ from pathlib import Path
 from .errors import EngineError
 
 ENGINE_FORMAT = "trtllm_mk-engine"
+# marks a folder as a build's own work in progress: only folders holding it are ever removed as stale
+BUILDING_MARK = ".trtllm_mk-building"
 
 
 def is_engine_dir(path: Path) -> bool:
@@ -82,8 +84,10 @@ class EngineTarget:
                               "to finish or choose another --output-dir") from None
         self._lock_fd = fd
         for stale in self.target.parent.glob(f".{self.target.name}.building-*"):
-            shutil.rmtree(stale, ignore_errors=True)     # a killed build's folder (we hold the lock)
+            if (stale / BUILDING_MARK).is_file():        # a killed build's folder (we hold the lock)
+                shutil.rmtree(stale, ignore_errors=True)
         self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.building-", dir=self.target.parent))
+        (self.tmp / BUILDING_MARK).write_text("an unfinished trtllm_mk build; removed by the next build here\n")
         self._old_handler = signal.getsignal(signal.SIGTERM)
         try:
             signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -101,6 +105,7 @@ class EngineTarget:
                                   "nothing was replaced")
             old = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.replaced-", dir=self.target.parent))
             os.rename(self.target, old / "engine")
+        (self.tmp / BUILDING_MARK).unlink()
         os.rename(self.tmp, self.target)
         self.tmp = None
         if old is not None:

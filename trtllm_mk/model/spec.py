@@ -170,11 +170,11 @@ def _refuse_unimplemented(cfg: dict, family: str, where: str) -> None:
                          "on these projections)")
     if cfg.get("mlp_bias"):
         raise ModelError(f"{where}: mlp_bias=true is not implemented (the kernel's MLP has no bias)")
-    for key in ("partial_rotary_factor",):
-        v = cfg.get(key, (cfg.get("rope_parameters") or {}).get(key) if isinstance(cfg.get("rope_parameters"), dict)
-                    else None)
-        if v is not None and v != 1 and v != 1.0:
-            raise ModelError(f"{where}: {key}={v!r} is not implemented (the kernel rotates the whole head)")
+    rp = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
+    partial = cfg.get("partial_rotary_factor", rp.get("partial_rotary_factor"))
+    if partial is not None and partial != 1:
+        raise ModelError(f"{where}: partial_rotary_factor={partial!r} is not implemented (the kernel rotates the "
+                         "whole head)")
     if cfg.get("pretraining_tp", 1) not in (1, None):
         raise ModelError(f"{where}: pretraining_tp={cfg.get('pretraining_tp')!r} is not implemented (use 1)")
 
