@@ -1,12 +1,12 @@
 """A/B of megakernel variants in one process, timed in interleaved rounds.
 
     python scripts/mk_ab.py llama-3.2-1b --variant shipped --variant merge8:o_merge=1,o_ksplit=8,o_rows=128 \
-        --variant pref:+MK_PREFETCH_NEXT=1 [--batch 1] [--context 512] [--rounds 7] [--steps 100]
+        --variant nopref:+prefetch_next=0 [--batch 1] [--context 512] [--rounds 7] [--steps 100]
     python scripts/mk_ab.py llama-3.2-1b --variant ... --prebuild          # compile only (no GPU needed)
 
 A variant is ``NAME[:ITEM,ITEM...]``: ``field=value`` replaces a tile plan field of the benchmark's
-schedule (scripts/mk_trace.py --set), ``+MACRO=value`` defines a diagnostic macro of the device
-headers (--define), ``src=FILE.cu`` runs a kernel source generated elsewhere for the same schedule
+schedule (scripts/mk_trace.py --set), ``+name=value`` sets a diagnostic switch of the kernel
+(trtllm_mk/codegen/diagnostics.py), ``src=FILE.cu`` runs a kernel source generated elsewhere for the same schedule
 (e.g. by an older release, ``--dump-schedule`` writes the schedule to generate it from) with this
 tree's runtime: the A/B of two releases, valid while their kernel parameters keep one layout. Every variant binds the same random weights; each round times every variant once
 (median of ``--steps`` CUDA-graph replays after warm-up), in a rotated order, so slow drift of the
@@ -24,22 +24,23 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mk_trace import captured_step, make_schedule, prebuild  # noqa: E402
+from trtllm_mk.codegen.diagnostics import Diagnostics  # noqa: E402
 from trtllm_mk.gpus import detect_gpu, get_gpu  # noqa: E402
 from trtllm_mk.model.registry import resolve_model  # noqa: E402
 
 
 def parse_variant(text: str) -> tuple[str, dict, tuple[str, ...], str | None]:
     name, _, items = text.partition(":")
-    sets, defines, src = {}, [], None
+    sets, switches, src = {}, [], None
     for it in filter(None, items.split(",")):
         if it.startswith("+"):
-            defines.append(it[1:])
+            switches.append(it[1:])
         elif it.startswith("src="):
             src = it[4:]
         else:
             k, _, v = it.partition("=")
             sets[k] = int(v)
-    return name, sets, tuple(defines), src
+    return name, sets, Diagnostics.parse(switches), src
 
 
 def main() -> None:
@@ -60,8 +61,8 @@ def main() -> None:
         Path(a.dump_schedule).write_text(make_schedule(spec, a.batch, a.context, get_gpu(a.gpu), {}).to_json())
         return
     if a.prebuild:
-        for name, sets, defines, src in variants:
-            s, path = prebuild(spec, a.batch, a.context, get_gpu(a.gpu), sets, defines)
+        for name, sets, diag, src in variants:
+            s, path = prebuild(spec, a.batch, a.context, get_gpu(a.gpu), sets, diag)
             if src:
                 from trtllm_mk.codegen import compile_cubin
                 path, _ = compile_cubin(Path(src).read_text(), get_gpu(a.gpu).nvcc_arch)
@@ -76,11 +77,11 @@ def main() -> None:
     tokens = torch.randint(0, spec.vocab_size, (a.batch,))
     pos = torch.full((a.batch,), a.context)
     runs = []
-    for name, sets, defines, src in variants:
+    for name, sets, diag, src in variants:
         s = make_schedule(spec, a.batch, a.context, gpu, sets)
-        dec, graph = captured_step(s, w, a.context, gpu, defines, tokens, Path(src).read_text() if src else None)
+        dec, graph = captured_step(s, w, a.context, gpu, diag, tokens, Path(src).read_text() if src else None)
         runs.append((name, s, dec, graph))
-        print(f"{name}: plan {s.plan.to_dict()} defines {list(defines)}; predicted {s.predicted_step_us:.1f} us",
+        print(f"{name}: plan {s.plan.to_dict()} diagnostics {diag.changed()}; predicted {s.predicted_step_us:.1f} us",
               flush=True)
     p50 = {name: [] for name, *_ in runs}
     for r in range(a.rounds):

@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from trtllm_mk.codegen import compile_cubin, generate_source
+from trtllm_mk.codegen import Diagnostics, compile_cubin, generate_source
 from trtllm_mk.graph import TilePlan, build_step_graph
 from trtllm_mk.kv_cache import PagedKVCache
 from trtllm_mk.model.rope import rope_inv_freq
@@ -56,8 +56,8 @@ def main():
     sch.programs = naive_programs(g, nsm)
     max_seq = 1024
     # MK_SMOKE_ARRIVE_ALL=1: the sanitizer variant of the ring release (see EMPTY_ARRIVALS in mk_kernel.cuh)
-    src, layout = generate_source(sch, 32, max_seq, use_bulk_copy=True,
-                                  sanitizer_sync=os.environ.get("MK_SMOKE_ARRIVE_ALL") == "1")
+    diag = Diagnostics(all_lanes_release=int(os.environ.get("MK_SMOKE_ARRIVE_ALL") == "1"))
+    src, layout = generate_source(sch, 32, max_seq, use_bulk_copy=True, diagnostics=diag)
     t0 = time.time()
     cubin, rep = compile_cubin(src, "sm_90a")
     print(f"compiled in {time.time() - t0:.1f}s smem={layout.smem_bytes}", [l for l in rep.splitlines() if "Used" in l][:1])

@@ -1,7 +1,7 @@
 """Trace one megakernel decode step on the GPU: where the time goes, per task kind and per SM.
 
     python scripts/mk_trace.py llama-3.2-1b --batch 1 --context 512 [--set stages=6 --set slot_bytes=32768]
-        [--define MK_ATTN_MARK=2] [--out DIR]
+        [--diag attn_mark=2] [--out DIR]
     python scripts/mk_trace.py llama-3.2-1b --prebuild --gpu H100-SXM     # compile only (no GPU needed)
 
 The schedule is the one the benchmark uses (benchmarks/megakernel_system.py); ``--set`` replaces tile
@@ -21,6 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.megakernel_system import HEADROOM, TOKENS_PER_BLOCK, schedule_for  # noqa: E402
+from trtllm_mk.codegen.diagnostics import Diagnostics  # noqa: E402
 from trtllm_mk.gpus import detect_gpu, get_gpu  # noqa: E402
 from trtllm_mk.model.registry import resolve_model  # noqa: E402
 from trtllm_mk.schedule import Schedule  # noqa: E402
@@ -42,16 +43,16 @@ def make_schedule(spec, batch: int, context: int, gpu, sets: dict) -> Schedule:
     return schedule_plan(spec, batch, gpu, replace(sched.plan, **sets), context)
 
 
-def prebuild(spec, batch: int, context: int, gpu, sets: dict, defines: tuple[str, ...]) -> tuple[Schedule, Path]:
-    """Compile the kernel of (spec, batch, context, sets, defines) into the cubin cache (no GPU)."""
+def prebuild(spec, batch: int, context: int, gpu, sets: dict, diag) -> tuple[Schedule, Path]:
+    """Compile the kernel of (spec, batch, context, sets, diagnostics) into the cubin cache (no GPU)."""
     from trtllm_mk.codegen import compile_cubin, generate_source
     s = make_schedule(spec, batch, context, gpu, sets)
-    src, _ = generate_source(s, TOKENS_PER_BLOCK, context + HEADROOM, use_bulk_copy=gpu.has_tma, defines=defines)
+    src, _ = generate_source(s, TOKENS_PER_BLOCK, context + HEADROOM, use_bulk_copy=gpu.has_tma, diagnostics=diag)
     path, _ = compile_cubin(src, gpu.nvcc_arch)
     return s, path
 
 
-def captured_step(s: Schedule, weights, context: int, gpu, defines: tuple[str, ...], tokens, source: str | None = None):
+def captured_step(s: Schedule, weights, context: int, gpu, diag, tokens, source: str | None = None):
     """A decoder of ``s`` bound to ``weights`` and a cache holding ``context`` tokens, warmed up, and a
     CUDA graph of one of its steps: (decoder, graph). ``source``: a kernel source generated elsewhere
     for ``s`` (scripts/mk_ab.py src=) instead of this tree's."""
@@ -62,7 +63,7 @@ def captured_step(s: Schedule, weights, context: int, gpu, defines: tuple[str, .
     from trtllm_mk.runtime.megakernel import MegakernelDecoder
     max_seq = context + HEADROOM
     cache = PagedKVCache.allocate(s.spec, s.batch, max_seq, TOKENS_PER_BLOCK, device="cuda", fill=1.0)
-    src, layout = generate_source(s, TOKENS_PER_BLOCK, max_seq, use_bulk_copy=gpu.has_tma, defines=defines)
+    src, layout = generate_source(s, TOKENS_PER_BLOCK, max_seq, use_bulk_copy=gpu.has_tma, diagnostics=diag)
     cubin, _ = compile_cubin(source if source is not None else src, gpu.nvcc_arch)
     dec = MegakernelDecoder(s, cubin, layout, weights, cache, rope_inv_freq(s.spec))
     dec.set_state(tokens, torch.full((s.batch,), context))
@@ -81,18 +82,19 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--set", action="append", default=[], help="tile plan field=value")
-    ap.add_argument("--define", action="append", default=[],
-                    help="NAME=VALUE diagnostic macro of the device headers (e.g. MK_ATTN_MARK=2)")
+    ap.add_argument("--diag", action="append", default=[],
+                    help="name=value diagnostic switch (trtllm_mk/codegen/diagnostics.py), e.g. attn_mark=2")
     ap.add_argument("--out", default="trace_out")
     ap.add_argument("--prebuild", action="store_true")
     ap.add_argument("--gpu", default="H100-SXM", help="with --prebuild: the target GPU")
     a = ap.parse_args()
     spec = resolve_model(a.model).spec
     sets = parse_sets(a.set)
+    diag = Diagnostics.parse(a.diag)
     tag = (f"{a.model}_b{a.batch}" + "".join(f"_{k}{v}" for k, v in sets.items())
-           + "".join(f"_{d.replace('=', '')}" for d in a.define))
+           + "".join(f"_{d.replace('=', '')}" for d in a.diag))
     if a.prebuild:
-        s, path = prebuild(spec, a.batch, a.context, get_gpu(a.gpu), sets, tuple(a.define))
+        s, path = prebuild(spec, a.batch, a.context, get_gpu(a.gpu), sets, diag)
         print(f"{tag}: predicted {s.predicted_step_us:.1f} us -> {path.name}")
         return
 
@@ -104,7 +106,7 @@ def main() -> None:
     s = make_schedule(spec, a.batch, a.context, gpu, sets)
     w = random_weights(spec, device="cuda", seed=0)
     tokens = torch.randint(0, spec.vocab_size, (a.batch,))
-    dec, graph = captured_step(s, w, a.context, gpu, tuple(a.define), tokens)
+    dec, graph = captured_step(s, w, a.context, gpu, diag, tokens)
     dec.set_state(tokens, torch.full((a.batch,), a.context))
     stats = time_steps(graph.replay, steps=100, warmup=20)
     dec.synchronize()

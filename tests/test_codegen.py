@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from trtllm_mk.codegen import generate_source
+from trtllm_mk.codegen import Diagnostics, generate_source
+from trtllm_mk.errors import UserError
 from trtllm_mk.gpus import get_gpu
 from trtllm_mk.model.spec import load_spec
 from trtllm_mk.graph import TilePlan
@@ -53,12 +54,22 @@ def test_stage_flags_follow_the_schedule():
         # TaskArgs{layer, r0, r1, k0, k1, group, split, tile, stage, nw, ...}
         assert [(k, f[8]) for k, f in calls[sm]] == expect, f"SM {sm}"
     assert reused > 0, "the 1B schedule should have consecutive GEMVs sharing an input"
-    assert "MK_EMPTY_ARRIVE_ALL_LANES 1" not in src
-    assert "#define MK_EMPTY_ARRIVE_ALL_LANES 1" in generate_source(sched, 16, 256, True, sanitizer_sync=True)[0]
-    # diagnostic macros land before the inlined headers, whose #ifndef defaults they override
-    diag = generate_source(sched, 16, 256, True, defines=("MK_ATTN_MARK=3",))[0]
-    assert diag.index("#define MK_ATTN_MARK 3") < diag.index("#ifndef MK_ATTN_MARK")
-    assert "#define MK_ATTN_MARK 3" not in src
+    # the diagnostic switches are one generated namespace ahead of the device headers, which read it
+    assert "constexpr int ALL_LANES_RELEASE = 0;" in src and "constexpr int ATTN_MARK = 0;" in src
+    sanitizer = generate_source(sched, 16, 256, True, Diagnostics(all_lanes_release=1))[0]
+    assert "constexpr int ALL_LANES_RELEASE = 1;" in sanitizer
+    diag = generate_source(sched, 16, 256, True, Diagnostics.parse(["attn_mark=3"]))[0]
+    assert diag.index("constexpr int ATTN_MARK = 3;") < diag.index("diag::ATTN_MARK")
+    # no device header keeps a macro switch of its own
+    assert not re.search(r"#ifndef MK_|#if defined\(MK_(?!USE_BULK_COPY)", src)
+
+
+def test_diagnostics_parse_refuses_bad_switches():
+    assert Diagnostics.parse(["gemv_mark=2", "prefetch_next=0"]).changed() == {"gemv_mark": 2, "prefetch_next": 0}
+    assert Diagnostics().is_production
+    for bad in (["attn_mark=7"], ["nope=1"], ["gemv_mark"], ["prefetch_next=x"], ["prefetch_next=2"]):
+        with pytest.raises(UserError):
+            Diagnostics.parse(bad)
 
 
 def test_inflight_caps_follow_the_plan():

@@ -122,6 +122,30 @@ TRACE_WORD_NAMES = (
 TRACE_WORDS = len(TRACE_WORD_NAMES)
 TRACE_SM_WORDS = 4
 
+# mk::ErrorInfo: the first fault of a step, 32-bit words in pinned host memory that the host reads
+# after the step (also after a trap killed the context). ``code`` says which fault; the other words'
+# meaning depends on it.
+ERROR_FIELDS = (
+    ("code", "ERROR_CODES; 0: none"),
+    ("sm", "the SM that recorded it"),
+    ("event_index", "WAIT_TIMEOUT: flat counter index"),
+    ("target", "WAIT_TIMEOUT: the count waited for"),
+    ("seen", "WAIT_TIMEOUT: the count seen last"),
+    ("layer", "WAIT_TIMEOUT: the waiting task's layer; NONFINITE_LOGITS: the batch row"),
+    ("task", "WAIT_TIMEOUT: the task's number on its SM; NONFINITE_LOGITS: the step"),
+    ("pad", ""),
+)
+ERROR_WORDS = len(ERROR_FIELDS)
+ERROR_CODES = {
+    "WAIT_TIMEOUT": 1,        # an event wait went unsatisfied too long (the waiter traps)
+    "NONFINITE_LOGITS": 2,    # a batch row's logits are all NaN or -inf (its token is set to 0)
+}
+
+
+def error_word(name: str) -> int:
+    """Index of an ErrorInfo field."""
+    return [f for f, _ in ERROR_FIELDS].index(name)
+
 
 def params_layout() -> tuple[list[tuple[ParamField, int, int]], int]:
     """([(field, offset, size)], sizeof(Params)) with natural alignment."""
@@ -154,12 +178,22 @@ def params_layout_json() -> dict:
     return {"size": size,
             "fields": [{"name": f.name, "ctype": f.ctype, "role": f.role, "offset": off, "size": n}
                        for f, off, n in layout],
-            "layer_fields": list(LAYER_FIELD_NAMES)}
+            "layer_fields": list(LAYER_FIELD_NAMES),
+            "error_fields": [f for f, _ in ERROR_FIELDS], "error_codes": dict(ERROR_CODES)}
 
 
 def _kind_enum() -> str:
     from .graph import Kind
     return "enum Kind { " + ", ".join(f"{k.name} = {int(k)}" for k in Kind) + " };"
+
+
+def emit_cuda_preamble() -> str:
+    """What the shared device basics (mk_common.cuh) need first: ErrorInfo and its codes."""
+    lines = ["namespace mk {", "", "// The first fault of a step (trtllm_mk/seam.py ERROR_FIELDS).", "struct ErrorInfo {"]
+    lines += [f"  uint32_t {f};" + (f"  // {doc}" if doc else "") for f, doc in ERROR_FIELDS]
+    lines += ["};", "enum ErrorCode : uint32_t { " + ", ".join(f"ERR_{k} = {v}" for k, v in ERROR_CODES.items()) + " };",
+              "", "}  // namespace mk"]
+    return "\n".join(lines) + "\n"
 
 
 def emit_cuda() -> str:

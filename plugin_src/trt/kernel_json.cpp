@@ -391,10 +391,32 @@ ParamsLayout read_params(const Reader& r, const JValue& obj) {
       r.fail("\"params.layer_fields[" + std::to_string(i) + "]\" must be a non-empty string");
     p.layer_fields.push_back(layer.arr[i].s);
   }
+  const JValue& err = r.array(obj, "error_fields", "params.");
+  for (size_t i = 0; i < err.arr.size(); ++i) {
+    if (err.arr[i].kind != JValue::kString || err.arr[i].s.empty())
+      r.fail("\"params.error_fields[" + std::to_string(i) + "]\" must be a non-empty string");
+    p.error_fields.push_back(err.arr[i].s);
+  }
+  if (p.error_word("code") != 0) r.fail("\"params.error_fields\" must start with \"code\"");
+  const JValue* codes = obj.get("error_codes");
+  if (codes == nullptr || codes->kind != JValue::kObject) r.fail("\"params.error_codes\" must be an object");
+  for (const auto& kv : codes->obj) p.error_codes.emplace_back(kv.first, r.integer(*codes, kv.first, 1, "params.error_codes."));
   return p;
 }
 
 }  // namespace
+
+int ParamsLayout::error_word(const std::string& name) const {
+  for (size_t i = 0; i < error_fields.size(); ++i)
+    if (error_fields[i] == name) return static_cast<int>(i);
+  return -1;
+}
+
+int64_t ParamsLayout::error_code(const std::string& name) const {
+  for (const auto& c : error_codes)
+    if (c.first == name) return c.second;
+  return -1;
+}
 
 const ParamField* ParamsLayout::find(const std::string& name) const {
   for (const auto& f : fields)

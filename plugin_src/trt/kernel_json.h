@@ -21,8 +21,10 @@
 //             "target"            string, e.g. "sm_90a"
 //             "params"            object {"size": sizeof(mk::Params), "fields": [{"name", "offset",
 //                                 "size" (4 or 8), ...}], "layer_fields": [mk::LayerWeights member
-//                                 names in table order]} (trtllm_mk/seam.py params_layout_json): the
-//                                 plugin packs the kernel's parameters from these offsets
+//                                 names in table order], "error_fields": [mk::ErrorInfo words in
+//                                 order], "error_codes": {name: code >= 1}} (trtllm_mk/seam.py
+//                                 params_layout_json): the plugin packs the kernel's parameters from
+//                                 these offsets and reads its fault reports by these names
 //   optional  "event_offsets"     object {event name: first flat counter index >= 0} (diagnostics)
 //             "qk_norm", "qkv_bias"  booleans; when present the plugin insists on real tensors (or
 //                                 on 1-element placeholders) for q_norm/k_norm, q/k/v_bias
@@ -56,6 +58,13 @@ struct ParamsLayout {
   int64_t size = 0;
   std::vector<ParamField> fields;          // in struct order, non-overlapping, within size
   std::vector<std::string> layer_fields;   // mk::LayerWeights members in table order
+  std::vector<std::string> error_fields;   // mk::ErrorInfo's 32-bit words in order
+  std::vector<std::pair<std::string, int64_t>> error_codes;   // ErrorInfo.code values by name
+
+  // Index of ErrorInfo word `name`, or -1.
+  int error_word(const std::string& name) const;
+  // The code named `name`, or -1.
+  int64_t error_code(const std::string& name) const;
 
   // The field named `name`, or nullptr.
   const ParamField* find(const std::string& name) const;

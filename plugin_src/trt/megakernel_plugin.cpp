@@ -150,7 +150,6 @@ std::string join_path(const std::string& dir, const char* file) {
 
 void check(CUresult r, const char* what) { check_cu(r, what); }
 
-constexpr int kErrorWords = 8;  // mk::ErrorInfo
 
 }  // namespace
 
@@ -228,16 +227,30 @@ class DecodeState {
   uint64_t* scratch_table() { return scratch_.data(); }
   CUdeviceptr device_slot(int s) const { return tables_ + static_cast<CUdeviceptr>(s) * table_bytes(); }
 
-  // Non-empty once a kernel recorded a device-side error (an event wait that timed out and trapped).
+  // Non-empty once a kernel recorded a device-side error (ErrorInfo, named by kernel.json).
   std::string device_error(const KernelSpec& k) const {
     const volatile uint32_t* e = error_host_;
     if (e == nullptr || e[0] == 0) return "";
+    const ParamsLayout& L = k.params;
+    auto word = [&](const char* name) -> uint32_t {
+      const int i = L.error_word(name);
+      return i < 0 ? 0u : e[i];
+    };
     std::ostringstream os;
-    os << "the megakernel trapped in an earlier step: SM " << e[1] << " timed out waiting on event "
-       << k.event_name(e[2]) << " (counter " << e[2] << "): target " << e[3] << ", seen " << e[4] << ", layer "
-       << static_cast<int32_t>(e[5]) << ", task #" << e[6]
-       << " of that SM. The CUDA context is lost; a schedule that cannot make progress is a build bug "
-          "(run `verify` on the engine)";
+    const int64_t code = e[0];
+    if (code == L.error_code("NONFINITE_LOGITS")) {
+      os << "the logits of batch row " << word("layer") << " were all NaN or -inf at step " << word("task")
+         << " (the weights or the KV cache hold non-finite values)";
+    } else if (code == L.error_code("WAIT_TIMEOUT")) {
+      os << "the megakernel trapped in an earlier step: SM " << word("sm") << " timed out waiting on event "
+         << k.event_name(word("event_index")) << " (counter " << word("event_index") << "): target " << word("target")
+         << ", seen " << word("seen") << ", layer " << static_cast<int32_t>(word("layer")) << ", task #"
+         << word("task")
+         << " of that SM. The CUDA context is lost; a schedule that cannot make progress is a build bug "
+            "(run `verify` on the engine)";
+    } else {
+      os << "the megakernel reported device error code " << code;
+    }
     return os.str();
   }
 
@@ -318,10 +331,11 @@ class DecodeState {
 
     // Error info in mapped pinned memory: still readable on the host after a trap killed the context.
     void* host = nullptr;
-    check(cuMemHostAlloc(&host, kErrorWords * sizeof(uint32_t), CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE),
+    const size_t error_bytes = k.params.error_fields.size() * sizeof(uint32_t);
+    check(cuMemHostAlloc(&host, error_bytes, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE),
           "cuMemHostAlloc(error info)");
     error_host_ = static_cast<uint32_t*>(host);
-    std::memset(error_host_, 0, kErrorWords * sizeof(uint32_t));
+    std::memset(error_host_, 0, error_bytes);
     check(cuMemHostGetDevicePointer(&error_dev, host, 0), "cuMemHostGetDevicePointer(error info)");
 
     check(cuMemHostAlloc(&host, kSlots * table_bytes(), CU_MEMHOSTALLOC_PORTABLE), "cuMemHostAlloc(weight tables)");

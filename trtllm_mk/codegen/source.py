@@ -13,9 +13,10 @@ from pathlib import Path
 
 from ..graph import LAYER, Kind, StepGraph, Task
 from ..kinds import device_files
+from .diagnostics import Diagnostics
 from ..residual import FRAC_BITS as RESID_FRAC_BITS
 from ..schedule import Schedule
-from ..seam import emit_cuda, task_args_init
+from ..seam import emit_cuda, emit_cuda_preamble, task_args_init
 from ..smem import (SIG_SLOTS, SLOT_PAD, SmemLayout, activation_bytes, attention_kv_ring, geometries, kv_region_bytes,
                     kv_ring_offset, smem_layout)
 
@@ -122,7 +123,7 @@ def _host_model_checks(schedule: Schedule, kv_cap: int) -> str:
     out = ["// ===== the host's ring model (trtllm_mk/smem.py) against the device's =====", "namespace host_model {"]
     for kind, g in geometries(schedule.spec, schedule.plan).items():
         k = kind.name
-        out.append(f"using {k} = mk::Geometry<mk::KindTraits<mk::{k}>::KT, mk::KindTraits<mk::{k}>::PAIR>;")
+        out.append(f"using {k} = mk::GemvGeometry<mk::{k}>;")
         out.append(f"static_assert({k}::NKC == {g.pieces} && {k}::KC == {g.k_chunk} && {k}::RS == {g.rows_per_slot}, "
                    f"\"{k} ring geometry: smem.py slot_geometry\");")
     out.append(f"static_assert(mk::KV_REGION == {kv_region_bytes(d.head_dim, kv_cap)}, "
@@ -140,6 +141,8 @@ def _inline_headers(smem: SmemLayout, slot_stride: int) -> str:
     # the kinds' device files (trtllm_mk.kinds.device_files) go between the shared headers and the kernel
     for path in [src / n for n in HEADER_ORDER[:-1]] + device_files() + [src / HEADER_ORDER[-1]]:
         name, text = path.name, path.read_text()
+        if name == "mk_common.cuh":   # ErrorInfo, which the shared basics use
+            out.append(f"// ===== trtllm_mk/seam.py (generated) =====\n{emit_cuda_preamble()}")
         text = re.sub(r'^#pragma once\s*$', "", text, flags=re.M)
         text = re.sub(r'^#include "mk_[a-z_]+\.cuh"\s*$', "", text, flags=re.M)
         out.append(f"// ===== {name} =====\n{text}")
@@ -151,12 +154,9 @@ def _inline_headers(smem: SmemLayout, slot_stride: int) -> str:
 
 
 def generate_source(schedule: Schedule, tokens_per_block: int, max_seq_len: int,
-                    use_bulk_copy: bool, sanitizer_sync: bool = False,
-                    defines: tuple[str, ...] = ()) -> tuple[str, KernelLayout]:
-    """``sanitizer_sync``: every consumer lane releases ring slots (MK_EMPTY_ARRIVE_ALL_LANES in
-    mk_kernel.cuh), so compute-sanitizer racecheck sees the ordering; slower, for sanitizer runs only.
-    ``defines``: ``NAME=VALUE`` diagnostic macros of the device headers (e.g. MK_ATTN_MARK=2, where
-    an ATTN task's trace mark is taken), emitted before them."""
+                    use_bulk_copy: bool, diagnostics: Diagnostics = Diagnostics()) -> tuple[str, KernelLayout]:
+    """``diagnostics``: the kernel's diagnostic switches (codegen/diagnostics.py); the default is the
+    production kernel."""
     graph = schedule.graph()
     d, p, spec = graph.dims, graph.plan, schedule.spec
     if d.head_dim % 32:
@@ -171,9 +171,7 @@ def generate_source(schedule: Schedule, tokens_per_block: int, max_seq_len: int,
         "#include <cuda_bf16.h>",
         "#include <stdint.h>",
         "#define MK_USE_BULK_COPY 1" if use_bulk_copy else "// weight ring filled with cp.async (no bulk copy engine)",
-        "#define MK_EMPTY_ARRIVE_ALL_LANES 1" if sanitizer_sync else "// ring slots released by lane 0 of each consumer warp",
-        *(f"#define {name} {value}" for name, _, value in (m.partition("=") for m in defines)),
-        "namespace cfg {",
+        diagnostics.emit_cuda() + "namespace cfg {",
     ]
     kv_slots, kv_cap = attention_kv_ring(d.head_dim, p.slot_bytes, d.splits, d.context_len)
     consts = dict(B=d.batch, L=d.layers, H=d.hidden, I=d.intermediate, V=d.vocab, NH=d.heads, NKV=d.kv_heads, D=d.head_dim, G=d.group,

@@ -4,11 +4,6 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
-#ifndef MK_SPIN_TIMEOUT_NS
-// A wait that has not been satisfied after this long is a schedule/runtime bug: the kernel records
-// which event it was waiting on and traps, so the host reports an error instead of hanging.
-#define MK_SPIN_TIMEOUT_NS 2000000000ull
-#endif
 
 namespace mk {
 
@@ -24,6 +19,20 @@ __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
+}
+
+// First argmax: the highest value, the lowest index on ties (LMHEAD's tiles, ARGMAX's merge).
+__device__ __forceinline__ bool argmax_better(float v, int i, float best, int bi) {
+  return v > best || (v == best && i < bi);
+}
+
+__device__ __forceinline__ void warp_argmax(float& best, int& bi) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (argmax_better(ov, oi, best, bi)) { best = ov; bi = oi; }
+  }
 }
 
 // Activations change during the kernel (other SMs write them), so they are read through L2 only
@@ -215,16 +224,7 @@ __device__ __forceinline__ void signal_event(uint32_t* p) {
   asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(p) : "memory");
 }
 
-struct ErrorInfo {      // the first fault of a step (the host reads it after the step)
-  uint32_t code;        // 1: event wait timed out (the waiter traps); 2: a row's logits are all NaN / -inf
-  uint32_t sm;
-  uint32_t event_index; // flat counter index
-  uint32_t target;
-  uint32_t seen;
-  uint32_t layer;
-  uint32_t task;
-  uint32_t pad;
-};
+// ErrorInfo and ErrorCode are generated (trtllm_mk/seam.py) ahead of this file.
 
 __device__ __forceinline__ void wait_counter(const uint32_t* ctr, uint32_t target, ErrorInfo* err,
                                              uint32_t flat_index, uint32_t layer, uint32_t task) {
@@ -237,8 +237,10 @@ __device__ __forceinline__ void wait_counter(const uint32_t* ctr, uint32_t targe
     if (backoff < 64) backoff <<= 1;   // short: a chain of dependent tasks waits at every step
     v = ld_acquire(ctr);
     if ((int32_t)(v - target) >= 0) return;
-    if (globaltimer() - t0 > MK_SPIN_TIMEOUT_NS) {
-      if (atomicCAS(&err->code, 0u, 1u) == 0u) {
+    // unsatisfied this long, a wait is a schedule or runtime bug: record which event and trap, so
+    // the host reports an error instead of hanging
+    if (globaltimer() - t0 > diag::SPIN_TIMEOUT_NS) {
+      if (atomicCAS(&err->code, 0u, (uint32_t)ERR_WAIT_TIMEOUT) == 0u) {
         err->sm = blockIdx.x;
         err->event_index = flat_index;
         err->target = target;

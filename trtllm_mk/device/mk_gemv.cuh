@@ -1,6 +1,7 @@
-// GEMV tasks (QKV, OPROJ, GATEUP, DOWN, LMHEAD): the loader streams weight rows through the
-// shared-memory ring; consumers stage the bf16 activation once, then reduce each slot against it
-// with tensor-core mma (batch rows are the mma's N columns).
+// The machinery every GEMV kind shares: the loader streams weight rows through the shared-memory
+// ring; consumers stage the bf16 activation once, then reduce each slot against it with tensor-core
+// mma (batch rows are the mma's N columns). What differs between GEMV kinds lives in the kind's own
+// device file (trtllm_mk/kinds/<kind>.cuh), as a specialization of GemvKind<KIND> (below).
 // Requires the generated namespace cfg (shapes, tile constants) to be defined before inclusion.
 #pragma once
 #include "mk_params.cuh"
@@ -50,42 +51,28 @@ struct Geometry {
   static_assert(RS * ROW_STRIDE <= SLOT_STRIDE, "slot overflow");
 };
 
-template <int KIND> struct KindTraits;
-template <> struct KindTraits<QKV>    { static constexpr int KT = cfg::H; static constexpr int PAIR = 1; };
-template <> struct KindTraits<OPROJ>  { static constexpr int KT = cfg::QD / cfg::O_KSPLIT; static constexpr int PAIR = 1; };
-template <> struct KindTraits<GATEUP> { static constexpr int KT = cfg::H; static constexpr int PAIR = 2; };
-template <> struct KindTraits<DOWN>   { static constexpr int KT = cfg::I / cfg::DOWN_KSPLIT; static constexpr int PAIR = 1; };
-template <> struct KindTraits<LMHEAD> { static constexpr int KT = cfg::H; static constexpr int PAIR = 1; };
+// A GEMV kind's device file specializes GemvKind<KIND> with:
+//   KT, PAIR                      the K range of one task; weight matrices interleaved per slot (2: gate+up)
+//   weight_row(p, a, grp, j)      source of weight row j (0 <= j < RS) of slot group grp of a task
+//   stage(c, a)                   the activation staging into act[] (stage_normed / stage_rows below)
+//   epilogue(p, a, r, b, v, v_up) stores one finished output value (row r, batch row b)
+//   Tally, tally(t, r, b, v), tally_reduce(c, t), tally_publish(c, a)
+//                                 a per-thread running reduction over the task's outputs (LMHEAD's
+//                                 argmax); NoTally is the empty one
+template <int KIND> struct GemvKind;
+template <int KIND> using GemvGeometry = Geometry<GemvKind<KIND>::KT, GemvKind<KIND>::PAIR>;
 
-// Source pointer of weight row j (0 <= j < RS) of slot group `grp` of a task.
-template <int KIND>
-__device__ __forceinline__ const bf16* weight_row(const Params& p, const TaskArgs& a, int grp, int j) {
-  using G = Geometry<KindTraits<KIND>::KT, KindTraits<KIND>::PAIR>;
-  if constexpr (KIND == QKV) {
-    const LayerWeights& w = p.layers[a.layer];
-    int r = a.r0 + grp * G::OUT_ROWS + j;           // grouped row: [q heads of group g, k_g, v_g]
-    int g = r / cfg::GR, within = r % cfg::GR, h = within / cfg::D, i = within % cfg::D;
-    if (h < cfg::G) return w.q + (size_t)((g * cfg::G + h) * cfg::D + i) * cfg::H;
-    if (h == cfg::G) return w.k + (size_t)(g * cfg::D + i) * cfg::H;
-    return w.v + (size_t)(g * cfg::D + i) * cfg::H;
-  } else if constexpr (KIND == OPROJ) {
-    return p.layers[a.layer].o + (size_t)(a.r0 + grp * G::OUT_ROWS + j) * cfg::QD + a.k0;
-  } else if constexpr (KIND == GATEUP) {
-    const LayerWeights& w = p.layers[a.layer];
-    int half = G::OUT_ROWS;
-    int r = a.r0 + grp * half + (j % half);
-    return (j < half ? w.gate : w.up) + (size_t)r * cfg::H;
-  } else if constexpr (KIND == DOWN) {
-    return p.layers[a.layer].down + (size_t)(a.r0 + grp * G::OUT_ROWS + j) * cfg::I + a.k0;
-  } else {
-    return p.lm_head + (size_t)(a.r0 + grp * G::OUT_ROWS + j) * cfg::H;
-  }
-}
+struct NoTally {
+  struct Tally {};
+  static __device__ __forceinline__ void tally(Tally&, int, int, float) {}
+  static __device__ __forceinline__ void tally_reduce(Ctx&, Tally&) {}
+  static __device__ __forceinline__ void tally_publish(Ctx&, const TaskArgs&) {}
+};
 
 // ------------------------------------------------------------------------------- loader side
 template <int KIND>
 __device__ void gemv_load(Ctx& c, const TaskArgs& a) {
-  using G = Geometry<KindTraits<KIND>::KT, KindTraits<KIND>::PAIR>;
+  using G = GemvGeometry<KIND>;
   const int groups = (a.r1 - a.r0 + G::OUT_ROWS - 1) / G::OUT_ROWS;
 #if defined(MK_USE_BULK_COPY)
   const uint64_t evict_first = evict_first_policy();
@@ -99,17 +86,17 @@ __device__ void gemv_load(Ctx& c, const TaskArgs& a) {
       unsigned char* dst = c.ring() + (size_t)slot * SLOT_STRIDE;
 #if defined(MK_USE_BULK_COPY)
       // lane 0 announces the bytes, then the lanes issue one bulk copy per weight row each
-      if (c.lane() == 0) mbar_expect_tx(&c.full()[slot], valid * KindTraits<KIND>::PAIR * G::KC * 2);
+      if (c.lane() == 0) mbar_expect_tx(&c.full()[slot], valid * GemvKind<KIND>::PAIR * G::KC * 2);
       __syncwarp();
       for (int j = c.lane(); j < G::RS; j += 32) {
         if (j % G::OUT_ROWS < valid)
-          bulk_copy_g2s(dst + j * G::ROW_STRIDE, weight_row<KIND>(*c.p, a, grp, j) + kc * G::KC, G::KC * 2,
+          bulk_copy_g2s(dst + j * G::ROW_STRIDE, GemvKind<KIND>::weight_row(*c.p, a, grp, j) + kc * G::KC, G::KC * 2,
                         &c.full()[slot], evict_first);
       }
 #else
       for (int j = 0; j < G::RS; ++j) {
         if (j % G::OUT_ROWS >= valid) continue;
-        const bf16x8* src = reinterpret_cast<const bf16x8*>(weight_row<KIND>(*c.p, a, grp, j) + kc * G::KC);
+        const bf16x8* src = reinterpret_cast<const bf16x8*>(GemvKind<KIND>::weight_row(*c.p, a, grp, j) + kc * G::KC);
         bf16x8* d = reinterpret_cast<bf16x8*>(dst + j * G::ROW_STRIDE);
         for (int v = c.lane(); v < G::KC / 8; v += 32) cp_async16(d + v, src + v);
       }
@@ -124,21 +111,18 @@ __device__ void gemv_load(Ctx& c, const TaskArgs& a) {
 // task of layer 0, up to a ring's worth), and ARGMAX the next token's embedding row. The step's tail
 // (the LM head's uneven end, ARGMAX, the launch gap) leaves HBM mostly idle, and the next step starts
 // with an empty ring: its first QKV and EMBED then read L2 (benchmarks/NOTES.md has the measurements).
-// sm_90 bulk-copy path only; MK_PREFETCH_NEXT=0 turns it off.
-#ifndef MK_PREFETCH_NEXT
-#define MK_PREFETCH_NEXT 1
-#endif
+// sm_90 bulk-copy path only; the diagnostic switch prefetch_next=0 turns it off.
 template <int KIND>
 __device__ __noinline__ Ctx prefetch_next_step(Ctx c, TaskArgs a) {
-#if defined(MK_USE_BULK_COPY) && MK_PREFETCH_NEXT
-  using G = Geometry<KindTraits<KIND>::KT, KindTraits<KIND>::PAIR>;
-  if (c.warp() == 0) {
+#if defined(MK_USE_BULK_COPY)
+  using G = GemvGeometry<KIND>;
+  if (diag::PREFETCH_NEXT && c.warp() == 0) {
     const int groups = (a.r1 - a.r0 + G::OUT_ROWS - 1) / G::OUT_ROWS;
     for (int grp = 0, n = 0; grp < groups; ++grp) {
       const int valid = min_i(G::OUT_ROWS, a.r1 - a.r0 - grp * G::OUT_ROWS);
       for (int kc = 0; kc < G::NKC && n < cfg::STAGES; ++kc, ++n)
         for (int j = c.lane(); j < G::RS; j += 32)
-          if (j % G::OUT_ROWS < valid) bulk_prefetch_l2(weight_row<KIND>(*c.p, a, grp, j) + kc * G::KC, G::KC * 2);
+          if (j % G::OUT_ROWS < valid) bulk_prefetch_l2(GemvKind<KIND>::weight_row(*c.p, a, grp, j) + kc * G::KC, G::KC * 2);
     }
   }
 #endif
@@ -146,19 +130,13 @@ __device__ __noinline__ Ctx prefetch_next_step(Ctx c, TaskArgs a) {
 }
 
 // ------------------------------------------------------------------------------- consumer side
-// Where a GEMV's "reduction done" trace mark is taken: 0 after its last slot's mma (the default), N > 0
-// after the consumers have released the task's N-th ring slot (diagnosis: how the consumer time of a
-// task splits over its slots; scripts/mk_trace.py --define MK_GEMV_MARK=N).
-#ifndef MK_GEMV_MARK
-#define MK_GEMV_MARK 0
-#endif
 // Stage the task's activation as bf16 in shared memory, rows ACT_STRIDE apart: rmsnorm(x) * w for
 // the norm-prologue kinds, a slice of attn_out / act for OPROJ / DOWN. Every load of a pass is
 // independent (16-byte vectors, unrolled), so a pass costs about one L2 round trip; when the
 // batch's rows fit in registers (B * H / threads <= 64 floats) the norm takes a single pass.
 template <int KIND>
 __device__ __forceinline__ void store_act4(Ctx& c, int b, int i, float4 v) {
-  constexpr int AS = KindTraits<KIND>::KT + ACT_PAD;
+  constexpr int AS = GemvKind<KIND>::KT + ACT_PAD;
   __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
   uint2 out;
   out.x = *reinterpret_cast<uint32_t*>(&lo);
@@ -193,196 +171,111 @@ __device__ __forceinline__ void rms_scales(Ctx& c, float (&ss)[cfg::B]) {
   }
 }
 
-// Element e of head h of KV group g, batch row b, of the attention output, merged from ATTN's S split
-// partials: the one merge of COMBINE and of OPROJ's staging under TilePlan.o_merge. Every split's
-// (max, sum, o) is loaded before any is used: one L2 round trip, not S dependent ones.
-__device__ __forceinline__ float merge_splits(const Params& p, int b, int g, int h, int e) {
-  const size_t base = ((size_t)b * cfg::NKV + g) * cfg::S * cfg::G + h;  // + s*G
-  float ms[cfg::S], ls[cfg::S], os[cfg::S];
-#pragma unroll
-  for (int s = 0; s < cfg::S; ++s) {
-    const float2 ml = __ldcg(reinterpret_cast<const float2*>(p.part_ml) + base + s * cfg::G);
-    ms[s] = ml.x;
-    ls[s] = ml.y;
-    os[s] = ld_act(p.part_o + (base + s * cfg::G) * cfg::D + e);
-  }
-  float M = -INFINITY;
-#pragma unroll
-  for (int s = 0; s < cfg::S; ++s) M = fmaxf(M, ms[s]);
-  float num = 0.f, den = 0.f;
-#pragma unroll
-  for (int s = 0; s < cfg::S; ++s) {
-    if (ms[s] == -INFINITY) continue;   // an empty split (t0 >= len)
-    const float f = __expf(ms[s] - M);
-    num += f * os[s];
-    den += f * ls[s];
-  }
-  return num / den;
-}
-
+// rmsnorm(x) * nw staged for the norm-prologue kinds (QKV, GATEUP, LMHEAD).
 template <int KIND>
-__device__ void stage_activation(Ctx& c, const TaskArgs& a) {
-  constexpr int KT = KindTraits<KIND>::KT;
+__device__ void stage_normed(Ctx& c, const bf16* nw) {
   const Params& p = *c.p;
   const int tid = threadIdx.x;  // consumer threads are 0 .. CTHREADS-1
-  if constexpr (KIND == QKV || KIND == GATEUP || KIND == LMHEAD) {
-    constexpr int H4 = cfg::H / 4, VPT = (H4 + CTHREADS - 1) / CTHREADS;
-    constexpr bool FULL = H4 % CTHREADS == 0;
-    const bf16* nw = KIND == QKV ? p.layers[a.layer].ln1 : KIND == GATEUP ? p.layers[a.layer].ln2 : p.final_norm;
-    float ss[cfg::B];
-    if constexpr (VPT * cfg::B <= 16) {
-      // one pass: x stays in registers between the sum of squares and the scaling; the norm weights
-      // are loaded in the same pass, so staging costs one L2 round trip and one barrier
-      float4 xv[cfg::B][VPT], wv[VPT];
+  constexpr int H4 = cfg::H / 4, VPT = (H4 + CTHREADS - 1) / CTHREADS;
+  constexpr bool FULL = H4 % CTHREADS == 0;
+  float ss[cfg::B];
+  if constexpr (VPT * cfg::B <= 16) {
+    // one pass: x stays in registers between the sum of squares and the scaling; the norm weights
+    // are loaded in the same pass, so staging costs one L2 round trip and one barrier
+    float4 xv[cfg::B][VPT], wv[VPT];
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) {
+      const int i = tid + j * CTHREADS;
+      wv[j] = (FULL || i < H4) ? load_norm_w4(nw, i) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int b = 0; b < cfg::B; ++b) {
+      ss[b] = 0.f;
+      const long long* xb = p.x + (size_t)b * cfg::H;
 #pragma unroll
       for (int j = 0; j < VPT; ++j) {
         const int i = tid + j * CTHREADS;
-        wv[j] = (FULL || i < H4) ? load_norm_w4(nw, i) : make_float4(0.f, 0.f, 0.f, 0.f);
+        xv[b][j] = (FULL || i < H4) ? ld_resid4(xb, i) : make_float4(0.f, 0.f, 0.f, 0.f);
+        const float4 v = xv[b][j];
+        ss[b] = fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, ss[b]))));
       }
+    }
+    rms_scales(c, ss);
 #pragma unroll
-      for (int b = 0; b < cfg::B; ++b) {
-        ss[b] = 0.f;
-        const long long* xb = p.x + (size_t)b * cfg::H;
+    for (int j = 0; j < VPT; ++j) {
+      const int i = tid + j * CTHREADS;
+      if (FULL || i < H4) {
 #pragma unroll
-        for (int j = 0; j < VPT; ++j) {
-          const int i = tid + j * CTHREADS;
-          xv[b][j] = (FULL || i < H4) ? ld_resid4(xb, i) : make_float4(0.f, 0.f, 0.f, 0.f);
-          const float4 v = xv[b][j];
+        for (int b = 0; b < cfg::B; ++b) store_act4<KIND>(c, b, i, norm4(xv[b][j], ss[b], wv[j]));
+      }
+    }
+  } else {
+    // two passes: x is re-read from L2 (cheaper than holding B*H/threads values in registers)
+#pragma unroll
+    for (int b = 0; b < cfg::B; ++b) {
+      ss[b] = 0.f;
+      const long long* xb = p.x + (size_t)b * cfg::H;
+#pragma unroll
+      for (int j = 0; j < VPT; ++j) {
+        const int i = tid + j * CTHREADS;
+        if (FULL || i < H4) {
+          const float4 v = ld_resid4(xb, i);
           ss[b] = fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, ss[b]))));
         }
       }
-      rms_scales(c, ss);
+    }
+    rms_scales(c, ss);
 #pragma unroll
-      for (int j = 0; j < VPT; ++j) {
-        const int i = tid + j * CTHREADS;
-        if (FULL || i < H4) {
+    for (int j = 0; j < VPT; ++j) {
+      const int i = tid + j * CTHREADS;
+      if (FULL || i < H4) {
+        const float4 w = load_norm_w4(nw, i);
 #pragma unroll
-          for (int b = 0; b < cfg::B; ++b) store_act4<KIND>(c, b, i, norm4(xv[b][j], ss[b], wv[j]));
-        }
-      }
-    } else {
-      // two passes: x is re-read from L2 (cheaper than holding B*H/threads values in registers)
-#pragma unroll
-      for (int b = 0; b < cfg::B; ++b) {
-        ss[b] = 0.f;
-        const long long* xb = p.x + (size_t)b * cfg::H;
-#pragma unroll
-        for (int j = 0; j < VPT; ++j) {
-          const int i = tid + j * CTHREADS;
-          if (FULL || i < H4) {
-            const float4 v = ld_resid4(xb, i);
-            ss[b] = fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, ss[b]))));
-          }
-        }
-      }
-      rms_scales(c, ss);
-#pragma unroll
-      for (int j = 0; j < VPT; ++j) {
-        const int i = tid + j * CTHREADS;
-        if (FULL || i < H4) {
-          const float4 w = load_norm_w4(nw, i);
-#pragma unroll
-          for (int b = 0; b < cfg::B; ++b)
-            store_act4<KIND>(c, b, i, norm4(ld_resid4(p.x + (size_t)b * cfg::H, i), ss[b], w));
-        }
+        for (int b = 0; b < cfg::B; ++b)
+          store_act4<KIND>(c, b, i, norm4(ld_resid4(p.x + (size_t)b * cfg::H, i), ss[b], w));
       }
     }
-    consumer_sync(CTHREADS);   // act complete; scratch free again
-  } else if constexpr (KIND == OPROJ && cfg::O_MERGE) {
-    // attn_out of the chunk's heads, merged here from the split partials (no COMBINE tasks)
-    constexpr int AS = KT + ACT_PAD;
-    for (int i = tid; i < cfg::B * KT; i += CTHREADS) {
-      const int b = i / KT, k = a.k0 + i % KT, head = k / cfg::D;
-      c.act()[b * AS + i % KT] = f_to_bf16(merge_splits(p, b, head / cfg::G, head % cfg::G, k % cfg::D));
-    }
-    consumer_sync(CTHREADS);
-  } else {
-    const float* src = KIND == OPROJ ? p.attn_out : p.act;
-    constexpr int ROW = KIND == OPROJ ? cfg::QD : cfg::I;
-    constexpr int K4 = KT / 4, N4 = cfg::B * K4, U = 4;
-    for (int base = tid; base < N4; base += CTHREADS * U) {
-      float4 v[U];
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int i = base + u * CTHREADS;
-        if (i < N4) v[u] = __ldcg(reinterpret_cast<const float4*>(src + (size_t)(i / K4) * ROW + a.k0) + i % K4);
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int i = base + u * CTHREADS;
-        if (i < N4) store_act4<KIND>(c, i / K4, i % K4, v[u]);
-      }
-    }
-    consumer_sync(CTHREADS);
   }
+  consumer_sync(CTHREADS);   // act complete; scratch free again
 }
 
-__device__ __forceinline__ float silu(float g) { return g / (1.f + __expf(-g)); }
-
-// Write one finished output value (row r of the task's output space, batch row b).
-template <int KIND>
-__device__ __forceinline__ void gemv_epilogue(const Params& p, const TaskArgs& a, int r, int b, float v, float v_up) {
-  if constexpr (KIND == QKV) {
-    if constexpr (cfg::QKV_BIAS) {
-      const LayerWeights& w = p.layers[a.layer];
-      int g = r / cfg::GR, within = r % cfg::GR, h = within / cfg::D, i = within % cfg::D;
-      const bf16* bias = h < cfg::G ? w.q_bias + (g * cfg::G + h) * cfg::D : h == cfg::G ? w.k_bias + g * cfg::D : w.v_bias + g * cfg::D;
-      v += bf16_to_f(bias[i]);
-    }
-    p.qkv[(size_t)b * cfg::QKVR + r] = v;
-  } else if constexpr (KIND == OPROJ || KIND == DOWN) {
-    // K-split partials accumulate in place, in fixed point: the same sum in every arrival order
-    add_resid(p.x + (size_t)b * cfg::H + r, v);
-  } else if constexpr (KIND == GATEUP) {
-    p.act[(size_t)b * cfg::I + r] = silu(v) * v_up;
-  } else {
-    p.logits[(size_t)b * cfg::V + r] = v;
-  }
-}
-
-// First argmax (highest value, lowest index on ties) over the consumer threads' candidates; the
-// result is valid in consumer thread 0. Used by the final ARGMAX task.
-__device__ __forceinline__ bool argmax_better(float v, int i, float best, int bi) {
-  return v > best || (v == best && i < bi);
-}
-
-__device__ __forceinline__ void warp_argmax(float& best, int& bi) {
+// A K slice [k0, k0 + KT) of the fp32 rows of src (ROW floats apart), staged as bf16 (OPROJ, DOWN).
+template <int KIND, int ROW>
+__device__ void stage_rows(Ctx& c, const TaskArgs& a, const float* src) {
+  constexpr int KT = GemvKind<KIND>::KT;
+  const int tid = threadIdx.x;
+  constexpr int K4 = KT / 4, N4 = cfg::B * K4, U = 4;
+  for (int base = tid; base < N4; base += CTHREADS * U) {
+    float4 v[U];
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-    if (argmax_better(ov, oi, best, bi)) { best = ov; bi = oi; }
+    for (int u = 0; u < U; ++u) {
+      const int i = base + u * CTHREADS;
+      if (i < N4) v[u] = __ldcg(reinterpret_cast<const float4*>(src + (size_t)(i / K4) * ROW + a.k0) + i % K4);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int i = base + u * CTHREADS;
+      if (i < N4) store_act4<KIND>(c, i / K4, i % K4, v[u]);
+    }
   }
-}
-
-__device__ void block_argmax(Ctx& c, float& best, int& bi) {
-  warp_argmax(best, bi);
-  if (c.lane() == 0) { c.scratch()[c.warp()] = best; reinterpret_cast<int*>(c.scratch())[128 + c.warp()] = bi; }
   consumer_sync(CTHREADS);
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < cfg::CWARPS; ++w) {
-      const float ov = c.scratch()[w];
-      const int oi = reinterpret_cast<int*>(c.scratch())[128 + w];
-      if (argmax_better(ov, oi, best, bi)) { best = ov; bi = oi; }
-    }
-  }
 }
 
 // GEMV consumer. Per slot, warp w takes 16-row block w % NB and every WPB-th k-step from w / NB:
 // one ldmatrix (weights) + two 32-bit loads (activation) + one mma per 16x16 weight tile. A group's
 // partial sums meet in red[] ([warp][16][B], double-buffered by group) behind one consumer barrier;
 // the epilogue threads then add the WPB partials of each (output row, batch row) in a fixed order,
-// so results are deterministic. LMHEAD keeps each thread's best logit per batch row in registers and
-// reduces the tile's argmax once at the end (no second pass over the logits).
+// so results are deterministic. A kind's Tally (LMHEAD: each thread's best logit per batch row) runs
+// over the outputs as they are stored and is reduced once at the end (no second pass over them).
 template <int KIND>
 __device__ void gemv_compute(Ctx& c, const TaskArgs& a) {
-  using G = Geometry<KindTraits<KIND>::KT, KindTraits<KIND>::PAIR>;
-  constexpr int AS = KindTraits<KIND>::KT + ACT_PAD;
+  using G = GemvGeometry<KIND>;
+  constexpr int AS = GemvKind<KIND>::KT + ACT_PAD;
   constexpr int B = cfg::B;
   const Params& p = *c.p;
   // a.stage == 0: the previous task on this SM staged the same input (codegen proves it), so the
   // activation is still resident in act[]
-  if (a.stage) stage_activation<KIND>(c, a);
+  if (a.stage) GemvKind<KIND>::stage(c, a);
   c.mark();
   c.set_chain_hint(0);
   const int lane = c.lane();
@@ -394,10 +287,7 @@ __device__ void gemv_compute(Ctx& c, const TaskArgs& a) {
   const uint32_t act_lane = smem_addr(c.act() + (bvalid ? g : 0) * AS + t * 2);   // bytes, shared space
   const uint32_t ring0 = smem_addr(c.ring());
   const int groups = (a.r1 - a.r0 + G::OUT_ROWS - 1) / G::OUT_ROWS;
-  float best[B];
-  int bidx[B];
-#pragma unroll
-  for (int b = 0; b < B; ++b) { best[b] = -INFINITY; bidx[b] = 0x7fffffff; }
+  typename GemvKind<KIND>::Tally tally;
 
   for (int grp = 0; grp < groups; ++grp) {
     // NACC independent accumulators: a warp's k-steps of a slot go round-robin over them, loads first,
@@ -435,19 +325,20 @@ __device__ void gemv_compute(Ctx& c, const TaskArgs& a) {
             mma_bf16_16816(acc[j], fa[j][0], fa[j][1], fa[j][2], fa[j][3], fb[j][0], fb[j][1]);
         }
       }
-#if defined(MK_EMPTY_ARRIVE_ALL_LANES)
-      mbar_arrive(&c.empty()[slot]);   // every lane releases its own reads (sanitizer builds, see EMPTY_ARRIVALS)
-#else
-      __syncwarp();                  // orders the warp's reads before lane 0's release
-      if (lane == 0) mbar_arrive(&c.empty()[slot]);
-#endif
-      if (MK_GEMV_MARK > 0 && grp * G::NKC + kc + 1 == MK_GEMV_MARK) c.mark_computed();
+      if constexpr (diag::ALL_LANES_RELEASE) {
+        mbar_arrive(&c.empty()[slot]);   // every lane releases its own reads (sanitizer builds, see EMPTY_ARRIVALS)
+      } else {
+        __syncwarp();                    // orders the warp's reads before lane 0's release
+        if (lane == 0) mbar_arrive(&c.empty()[slot]);
+      }
+      // trace: where "computed" is taken (diag::GEMV_MARK, trtllm_mk/codegen/diagnostics.py)
+      if (diag::GEMV_MARK > 0 && grp * G::NKC + kc + 1 == diag::GEMV_MARK) c.mark_computed();
     }
 #pragma unroll
     for (int j = 1; j < NACC; ++j)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[0][i] += acc[j][i];
-    if (MK_GEMV_MARK == 0 && grp == groups - 1) c.mark_computed();
+    if (diag::GEMV_MARK == 0 && grp == groups - 1) c.mark_computed();
     // C fragment: acc[0], acc[1] = (row g, batch 2t, 2t+1); acc[2], acc[3] = (row g + 8, same batch)
     float* red = c.red() + (grp & 1) * cfg::CWARPS * 16 * B;
     float* mine = red + c.warp() * 16 * B;
@@ -461,43 +352,25 @@ __device__ void gemv_compute(Ctx& c, const TaskArgs& a) {
       float v = 0.f, vu = 0.f;
 #pragma unroll
       for (int s = 0; s < G::WPB; ++s) v += red[((s * G::NB + orow / 16) * 16 + orow % 16) * B + b];
-      if constexpr (KindTraits<KIND>::PAIR == 2) {
+      if constexpr (GemvKind<KIND>::PAIR == 2) {
         const int urow = G::OUT_ROWS + orow;
 #pragma unroll
         for (int s = 0; s < G::WPB; ++s) vu += red[((s * G::NB + urow / 16) * 16 + urow % 16) * B + b];
       }
-      gemv_epilogue<KIND>(p, a, r, b, v, vu);
-      if constexpr (KIND == LMHEAD) {
-        // rows only grow within a thread, so '>' keeps the first index of a tie
-#pragma unroll
-        for (int bb = 0; bb < B; ++bb)
-          if (bb == b && v > best[bb]) { best[bb] = v; bidx[bb] = r; }
-      }
+      GemvKind<KIND>::epilogue(p, a, r, b, v, vu);
+      GemvKind<KIND>::tally(tally, r, b, v);
     }
   }
-  if constexpr (KIND == LMHEAD) {
-#pragma unroll
-    for (int b = 0; b < B; ++b) {
-      warp_argmax(best[b], bidx[b]);
-      if (c.lane() == 0) { c.scratch()[c.warp() * B + b] = best[b]; reinterpret_cast<int*>(c.scratch())[128 + c.warp() * B + b] = bidx[b]; }
-    }
-  }
+  GemvKind<KIND>::tally_reduce(c, tally);
   consumer_sync(CTHREADS);  // all outputs stored before the task signals (and act/red reuse)
-  if constexpr (KIND == LMHEAD) {
-    if (threadIdx.x == 0) {
-      for (int b = 0; b < B; ++b) {
-        float bv = c.scratch()[b];
-        int bi = reinterpret_cast<int*>(c.scratch())[128 + b];
-        for (int w = 1; w < cfg::CWARPS; ++w) {
-          const float ov = c.scratch()[w * B + b];
-          const int oi = reinterpret_cast<int*>(c.scratch())[128 + w * B + b];
-          if (argmax_better(ov, oi, bv, bi)) { bv = ov; bi = oi; }
-        }
-        p.lm_val[b * cfg::N_LM_TILES + a.tile] = bv;
-        p.lm_idx[b * cfg::N_LM_TILES + a.tile] = bi;
-      }
-    }
-  }
+  GemvKind<KIND>::tally_publish(c, a);
 }
+
+// The body of every GEMV kind: KindBody<QKV> derives from GemvBody<QKV> in qkv.cuh, and so on.
+template <int KIND>
+struct GemvBody : NoPrologue {
+  static __device__ __forceinline__ void load(Ctx& c, const TaskArgs& a) { gemv_load<KIND>(c, a); }
+  static __device__ __forceinline__ void compute(Ctx& c, const TaskArgs& a, Pre&) { gemv_compute<KIND>(c, a); }
+};
 
 }  // namespace mk

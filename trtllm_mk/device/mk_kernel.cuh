@@ -5,20 +5,17 @@
 // shared memory and the per-thread context are in mk_params.cuh.
 #pragma once
 #include "mk_gemv.cuh"
-// (codegen inlines the kinds' device files, trtllm_mk/kinds/*.cuh, before this header)
+// (codegen inlines the kinds' device files, trtllm_mk/kinds/*.cuh, before this header: each one
+// specializes KindBody, mk_params.cuh)
 
 namespace mk {
 
 // Arrivals that free a ring slot: one per consumer warp (lane 0 after __syncwarp, which orders the
 // other lanes' reads before its release). compute-sanitizer's racecheck does not credit __syncwarp to
 // lane 0's mbarrier release and reports the loader's next bulk copy into the slot as a race with
-// the warp's ldmatrix reads; a build with MK_EMPTY_ARRIVE_ALL_LANES (scripts/mk_smoke.py under the
-// sanitizer) has every lane arrive, so racecheck can check the rest of the kernel.
-#if defined(MK_EMPTY_ARRIVE_ALL_LANES)
-constexpr uint32_t EMPTY_ARRIVALS = cfg::CWARPS * 32;
-#else
-constexpr uint32_t EMPTY_ARRIVALS = cfg::CWARPS;
-#endif
+// the warp's ldmatrix reads; a build with the diagnostic switch all_lanes_release (scripts/mk_smoke.py
+// under the sanitizer) has every lane arrive, so racecheck can check the rest of the kernel.
+constexpr uint32_t EMPTY_ARRIVALS = diag::ALL_LANES_RELEASE ? cfg::CWARPS * 32 : cfg::CWARPS;
 
 __device__ __forceinline__ void wait_all(Ctx& c, const TaskArgs& a) {
   if (threadIdx.x == 0) {
@@ -65,8 +62,7 @@ template <int KIND>
 __device__ __noinline__ Ctx run_task(Ctx c, TaskArgs a) {
   if (c.loader()) {
     const uint64_t l0 = c.tracing ? globaltimer() : 0, blocked0 = c.loader_blocked;
-    if constexpr (KIND == QKV || KIND == OPROJ || KIND == GATEUP || KIND == DOWN || KIND == LMHEAD) gemv_load<KIND>(c, a);
-    else if constexpr (KIND == ATTN) attn_load(c, a);    // the cached K/V of the task's split
+    KindBody<KIND>::load(c, a);
     if (c.tracing && c.lane() == 0) {
       uint64_t* r = c.p->trace + ((size_t)blockIdx.x * cfg::TRACE_TASKS + c.task_no) * TRACE_WORDS;
       r[5] = l0; r[6] = globaltimer(); r[7] = c.loader_blocked - blocked0;
@@ -86,16 +82,11 @@ __device__ __noinline__ Ctx run_task(Ctx c, TaskArgs a) {
   c.t_computed = 0;
   if (c.tracing && threadIdx.x == 0) t0 = globaltimer();
   c.set_chain_hint(1);
-  [[maybe_unused]] int pos[cfg::B];
-  if constexpr (KIND == ATTN) attn_prologue(c, a);   // step-invariant inputs, gathered before the wait
-  if constexpr (KIND == ARGMAX) argmax_prologue(c, pos);
+  typename KindBody<KIND>::Pre pre;
+  KindBody<KIND>::prologue(c, a, pre);   // step-invariant inputs, gathered before the wait
   wait_all(c, a);
   if (c.tracing && threadIdx.x == 0) c.t_mark = t1 = globaltimer();
-  if constexpr (KIND == EMBED) embed_compute(c, a);
-  else if constexpr (KIND == ATTN) attn_compute(c, a);
-  else if constexpr (KIND == COMBINE) combine_compute(c, a);
-  else if constexpr (KIND == ARGMAX) argmax_compute(c, a, pos);
-  else gemv_compute<KIND>(c, a);
+  KindBody<KIND>::compute(c, a, pre);
   if (c.tracing && threadIdx.x == 0) t_sig = globaltimer();
   hand_off_signals(c, a);
   if (c.tracing && threadIdx.x == 0) {

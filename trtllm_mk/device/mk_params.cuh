@@ -110,4 +110,21 @@ struct Ctx {
   }
 };
 
+// A task kind as the kernel runs it (mk_kernel.cuh run_task). Each kind's device file
+// (trtllm_mk/kinds/<kind>.cuh) specializes KindBody<KIND> with
+//   load(c, a)            the loader warp's part (weights or cached K/V into the ring)
+//   Pre, prologue(c, a, pre)  what the consumers gather before the task's wait (step-invariant inputs)
+//   compute(c, a, pre)    the consumers' part, after the wait; it ends with a consumer barrier
+// NoLoad and NoPrologue are the empty parts.
+template <int KIND> struct KindBody;
+
+struct NoLoad {
+  static __device__ __forceinline__ void load(Ctx&, const TaskArgs&) {}
+};
+
+struct NoPrologue {
+  struct Pre {};
+  static __device__ __forceinline__ void prologue(Ctx&, const TaskArgs&, Pre&) {}
+};
+
 }  // namespace mk

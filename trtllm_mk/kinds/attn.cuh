@@ -18,12 +18,7 @@ static_assert(cfg::KV_CAP >= 1 && cfg::KV_CAP * cfg::D * 2 * (3 - cfg::KV_SLOTS)
               "K/V capacity exceeds a ring slot");
 static_assert(cfg::STAGES >= 2, "a batch row's K and V slots must be in the ring together");
 
-// Where an ATTN task's trace mark ("staging" in runtime/trace.py) is taken, for batch row 0:
-// 0 inputs ready (q/k/v prepared and the ring's K/V landed), 1 q/k/v loaded, 2 RoPE done,
-// 3 token loop done. Only 0 is meaningful as "staging"; 1-3 split the body when diagnosing.
-#ifndef MK_ATTN_MARK
-#define MK_ATTN_MARK 0
-#endif
+// Where an ATTN task's trace mark is taken: diag::ATTN_MARK (trtllm_mk/codegen/diagnostics.py).
 
 __device__ __forceinline__ size_t kv_offset(const Params& p, int layer, int b, int t, int kv, int g) {
   const int block = p.block_table[(size_t)b * p.block_table_stride + t / cfg::TPB];
@@ -177,7 +172,7 @@ __device__ void prepare_qkv(Ctx& c, const TaskArgs& a, int b, float* sm) {
   bf16* fresh = reinterpret_cast<bf16*>(sm + ATTN_FRESH);
   for (int i = threadIdx.x; i < cfg::GR; i += CTHREADS) sm[i] = ld_act(src + i);
   consumer_sync(CTHREADS);
-  if (MK_ATTN_MARK == 1 && b == 0) c.mark();
+  if (diag::ATTN_MARK == 1 && b == 0) c.mark();
   const float* rope = sm + ATTN_ROPE + b * cfg::D;
   // one warp per head (q heads 0..G-1, k = head G); v (head G+1) is only rounded
   for (int h = c.warp(); h < cfg::G + 1; h += cfg::CWARPS) {
@@ -214,7 +209,7 @@ __device__ void prepare_qkv(Ctx& c, const TaskArgs& a, int b, float* sm) {
   }
   for (int i = threadIdx.x; i < cfg::D; i += CTHREADS) fresh[cfg::D + i] = f_to_bf16(sm[(cfg::G + 1) * cfg::D + i]);
   consumer_sync(CTHREADS);
-  if (MK_ATTN_MARK == 2 && b == 0) c.mark();
+  if (diag::ATTN_MARK == 2 && b == 0) c.mark();
 }
 
 // Tokens of a split past the ring's capacity (long contexts), `cnt` from relative token `base` on:
@@ -354,7 +349,7 @@ __device__ void attn_compute(Ctx& c, const TaskArgs& a) {
       if (k == 0 || cfg::KV_SLOTS == 2) c.consumer_wait(&c.full()[slots[k]], (nr / cfg::STAGES) & 1);
       region[k] = c.ring() + (size_t)slots[k] * SLOT_STRIDE + kv_slot_offset(k);
     }
-    if (MK_ATTN_MARK == 0 && b == 0) c.mark();
+    if (diag::ATTN_MARK == 0 && b == 0) c.mark();
     WarpAttn st;
     st.m = -INFINITY;
     st.l = 0.f;
@@ -385,7 +380,7 @@ __device__ void attn_compute(Ctx& c, const TaskArgs& a) {
       if (last) break;
       late = true;
     }
-    if (MK_ATTN_MARK == 3 && b == 0) c.mark();
+    if (diag::ATTN_MARK == 3 && b == 0) c.mark();
     if (b == cfg::B - 1) c.mark_computed();
     consumer_sync(CTHREADS);   // every warp is done with the ring rows, the fresh rows and q
 #if defined(MK_USE_BULK_COPY)
@@ -395,12 +390,12 @@ __device__ void attn_compute(Ctx& c, const TaskArgs& a) {
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
       if (k == 1 && cfg::KV_SLOTS == 1) break;
-#if defined(MK_EMPTY_ARRIVE_ALL_LANES)
-      mbar_arrive(&c.empty()[slots[k]]);
-#else
-      __syncwarp();
-      if (c.lane() == 0) mbar_arrive(&c.empty()[slots[k]]);
-#endif
+      if constexpr (diag::ALL_LANES_RELEASE) {
+        mbar_arrive(&c.empty()[slots[k]]);
+      } else {
+        __syncwarp();
+        if (c.lane() == 0) mbar_arrive(&c.empty()[slots[k]]);
+      }
     }
     // the warps' (max, sum, o) meet in shared memory, then merge under their common max
     st.l += __shfl_xor_sync(0xffffffffu, st.l, 1);
@@ -434,5 +429,13 @@ __device__ void attn_compute(Ctx& c, const TaskArgs& a) {
   }
   c.ring_n = ring0 + cfg::B * cfg::KV_SLOTS;
 }
+
+template <>
+struct KindBody<ATTN> {
+  struct Pre {};
+  static __device__ __forceinline__ void load(Ctx& c, const TaskArgs& a) { attn_load(c, a); }   // the split's cached K/V
+  static __device__ __forceinline__ void prologue(Ctx& c, const TaskArgs& a, Pre&) { attn_prologue(c, a); }
+  static __device__ __forceinline__ void compute(Ctx& c, const TaskArgs& a, Pre&) { attn_compute(c, a); }
+};
 
 }  // namespace mk

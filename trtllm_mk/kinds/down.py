@@ -4,7 +4,7 @@ from __future__ import annotations
 from . import KindDef
 from .gemv import no_staging_extra
 
-DEF = KindDef("DOWN", streams_weights=True, args=("layer", "r0", "r1", "k0", "k1", "stage"))
+DEF = KindDef("DOWN", streams_weights=True, args=("layer", "r0", "r1", "k0", "k1", "stage"), device_file="down.cuh")
 
 
 def execute(ex, t, layer: int) -> None:

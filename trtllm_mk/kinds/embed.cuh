@@ -16,4 +16,9 @@ __device__ void embed_compute(Ctx& c, const TaskArgs& a) {
   consumer_sync(CTHREADS);
 }
 
+template <>
+struct KindBody<EMBED> : NoLoad, NoPrologue {
+  static __device__ __forceinline__ void compute(Ctx& c, const TaskArgs& a, Pre&) { embed_compute(c, a); }
+};
+
 }  // namespace mk

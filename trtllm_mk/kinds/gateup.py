@@ -4,7 +4,7 @@ from __future__ import annotations
 from . import KindDef
 from .gemv import no_staging_extra
 
-DEF = KindDef("GATEUP", streams_weights=True, args=("layer", "r0", "r1", "stage"))
+DEF = KindDef("GATEUP", streams_weights=True, args=("layer", "r0", "r1", "stage"), device_file="gateup.cuh")
 
 
 def execute(ex, t, layer: int) -> None:

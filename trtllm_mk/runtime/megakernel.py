@@ -17,12 +17,11 @@ from ..errors import EngineError
 from ..kv_cache import PagedKVCache
 from ..model.spec import ModelSpec
 from ..schedule import Schedule
-from ..seam import TRACE_SM_WORDS, TRACE_WORDS
+from ..seam import ERROR_CODES, ERROR_FIELDS, ERROR_WORDS, TRACE_SM_WORDS, TRACE_WORDS, error_word
 
 # mk::Params and mk::LayerWeights are described once, in trtllm_mk/seam.py.
 PARAM_FIELDS = [f.name for f in seam.PARAMS]
 LAYER_FIELDS = [(w.field, w.hf_suffix) for w in seam.LAYER_WEIGHTS]
-ERROR_WORDS = 8  # mk::ErrorInfo
 
 
 def load_runtime():
@@ -195,19 +194,21 @@ class MegakernelDecoder:
             raise RuntimeError(f"megakernel reported an error: {self.error_report()}")
 
     def error_report(self) -> str:
-        e = [int(v) for v in self.buf.error.tolist()]
-        if e[0] == 0:
+        w = self.buf.error.tolist()
+        e = {name: int(w[error_word(name)]) for name, _ in ERROR_FIELDS}
+        if e["code"] == 0:
             return "no device-side diagnostic recorded"
-        if e[0] == 2:
-            return (f"the logits of batch row {e[5]} were all NaN or -inf at step {e[6]} (the weights or the "
-                    "KV cache hold non-finite values); its token was set to 0")
-        names = sorted(self.layout.event_offsets.items(), key=lambda kv: kv[1])
+        if e["code"] == ERROR_CODES["NONFINITE_LOGITS"]:
+            return (f"the logits of batch row {e['layer']} were all NaN or -inf at step {e['task']} (the weights or "
+                    "the KV cache hold non-finite values); its token was set to 0")
+        if e["code"] != ERROR_CODES["WAIT_TIMEOUT"]:
+            return f"unknown device error code {e['code']}"
         ev = "?"
-        for name, off in names:
-            if e[2] >= off:
-                ev = f"{name}[+{e[2] - off}]"
-        return (f"SM {e[1]} timed out waiting on event {ev} (counter {e[2]}): target {e[3]}, seen {e[4]}, "
-                f"layer {e[5]}, task #{e[6]} of that SM")
+        for name, off in sorted(self.layout.event_offsets.items(), key=lambda kv: kv[1]):
+            if e["event_index"] >= off:
+                ev = f"{name}[+{e['event_index'] - off}]"
+        return (f"SM {e['sm']} timed out waiting on event {ev} (counter {e['event_index']}): target {e['target']}, "
+                f"seen {e['seen']}, layer {e['layer']}, task #{e['task']} of that SM")
 
     @property
     def tokens(self) -> torch.Tensor:
@@ -220,13 +221,13 @@ class MegakernelDecoder:
 
 def build_decoder(schedule: Schedule, weights: dict[str, torch.Tensor], cache: PagedKVCache, target: str,
                   use_bulk_copy: bool, max_seq_len: int | None = None,
-                  defines: tuple[str, ...] = ()) -> MegakernelDecoder:
+                  diagnostics=None) -> MegakernelDecoder:
     """Schedule -> generated source -> cubin (cached) -> a decoder bound to ``weights`` and ``cache``.
     For tests and benchmarks; engines are built once by the builder and opened with HybridEngine.
-    ``defines``: diagnostic macros of the device headers (generate_source)."""
-    from ..codegen import compile_cubin, generate_source
+    ``diagnostics``: the kernel's diagnostic switches (codegen.Diagnostics; None: production)."""
+    from ..codegen import Diagnostics, compile_cubin, generate_source
     from ..model.rope import rope_inv_freq
     src, layout = generate_source(schedule, cache.tokens_per_block, max_seq_len or cache.max_seq_len, use_bulk_copy,
-                                  defines=defines)
+                                  diagnostics or Diagnostics())
     cubin, _ = compile_cubin(src, target)
     return MegakernelDecoder(schedule, cubin, layout, weights, cache, rope_inv_freq(schedule.spec))

@@ -1,0 +1,29 @@
+// DOWN's device part: a K chunk of act times the down-projection rows, added into the residual.
+// The GEMV machinery is mk_gemv.cuh; inlined by codegen after the shared device headers.
+#pragma once
+
+namespace mk {
+
+template <>
+struct GemvKind<DOWN> : NoTally {
+  static constexpr int KT = cfg::I / cfg::DOWN_KSPLIT;
+  static constexpr int PAIR = 1;
+  using G = Geometry<KT, PAIR>;
+
+  static __device__ __forceinline__ const bf16* weight_row(const Params& p, const TaskArgs& a, int grp, int j) {
+    return p.layers[a.layer].down + (size_t)(a.r0 + grp * G::OUT_ROWS + j) * cfg::I + a.k0;
+  }
+
+  static __device__ __forceinline__ void stage(Ctx& c, const TaskArgs& a) {
+    stage_rows<DOWN, cfg::I>(c, a, c.p->act);
+  }
+
+  // K-split partials accumulate in place, in fixed point: the same sum in every arrival order.
+  static __device__ __forceinline__ void epilogue(const Params& p, const TaskArgs&, int r, int b, float v, float) {
+    add_resid(p.x + (size_t)b * cfg::H + r, v);
+  }
+};
+
+template <> struct KindBody<DOWN> : GemvBody<DOWN> {};
+
+}  // namespace mk

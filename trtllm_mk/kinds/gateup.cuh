@@ -1,0 +1,34 @@
+// GATEUP's device part: RMS-norm x (ln2), gate and up rows of the same output rows in one ring slot
+// (PAIR = 2: slot rows [0, RS/2) are gate, [RS/2, RS) up), silu(gate) * up into act. The GEMV
+// machinery is mk_gemv.cuh; inlined by codegen after the shared device headers.
+#pragma once
+
+namespace mk {
+
+__device__ __forceinline__ float silu(float g) { return g / (1.f + __expf(-g)); }
+
+template <>
+struct GemvKind<GATEUP> : NoTally {
+  static constexpr int KT = cfg::H;
+  static constexpr int PAIR = 2;
+  using G = Geometry<KT, PAIR>;
+
+  static __device__ __forceinline__ const bf16* weight_row(const Params& p, const TaskArgs& a, int grp, int j) {
+    const LayerWeights& w = p.layers[a.layer];
+    int half = G::OUT_ROWS;
+    int r = a.r0 + grp * half + (j % half);
+    return (j < half ? w.gate : w.up) + (size_t)r * cfg::H;
+  }
+
+  static __device__ __forceinline__ void stage(Ctx& c, const TaskArgs& a) {
+    stage_normed<GATEUP>(c, c.p->layers[a.layer].ln2);
+  }
+
+  static __device__ __forceinline__ void epilogue(const Params& p, const TaskArgs&, int r, int b, float v, float v_up) {
+    p.act[(size_t)b * cfg::I + r] = silu(v) * v_up;
+  }
+};
+
+template <> struct KindBody<GATEUP> : GemvBody<GATEUP> {};
+
+}  // namespace mk

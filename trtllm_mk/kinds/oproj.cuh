@@ -1,0 +1,41 @@
+// OPROJ's device part: a K chunk of the attention output times the o-projection rows, added into
+// the residual. Under TilePlan.o_merge it merges ATTN's split partials itself while staging (no
+// COMBINE tasks). The GEMV machinery is mk_gemv.cuh; inlined by codegen after the shared headers.
+#pragma once
+
+namespace mk {
+
+template <>
+struct GemvKind<OPROJ> : NoTally {
+  static constexpr int KT = cfg::QD / cfg::O_KSPLIT;
+  static constexpr int PAIR = 1;
+  using G = Geometry<KT, PAIR>;
+
+  static __device__ __forceinline__ const bf16* weight_row(const Params& p, const TaskArgs& a, int grp, int j) {
+    return p.layers[a.layer].o + (size_t)(a.r0 + grp * G::OUT_ROWS + j) * cfg::QD + a.k0;
+  }
+
+  static __device__ __forceinline__ void stage(Ctx& c, const TaskArgs& a) {
+    if constexpr (cfg::O_MERGE) {
+      // attn_out of the chunk's heads, merged here from the split partials
+      const Params& p = *c.p;
+      constexpr int AS = KT + ACT_PAD;
+      for (int i = threadIdx.x; i < cfg::B * KT; i += CTHREADS) {
+        const int b = i / KT, k = a.k0 + i % KT, head = k / cfg::D;
+        c.act()[b * AS + i % KT] = f_to_bf16(merge_splits(p, b, head / cfg::G, head % cfg::G, k % cfg::D));
+      }
+      consumer_sync(CTHREADS);
+    } else {
+      stage_rows<OPROJ, cfg::QD>(c, a, c.p->attn_out);
+    }
+  }
+
+  // K-split partials accumulate in place, in fixed point: the same sum in every arrival order.
+  static __device__ __forceinline__ void epilogue(const Params& p, const TaskArgs&, int r, int b, float v, float) {
+    add_resid(p.x + (size_t)b * cfg::H + r, v);
+  }
+};
+
+template <> struct KindBody<OPROJ> : GemvBody<OPROJ> {};
+
+}  // namespace mk

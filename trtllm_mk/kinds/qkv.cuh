@@ -1,0 +1,40 @@
+// QKV's device part: RMS-norm x (ln1), then the grouped q/k/v weight rows (plus Qwen2's bias).
+// The GEMV machinery is mk_gemv.cuh; inlined by codegen after the shared device headers.
+#pragma once
+
+namespace mk {
+
+template <>
+struct GemvKind<QKV> : NoTally {
+  static constexpr int KT = cfg::H;
+  static constexpr int PAIR = 1;
+  using G = Geometry<KT, PAIR>;
+
+  // Grouped row order: [q heads of KV group g, k_g, v_g] for g = 0 .. NKV-1.
+  static __device__ __forceinline__ const bf16* weight_row(const Params& p, const TaskArgs& a, int grp, int j) {
+    const LayerWeights& w = p.layers[a.layer];
+    int r = a.r0 + grp * G::OUT_ROWS + j;
+    int g = r / cfg::GR, within = r % cfg::GR, h = within / cfg::D, i = within % cfg::D;
+    if (h < cfg::G) return w.q + (size_t)((g * cfg::G + h) * cfg::D + i) * cfg::H;
+    if (h == cfg::G) return w.k + (size_t)(g * cfg::D + i) * cfg::H;
+    return w.v + (size_t)(g * cfg::D + i) * cfg::H;
+  }
+
+  static __device__ __forceinline__ void stage(Ctx& c, const TaskArgs& a) {
+    stage_normed<QKV>(c, c.p->layers[a.layer].ln1);
+  }
+
+  static __device__ __forceinline__ void epilogue(const Params& p, const TaskArgs& a, int r, int b, float v, float) {
+    if constexpr (cfg::QKV_BIAS) {
+      const LayerWeights& w = p.layers[a.layer];
+      int g = r / cfg::GR, within = r % cfg::GR, h = within / cfg::D, i = within % cfg::D;
+      const bf16* bias = h < cfg::G ? w.q_bias + (g * cfg::G + h) * cfg::D : h == cfg::G ? w.k_bias + g * cfg::D : w.v_bias + g * cfg::D;
+      v += bf16_to_f(bias[i]);
+    }
+    p.qkv[(size_t)b * cfg::QKVR + r] = v;
+  }
+};
+
+template <> struct KindBody<QKV> : GemvBody<QKV> {};
+
+}  // namespace mk
