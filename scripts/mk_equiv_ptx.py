@@ -70,7 +70,8 @@ d.cache = types.SimpleNamespace(pool=Fake(next(n), (spec.num_layers, 77, 2, 1, 1
 d.inv_freq = Fake(next(n))
 d.buf = types.SimpleNamespace(**{f: Fake(next(n)) for f in ("x", "qkv", "part_o", "part_ml", "attn_out", "act", "logits",
                                                             "lm_val", "lm_idx", "tokens", "pos", "history", "counters",
-                                                            "control", "error")})
+                                                            "control", "error", "sampling", "lm_lse", "logprobs",
+                                                            "top_ids")})
 d._layer_table = Fake(next(n))
 for trace in (None, Fake(next(n))):
     d._trace = trace

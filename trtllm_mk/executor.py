@@ -22,6 +22,7 @@ from .model.rope import rope_inv_freq
 from .model.spec import ModelSpec
 from .residual import from_fixed
 from .schedule import Schedule
+from .seam import MAX_TOP_LOGPROBS
 from .verify import ScheduleError, check
 
 
@@ -191,6 +192,10 @@ class CpuExecutor:
         self.tokens = torch.zeros(B, dtype=i32)
         self.pos = torch.zeros(B, dtype=i32)
         self.history = torch.full((B, cache.max_seq_len), -1, dtype=i32)
+        # how each row chooses its token (None: greedy), as the kernel's SamplingSlot; ARGMAX's outputs
+        self.sampling: list = [None] * B
+        self.logprobs = torch.zeros(B, 1 + MAX_TOP_LOGPROBS, dtype=f32)
+        self.top_ids = torch.zeros(B, MAX_TOP_LOGPROBS, dtype=i32)
         self.machine = EventMachine(schedule, self.graph)
         self._run = {k: k.module.execute for k in Kind}
 
@@ -219,6 +224,10 @@ class CpuExecutor:
             self.layers.append(lw)
 
     # ------------------------------------------------------------------ stepping
+    def set_sampling(self, row: int, params) -> None:
+        """How ``row`` chooses its tokens from the next step on (``SamplingParams`` or None: greedy)."""
+        self.sampling[row] = params
+
     def step(self, tokens: torch.Tensor, pos: torch.Tensor, interleave: str = "round_robin",
              seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """One decode step: ``tokens[b]`` sits at position ``pos[b]`` (= tokens already cached).

@@ -44,9 +44,10 @@ import numpy as np
 import torch
 
 from .errors import UserError
+from .seam import CANDIDATES, MAX_TOP_LOGPROBS  # shared with the kernel
 
-CANDIDATES = 256        # size of the candidate set that top-k / top-p select from
-MAX_TOP_LOGPROBS = 5
+__all__ = ["CANDIDATES", "MAX_TOP_LOGPROBS", "Choice", "SamplingParams", "sample", "with_logprobs"]
+
 _M32 = 0xFFFFFFFF
 
 

@@ -93,6 +93,10 @@ PARAMS = (
     ParamField("num_blocks", "int64_t", SCALAR, "blocks per layer in kv_pool"),
     ParamField("block_table_stride", "int64_t", SCALAR, "int32 entries per block-table row"),
     ParamField("trace", "uint64_t*", BUFFER, "optional per-task timeline (null: off); words in TRACE_WORD_NAMES"),
+    ParamField("sampling", "const SamplingSlot*", BUFFER, "[B] how each row chooses its token (all zero: greedy)"),
+    ParamField("lm_lse", "float*", BUFFER, "[B, N_LM_TILES, 4] per tile (max, sum of exp) of l and of l / T"),
+    ParamField("logprobs", "float*", BUFFER, "[B, 1 + MAX_TOP_LOGPROBS] chosen token's log-probability, top ones'"),
+    ParamField("top_ids", "int*", BUFFER, "[B, MAX_TOP_LOGPROBS] the most likely tokens (logprobs > 1)"),
 )
 
 TASK_ARGS = (
@@ -121,6 +125,35 @@ TRACE_WORD_NAMES = (
 )
 TRACE_WORDS = len(TRACE_WORD_NAMES)
 TRACE_SM_WORDS = 4
+
+# trtllm_mk/sampling.py: the candidate set top-k / top-p select from, and the most top log-probabilities
+CANDIDATES = 256
+MAX_TOP_LOGPROBS = 5
+
+# mk::SamplingSlot: how a batch row chooses its token (trtllm_mk/sampling.py; device/mk_sampling.cuh).
+# All zero is greedy without log-probabilities, so a zero-filled buffer gives the unsampled kernel.
+SAMPLING_FIELDS = (
+    ("temperature", "float", "0: greedy"),
+    ("top_k", "int", "0: off"),
+    ("top_p", "float", "off unless 0 < top_p < 1"),
+    ("seed_lo", "uint32_t", "the 64-bit seed's low half"),
+    ("seed_hi", "uint32_t", "and its high half"),
+    ("logprobs", "int", "0: none; 1: the chosen token's log-probability; n: also the n - 1 most likely"),
+    ("pad0", "int", ""),
+    ("pad1", "int", ""),
+)
+SAMPLING_SLOT_BYTES = sum(ctype_info(t)[0] for _, t, _ in SAMPLING_FIELDS)
+
+
+def pack_sampling_slot(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+                       logprobs: int | None = None) -> bytes:
+    """The bytes of one mk::SamplingSlot (``logprobs`` as in trtllm_mk.sampling.SamplingParams)."""
+    seed &= (1 << 64) - 1
+    values = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed_lo=seed & 0xFFFFFFFF, seed_hi=seed >> 32,
+                  logprobs=0 if logprobs is None else logprobs + 1, pad0=0, pad1=0)
+    return struct.pack("<" + "".join(ctype_info(t)[2] for _, t, _ in SAMPLING_FIELDS),
+                       *(values[n] for n, _, _ in SAMPLING_FIELDS))
+
 
 # mk::ErrorInfo: the first fault of a step, 32-bit words in pinned host memory that the host reads
 # after the step (also after a trap killed the context). ``code`` says which fault; the other words'
@@ -179,7 +212,8 @@ def params_layout_json() -> dict:
             "fields": [{"name": f.name, "ctype": f.ctype, "role": f.role, "offset": off, "size": n}
                        for f, off, n in layout],
             "layer_fields": list(LAYER_FIELD_NAMES),
-            "error_fields": [f for f, _ in ERROR_FIELDS], "error_codes": dict(ERROR_CODES)}
+            "error_fields": [f for f, _ in ERROR_FIELDS], "error_codes": dict(ERROR_CODES),
+            "sampling_slot_bytes": SAMPLING_SLOT_BYTES, "max_top_logprobs": MAX_TOP_LOGPROBS}
 
 
 def _kind_enum() -> str:
@@ -203,7 +237,11 @@ def emit_cuda() -> str:
              "struct LayerWeights {"]
     lines += [f"  const bf16* {w.field};  // {w.hf_suffix}{' (optional: null when absent)' if w.optional else ''}"
               for w in LAYER_WEIGHTS]
-    lines += ["};", "", "// Kernel parameters, passed by value as a __grid_constant__.", "struct Params {"]
+    lines += ["};", "", "// How a batch row chooses its token (trtllm_mk/sampling.py).", "struct SamplingSlot {"]
+    lines += [f"  {t} {n};" + (f"  // {doc}" if doc else "") for n, t, doc in SAMPLING_FIELDS]
+    lines += ["};", f"static_assert(sizeof(SamplingSlot) == {SAMPLING_SLOT_BYTES}, \"SamplingSlot layout (trtllm_mk/seam.py)\");"]
+    lines += [f"constexpr int CANDIDATES = {CANDIDATES};", f"constexpr int MAX_TOP_LOGPROBS = {MAX_TOP_LOGPROBS};"]
+    lines += ["", "// Kernel parameters, passed by value as a __grid_constant__.", "struct Params {"]
     lines += [f"  {f.ctype} {f.name};  // {f.doc}" for f in PARAMS]
     lines += ["};"]
     layout, size = params_layout()

@@ -401,6 +401,8 @@ ParamsLayout read_params(const Reader& r, const JValue& obj) {
   const JValue* codes = obj.get("error_codes");
   if (codes == nullptr || codes->kind != JValue::kObject) r.fail("\"params.error_codes\" must be an object");
   for (const auto& kv : codes->obj) p.error_codes.emplace_back(kv.first, r.integer(*codes, kv.first, 1, "params.error_codes."));
+  p.sampling_slot_bytes = r.integer(obj, "sampling_slot_bytes", 1, "params.");
+  p.max_top_logprobs = r.integer(obj, "max_top_logprobs", 1, "params.");
   return p;
 }
 

@@ -256,7 +256,8 @@ class DecodeState {
 
   std::unique_ptr<MegakernelModule> module;
   CUdeviceptr x = 0, qkv = 0, part_o = 0, part_ml = 0, attn_out = 0, act = 0, lm_val = 0, lm_idx = 0, pos = 0,
-              history = 0, counters = 0, control = 0, error_dev = 0;
+              history = 0, counters = 0, control = 0, error_dev = 0, sampling = 0, lm_lse = 0, logprobs = 0,
+              top_ids = 0;
 
  private:
   struct Slot {
@@ -308,6 +309,11 @@ class DecodeState {
                  o_lm_idx = take(B * k.n_lm_tiles * 4), o_pos = take(B * 4), o_hist = take(B * k.history_len * 4),
                  o_ctr = take(static_cast<size_t>(k.num_counters) * 4), o_ctl = take(4 * 4),
                  o_tab = take(kSlots * table_bytes());
+    // sampling: all-zero slots, so every row is greedy (TensorRT callers get the kernel's argmax)
+    const size_t o_samp = take(B * static_cast<size_t>(k.params.sampling_slot_bytes)),
+                 o_lse = take(B * k.n_lm_tiles * 4 * 4),
+                 o_lp = take(B * (1 + static_cast<size_t>(k.params.max_top_logprobs)) * 4),
+                 o_top = take(B * static_cast<size_t>(k.params.max_top_logprobs) * 4);
     check(cuMemAlloc(&arena_, offset), "cuMemAlloc(megakernel state)");
     x = arena_ + o_x;
     qkv = arena_ + o_qkv;
@@ -318,6 +324,10 @@ class DecodeState {
     lm_val = arena_ + o_lm_val;
     lm_idx = arena_ + o_lm_idx;
     pos = arena_ + o_pos;
+    sampling = arena_ + o_samp;
+    lm_lse = arena_ + o_lse;
+    logprobs = arena_ + o_lp;
+    top_ids = arena_ + o_top;
     history = arena_ + o_hist;
     counters = arena_ + o_ctr;
     control = arena_ + o_ctl;
@@ -726,6 +736,10 @@ int32_t DecodeStepPlugin::enqueue(const nvinfer1::PluginTensorDesc* inputDesc, c
     L.put(p, "num_blocks", static_cast<uint64_t>(inputDesc[kKvPool].dims.d[1]));
     L.put(p, "block_table_stride", static_cast<uint64_t>(inputDesc[kBlockTable].dims.d[1]));
     L.put(p, "trace", 0);   // the per-task timeline is off inside TensorRT
+    L.put(p, "sampling", st.sampling);
+    L.put(p, "lm_lse", st.lm_lse);
+    L.put(p, "logprobs", st.logprobs);
+    L.put(p, "top_ids", st.top_ids);
     st.module->launch(p.data(), p.size(), stream);
     if (!capturing) st.record_kernel(slot, stream);
     return 0;

@@ -22,7 +22,7 @@ from ..smem import (SIG_SLOTS, SLOT_PAD, SmemLayout, activation_bytes, attention
 
 KERNEL_NAME = "mk_decode_step"
 MAX_REFS = 4  # TaskArgs holds up to 4 waits and 4 signals
-HEADER_ORDER = ["mk_common.cuh", "mk_params.cuh", "mk_gemv.cuh", "mk_kernel.cuh"]
+HEADER_ORDER = ["mk_common.cuh", "mk_params.cuh", "mk_gemv.cuh", "mk_sampling.cuh", "mk_kernel.cuh"]
 
 
 def device_source_dir() -> Path:

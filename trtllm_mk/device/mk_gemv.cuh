@@ -56,17 +56,19 @@ struct Geometry {
 //   weight_row(p, a, grp, j)      source of weight row j (0 <= j < RS) of slot group grp of a task
 //   stage(c, a)                   the activation staging into act[] (stage_normed / stage_rows below)
 //   epilogue(p, a, r, b, v, v_up) stores one finished output value (row r, batch row b)
-//   Tally, tally(t, r, b, v), tally_reduce(c, t), tally_publish(c, a)
+//   Tally, tally_begin(c, a), tally(t, r, b, v), tally_reduce(c, a, t), tally_publish(c, a, t)
 //                                 a per-thread running reduction over the task's outputs (LMHEAD's
-//                                 argmax); NoTally is the empty one
+//                                 argmax and log-sum-exp); NoTally is the empty one. tally_reduce may
+//                                 use red()'s buffer of parity (groups & 1), which no thread reads then
 template <int KIND> struct GemvKind;
 template <int KIND> using GemvGeometry = Geometry<GemvKind<KIND>::KT, GemvKind<KIND>::PAIR>;
 
 struct NoTally {
   struct Tally {};
+  static __device__ __forceinline__ Tally tally_begin(const Ctx&, const TaskArgs&) { return {}; }
   static __device__ __forceinline__ void tally(Tally&, int, int, float) {}
-  static __device__ __forceinline__ void tally_reduce(Ctx&, Tally&) {}
-  static __device__ __forceinline__ void tally_publish(Ctx&, const TaskArgs&) {}
+  static __device__ __forceinline__ void tally_reduce(Ctx&, const TaskArgs&, Tally&) {}
+  static __device__ __forceinline__ void tally_publish(Ctx&, const TaskArgs&, const Tally&) {}
 };
 
 // ------------------------------------------------------------------------------- loader side
@@ -287,7 +289,7 @@ __device__ void gemv_compute(Ctx& c, const TaskArgs& a) {
   const uint32_t act_lane = smem_addr(c.act() + (bvalid ? g : 0) * AS + t * 2);   // bytes, shared space
   const uint32_t ring0 = smem_addr(c.ring());
   const int groups = (a.r1 - a.r0 + G::OUT_ROWS - 1) / G::OUT_ROWS;
-  typename GemvKind<KIND>::Tally tally;
+  typename GemvKind<KIND>::Tally tally = GemvKind<KIND>::tally_begin(c, a);
 
   for (int grp = 0; grp < groups; ++grp) {
     // NACC independent accumulators: a warp's k-steps of a slot go round-robin over them, loads first,
@@ -361,9 +363,9 @@ __device__ void gemv_compute(Ctx& c, const TaskArgs& a) {
       GemvKind<KIND>::tally(tally, r, b, v);
     }
   }
-  GemvKind<KIND>::tally_reduce(c, tally);
+  GemvKind<KIND>::tally_reduce(c, a, tally);
   consumer_sync(CTHREADS);  // all outputs stored before the task signals (and act/red reuse)
-  GemvKind<KIND>::tally_publish(c, a);
+  GemvKind<KIND>::tally_publish(c, a, tally);
 }
 
 // The body of every GEMV kind: KindBody<QKV> derives from GemvBody<QKV> in qkv.cuh, and so on.

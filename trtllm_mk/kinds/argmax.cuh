@@ -27,14 +27,155 @@ __device__ __forceinline__ void argmax_prologue(const Ctx& c, int (&pos)[cfg::B]
   }
 }
 
+// ----------------------------------------------------------------- candidates (top-k, top-p, top logprobs)
+// ARGMAX is its SM's last task of the step, so the weight ring is idle: the candidate search works there.
+struct CandidateScratch {
+  uint64_t key[CANDIDATES];    // candidate_key of each candidate, sorted descending once selected
+  uint32_t hist[256];          // radix-select histogram
+  uint32_t count, kept, digit, need, done;
+  int n;                       // position of the token being chosen (Gumbel noise)
+};
+static_assert(sizeof(CandidateScratch) <= (size_t)cfg::STAGES * cfg::SLOT_BYTES, "candidate scratch exceeds the ring");
+
+__device__ __forceinline__ float key_logit(uint64_t key) {
+  uint32_t u = (uint32_t)(key >> 32);
+  u = (u & 0x80000000u) ? (u & 0x7FFFFFFFu) : ~u;
+  return __uint_as_float(u);
+}
+
+// The K largest candidate keys of row l (K <= CANDIDATES), sorted descending into cs.key[0, K): a
+// radix select over the 64-bit keys (8 bits per pass from the top; keys are unique, so it ends with
+// exactly K keys >= the threshold), one pass collecting them, a bitonic sort of CANDIDATES entries.
+__device__ void select_candidates(Ctx& c, const float* l, int K, CandidateScratch& cs) {
+  const int tid = threadIdx.x;
+  uint64_t prefix = 0, mask = 0;
+  int need = K;
+  for (int shift = 56;; shift -= 8) {
+    for (int i = tid; i < 256; i += CTHREADS) cs.hist[i] = 0;
+    consumer_sync(CTHREADS);
+#pragma unroll 4
+    for (int i = tid; i < cfg::V; i += CTHREADS) {
+      const uint64_t k = candidate_key(ld_act(l + i), (uint32_t)i);
+      if ((k & mask) == prefix) atomicAdd(&cs.hist[(k >> shift) & 255], 1u);
+    }
+    consumer_sync(CTHREADS);
+    if (c.warp() == 0) {
+      // lane j holds digits 255-8j .. 248-8j; a suffix scan over lanes finds the digit where the
+      // count of larger keys reaches `need`
+      const int lane = c.lane();
+      uint32_t local = 0;
+#pragma unroll
+      for (int d = 0; d < 8; ++d) local += cs.hist[255 - 8 * lane - d];
+      uint32_t incl = local;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const uint32_t v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
+      }
+      const uint32_t before = incl - local;   // keys in higher lanes' digits
+      if (before < (uint32_t)need && incl >= (uint32_t)need) {
+        uint32_t cum = before;
+        int d = 255 - 8 * lane;
+        while (cum + cs.hist[d] < (uint32_t)need) cum += cs.hist[d--];
+        cs.digit = d;
+        cs.need = need - cum;
+        cs.done = cs.hist[d] == need - cum;   // the whole bucket is taken: the threshold is found
+      }
+    }
+    consumer_sync(CTHREADS);
+    // digit, need and done change only after the next pass's first barrier: read them here, not hist
+    const int d = cs.digit;
+    need = cs.need;
+    prefix |= (uint64_t)d << shift;
+    mask |= 0xFFull << shift;
+    if (cs.done || shift == 0) break;
+  }
+  // every key >= prefix is a candidate: exactly K of them
+  if (tid == 0) cs.count = 0;
+  for (int i = tid; i < CANDIDATES; i += CTHREADS) cs.key[i] = 0;
+  consumer_sync(CTHREADS);
+  for (int i = tid; i < cfg::V; i += CTHREADS) {
+    const uint64_t k = candidate_key(ld_act(l + i), (uint32_t)i);
+    if (k >= prefix) cs.key[atomicAdd(&cs.count, 1u)] = k;
+  }
+  consumer_sync(CTHREADS);
+  for (int size = 2; size <= CANDIDATES; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      for (int t = tid; t < CANDIDATES / 2; t += CTHREADS) {
+        const int i = 2 * t - (t & (stride - 1)), j = i + stride;
+        const bool desc = (i & size) == 0;
+        const uint64_t x = cs.key[i], y = cs.key[j];
+        if ((x < y) == desc) { cs.key[i] = y; cs.key[j] = x; }
+      }
+      consumer_sync(CTHREADS);
+    }
+  }
+}
+
+// (max, sum) of the row's LM-head tiles' log-sum-exp partials: word w = 0 (l) or 2 (l / T).
+__device__ float tiles_lse(const Params& p, int b, int w) {
+  float m = -INFINITY, sum = 0.f;
+  for (int t = 0; t < cfg::N_LM_TILES; ++t) {
+    const float* q = p.lm_lse + ((size_t)b * cfg::N_LM_TILES + t) * LSE_WORDS + w;
+    lse_merge(m, sum, ld_act(q), ld_act(q + 1));
+  }
+  return m + logf(sum);
+}
+
+// A filtered row's token: the kept prefix of the candidates (top-k, then top-p on their fp32
+// probabilities, accumulated in candidate order as trtllm_mk/sampling.py does), then the first argmax of
+// z + g over it. Valid in consumer thread 0.
+__device__ int sample_filtered(Ctx& c, const Params& p, int b, const SamplingSlot& s, CandidateScratch& cs) {
+  if (threadIdx.x == 0) {
+    const int K = (int)cs.count;
+    const int kk = s.top_k > 0 ? min_i(s.top_k, K) : K;
+    int kept = kk;
+    if (s.top_p > 0.f && s.top_p < 1.f) {
+      float norm;
+      if (s.top_k > 0) {
+        const float m = key_logit(cs.key[0]) / s.temperature;
+        float sum = 0.f;
+        for (int j = 0; j < kk; ++j) sum += expf(key_logit(cs.key[j]) / s.temperature - m);
+        norm = m + logf(sum);
+      } else {
+        norm = tiles_lse(p, b, 2);
+      }
+      double acc = 0.0;   // the running sum in double, each prefix rounded to fp32 (torch's CPU cumsum)
+      kept = 0;
+      for (int j = 0; j < kk; ++j) {
+        const float pj = expf(key_logit(cs.key[j]) / s.temperature - norm);
+        acc += pj;
+        if ((float)acc - pj >= s.top_p) break;
+        kept = j + 1;
+      }
+    }
+    cs.kept = kept;
+  }
+  consumer_sync(CTHREADS);
+  const uint32_t rk = gumbel_row_key(s, cs.n);
+  float best = -INFINITY;
+  int bi = 0x7fffffff;
+  for (int j = threadIdx.x; j < (int)cs.kept; j += CTHREADS) {
+    const uint32_t idx = candidate_index(cs.key[j]);
+    const float v = key_logit(cs.key[j]) / s.temperature + gumbel(rk, idx);
+    if (argmax_better(v, (int)idx, best, bi)) { best = v; bi = (int)idx; }
+  }
+  block_argmax(c, best, bi);
+  return bi;
+}
+
 // The second-level argmax, and the end of the step: ARGMAX is the step's last task (it waits on every
 // LM-head tile, and every other task of the step precedes those), so no CTA reads pos or the step
 // counter after it, and it advances both itself; the next launch sees them at the kernel boundary. An
 // end-of-kernel "last CTA to finish" protocol put a fence, an atomic round trip and a read-modify-
-// write of pos after this task on the step's critical path (benchmarks/NOTES.md).
+// write of pos after this task on the step's critical path (benchmarks/NOTES.md). Greedy rows and
+// unfiltered sampled rows take the tiles' maxima (LMHEAD perturbed the sampled ones); filtered rows
+// and rows asking for top log-probabilities search the candidates.
 __device__ void argmax_compute(Ctx& c, const TaskArgs& a, const int (&pos)[cfg::B]) {
   const Params& p = *c.p;
+  CandidateScratch& cs = *reinterpret_cast<CandidateScratch*>(c.ring());
   for (int b = 0; b < cfg::B; ++b) {
+    const SamplingSlot s = p.sampling[b];
     float best = -INFINITY;
     int bi = 0x7fffffff;
     for (int t = threadIdx.x; t < cfg::N_LM_TILES; t += CTHREADS) {
@@ -43,6 +184,15 @@ __device__ void argmax_compute(Ctx& c, const TaskArgs& a, const int (&pos)[cfg::
       if (argmax_better(v, idx, best, bi)) { best = v; bi = idx; }
     }
     block_argmax(c, best, bi);
+    const int nc = candidates_needed(s);
+    if (nc > 0) {
+      if (threadIdx.x == 0) cs.n = pos[b] + 1;
+      select_candidates(c, p.logits + (size_t)b * cfg::V, min_i(nc, cfg::V), cs);
+      if (filters(s)) {
+        const int t = sample_filtered(c, p, b, s, cs);
+        if (threadIdx.x == 0) bi = t;
+      }
+    }
     if (threadIdx.x == 0) {
       if (bi == 0x7fffffff) {   // no logit of the row is a number above -inf: report it, emit token 0
         if (atomicCAS(&p.error->code, 0u, (uint32_t)ERR_NONFINITE_LOGITS) == 0u) { p.error->sm = blockIdx.x; p.error->layer = b; p.error->task = c.step; }
@@ -51,6 +201,15 @@ __device__ void argmax_compute(Ctx& c, const TaskArgs& a, const int (&pos)[cfg::
       p.tokens[b] = bi;
       if (pos[b] + 1 < cfg::HISTORY_LEN) p.history[(size_t)b * cfg::HISTORY_LEN + pos[b] + 1] = bi;
       p.pos[b] = pos[b] + 1;
+      if (needs_lse(s)) {   // log-probabilities of the model (temperature 1, before any filter)
+        const float lse = tiles_lse(p, b, 0);
+        float* out = p.logprobs + (size_t)b * (1 + MAX_TOP_LOGPROBS);
+        out[0] = ld_act(p.logits + (size_t)b * cfg::V + bi) - lse;
+        for (int j = 0; j < s.logprobs - 1; ++j) {
+          out[1 + j] = key_logit(cs.key[j]) - lse;
+          p.top_ids[b * MAX_TOP_LOGPROBS + j] = (int)candidate_index(cs.key[j]);
+        }
+      }
 #if defined(MK_USE_BULK_COPY)
       if (diag::PREFETCH_NEXT) bulk_prefetch_l2(p.embed + (size_t)bi * cfg::H, cfg::H * 2);   // the next step's EMBED row
 #endif

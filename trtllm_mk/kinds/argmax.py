@@ -1,4 +1,5 @@
-"""ARGMAX: the step's last task: next tokens from the tiles' maxima; advances pos and the step."""
+"""ARGMAX: the step's last task: next tokens from the tiles' maxima (greedy rows), or sampled as
+trtllm_mk/sampling.py defines (rows with SamplingParams); advances pos and the step."""
 from __future__ import annotations
 
 from ..errors import UserError
@@ -16,6 +17,8 @@ class NonFiniteLogits(UserError):
 def execute(ex, t, layer: int) -> None:
     """CPU-executor semantics (trtllm_mk.executor.CpuExecutor ``ex``): see graph.tasks."""
     import torch
+
+    from ..sampling import sample, with_logprobs
     best = ex.lm_val.max(-1, keepdim=True).values
     # first argmax overall: the smallest index among the tiles that hold the maximum
     big = torch.iinfo(torch.int32).max
@@ -24,6 +27,16 @@ def execute(ex, t, layer: int) -> None:
     if bad:
         raise NonFiniteLogits(f"the logits of batch row {bad[0]} are all NaN or -inf (the weights or the KV cache "
                               "hold non-finite values)")
+    for b, p in enumerate(ex.sampling):   # rows that sample or want log-probabilities (device/mk_sampling.cuh)
+        if p is None or (p.greedy and p.logprobs is None):
+            continue
+        n = int(ex.pos[b]) + 1   # the position of the token being chosen
+        c = with_logprobs(ex.logits[b], int(tok[b]), p.logprobs) if p.greedy else sample(ex.logits[b], p, n)
+        tok[b] = c.token
+        if c.logprob is not None:
+            ex.logprobs[b, 0] = c.logprob
+            for j, (i, lp) in enumerate(c.top_logprobs or []):
+                ex.top_ids[b, j], ex.logprobs[b, 1 + j] = i, lp
     ex.tokens.copy_(tok)
     for b in range(ex.B):
         nxt = int(ex.pos[b]) + 1

@@ -1,6 +1,6 @@
 // LMHEAD's device part: the final RMS norm and one tile of logits; its Tally keeps each thread's best
-// logit per batch row as the logits are stored and leaves the tile's first argmax in lm_val / lm_idx
-// for ARGMAX. The GEMV machinery is mk_gemv.cuh; inlined by codegen after the shared device headers.
+// logit (or perturbed score, device/mk_sampling.cuh) per batch row as the logits are stored and leaves
+// the tile's first argmax in lm_val / lm_idx, and its log-sum-exp partials in lm_lse, for ARGMAX. The GEMV machinery is mk_gemv.cuh; inlined by codegen after the shared device headers.
 #pragma once
 
 namespace mk {
@@ -21,23 +21,54 @@ struct GemvKind<LMHEAD> {
     p.logits[(size_t)b * cfg::V + r] = v;
   }
 
+  // Per batch row: the best score so far (the logit, or z + g for an unfiltered sampled row) and its
+  // index; the online log-sum-exp of l (rows asking for log-probabilities) and of z = l / T (top-p
+  // without top-k: the whole vocabulary normalizes). Flags are per row, uniform over the CTA.
   struct Tally {
     float best[cfg::B];
     int bidx[cfg::B];
-    __device__ __forceinline__ Tally() {
-#pragma unroll
-      for (int b = 0; b < cfg::B; ++b) { best[b] = -INFINITY; bidx[b] = 0x7fffffff; }
-    }
+    float temp[cfg::B];
+    uint32_t key[cfg::B];
+    float m1[cfg::B], s1[cfg::B], m2[cfg::B], s2[cfg::B];
+    uint32_t perturb, lse, lse_z;   // bit b: row b
   };
+
+  static __device__ __forceinline__ Tally tally_begin(const Ctx& c, const TaskArgs&) {
+    Tally t;
+    t.perturb = t.lse = t.lse_z = 0;
+#pragma unroll
+    for (int b = 0; b < cfg::B; ++b) {
+      t.best[b] = -INFINITY;
+      t.bidx[b] = 0x7fffffff;
+      t.m1[b] = t.m2[b] = -INFINITY;
+      t.s1[b] = t.s2[b] = 0.f;
+      const SamplingSlot s = c.p->sampling[b];
+      t.temp[b] = s.temperature;
+      t.key[b] = 0;
+      if (samples(s) && !filters(s)) {
+        t.perturb |= 1u << b;
+        t.key[b] = gumbel_row_key(s, ld_act(c.p->pos + b) + 1);
+      }
+      if (needs_lse(s)) t.lse |= 1u << b;
+      if (needs_lse_z(s)) t.lse_z |= 1u << b;
+    }
+    return t;
+  }
 
   // rows only grow within a thread, so '>' keeps the first index of a tie
   static __device__ __forceinline__ void tally(Tally& t, int r, int b, float v) {
 #pragma unroll
-    for (int bb = 0; bb < cfg::B; ++bb)
-      if (bb == b && v > t.best[bb]) { t.best[bb] = v; t.bidx[bb] = r; }
+    for (int bb = 0; bb < cfg::B; ++bb) {
+      if (bb != b) continue;
+      float score = v;
+      if (t.perturb >> bb & 1u) score = v / t.temp[bb] + gumbel(t.key[bb], (uint32_t)r);
+      if (score > t.best[bb]) { t.best[bb] = score; t.bidx[bb] = r; }
+      if (t.lse >> bb & 1u) lse_add(t.m1[bb], t.s1[bb], v);
+      if (t.lse_z >> bb & 1u) lse_add(t.m2[bb], t.s2[bb], v / t.temp[bb]);
+    }
   }
 
-  static __device__ __forceinline__ void tally_reduce(Ctx& c, Tally& t) {
+  static __device__ __forceinline__ void tally_reduce(Ctx& c, const TaskArgs& a, Tally& t) {
 #pragma unroll
     for (int b = 0; b < cfg::B; ++b) {
       warp_argmax(t.best[b], t.bidx[b]);
@@ -46,10 +77,27 @@ struct GemvKind<LMHEAD> {
         reinterpret_cast<int*>(c.scratch())[128 + c.warp() * cfg::B + b] = t.bidx[b];
       }
     }
+    if (t.lse | t.lse_z) {
+      const int groups = (a.r1 - a.r0 + G::OUT_ROWS - 1) / G::OUT_ROWS;
+      float* part = c.red() + (groups & 1) * cfg::CWARPS * 16 * cfg::B;   // [warp][B][4]
+#pragma unroll
+      for (int b = 0; b < cfg::B; ++b) {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+          lse_merge(t.m1[b], t.s1[b], __shfl_xor_sync(0xffffffffu, t.m1[b], o), __shfl_xor_sync(0xffffffffu, t.s1[b], o));
+          lse_merge(t.m2[b], t.s2[b], __shfl_xor_sync(0xffffffffu, t.m2[b], o), __shfl_xor_sync(0xffffffffu, t.s2[b], o));
+        }
+        if (c.lane() == 0) {
+          float* w = part + (c.warp() * cfg::B + b) * LSE_WORDS;
+          w[0] = t.m1[b]; w[1] = t.s1[b]; w[2] = t.m2[b]; w[3] = t.s2[b];
+        }
+      }
+    }
   }
 
-  // after the consumer barrier: thread 0 merges the warps' candidates into the tile's
-  static __device__ __forceinline__ void tally_publish(Ctx& c, const TaskArgs& a) {
+  // after the consumer barrier: thread 0 merges the warps' candidates into the tile's; with log-sum-exp
+  // partials in red(), a second barrier keeps the next task's first partial sums off them
+  static __device__ __forceinline__ void tally_publish(Ctx& c, const TaskArgs& a, const Tally& t) {
     if (threadIdx.x == 0) {
       const Params& p = *c.p;
       for (int b = 0; b < cfg::B; ++b) {
@@ -62,8 +110,21 @@ struct GemvKind<LMHEAD> {
         }
         p.lm_val[b * cfg::N_LM_TILES + a.tile] = bv;
         p.lm_idx[b * cfg::N_LM_TILES + a.tile] = bi;
+        if ((t.lse | t.lse_z) >> b & 1u) {
+          const int groups = (a.r1 - a.r0 + G::OUT_ROWS - 1) / G::OUT_ROWS;
+          const float* part = c.red() + (groups & 1) * cfg::CWARPS * 16 * cfg::B;
+          float m1 = -INFINITY, s1 = 0.f, m2 = -INFINITY, s2 = 0.f;
+          for (int w = 0; w < cfg::CWARPS; ++w) {
+            const float* q = part + (w * cfg::B + b) * LSE_WORDS;
+            lse_merge(m1, s1, q[0], q[1]);
+            lse_merge(m2, s2, q[2], q[3]);
+          }
+          float* out = p.lm_lse + ((size_t)b * cfg::N_LM_TILES + a.tile) * LSE_WORDS;
+          out[0] = m1; out[1] = s1; out[2] = m2; out[3] = s2;
+        }
       }
     }
+    if (t.lse | t.lse_z) consumer_sync(CTHREADS);
   }
 };
 

@@ -13,11 +13,12 @@ specialised for the batch size) but start each round at position 0, so they neit
 another slot's blocks; their outputs are ignored. The scheduler in ``trtllm_mk.serve.scheduler``
 drives these two calls for ``generate``, ``stream`` and the HTTP server.
 
-On the GPU the kernel's own argmax feeds greedy slots (tokens and positions stay on the device, and
-several steps run per host round trip); a slot that samples or asks for log-probabilities reads its
-logits back after each step and its next token is chosen on the host by ``trtllm_mk.sampling``,
-the function the device will compute in place. ``simulate=True`` runs the decode steps on the CPU
-task-graph executor instead (machines without a GPU; same schedule, same semantics, far slower).
+Every decode step chooses its tokens in place: each slot's ``SamplingParams`` go to the decoder once
+(``set_sampling``) and the kernel's last task samples (``trtllm_mk.sampling`` defines the function;
+``device/mk_sampling.cuh`` computes it), so tokens and positions stay on the device and several steps
+run per host round trip. Only a slot asking for log-probabilities makes a round one step long (they
+are read back after each step). ``simulate=True`` runs the decode steps on the CPU task-graph
+executor instead (machines without a GPU; same schedule, same semantics, far slower).
 """
 from __future__ import annotations
 
@@ -34,11 +35,12 @@ from ..errors import EngineError, UserError
 from ..gpus import detect_gpu, get_gpu
 from ..kv_cache import PagedKVCache
 from ..model.rope import rope_inv_freq
-from ..sampling import Choice, SamplingParams, sample, with_logprobs
+from ..sampling import Choice, SamplingParams, sample
 
-# Decode steps launched per host round trip when every busy slot is greedy (GPU only): a new request
-# waits at most this many steps for its slot, a finished one decodes at most this many extra steps.
-GREEDY_STEPS_PER_ROUND = 8
+# Decode steps launched per host round trip when no busy slot asks for log-probabilities (GPU only): a
+# new request waits at most this many steps for its slot, a finished one decodes at most this many
+# extra steps.
+STEPS_PER_ROUND = 8
 
 
 @dataclass
@@ -138,6 +140,7 @@ class HybridEngine:
         # Host copy of each slot's state: the token it feeds next and that token's position.
         self._tok = [0] * self.batch
         self._pos = [0] * self.batch
+        self._params: list[SamplingParams | None] = [None] * self.batch   # as the decoder has them
         self.step_ms: list[float] = []      # time of every decode step run so far
         self._scheduler = None
         self._tokenizer = None
@@ -170,16 +173,25 @@ class HybridEngine:
         else:   # TensorRT-LLM hands over its own greedy first token, without logits
             choice = Choice(int(self.prefill.first_tokens([prompt], row)[0]))
         self._tok[slot], self._pos[slot] = choice.token, n
+        self._set_sampling(slot, params)
         return choice
 
     def release(self, slot: int) -> None:
         """A free slot restarts at position 0 each round (it never reaches the end of its blocks)."""
         self._tok[slot], self._pos[slot] = 0, 0
+        self._set_sampling(slot, None)
 
-    def decode(self, busy: dict[int, SamplingParams], max_steps: int = GREEDY_STEPS_PER_ROUND
+    def _set_sampling(self, slot: int, params: SamplingParams | None) -> None:
+        if params is not None and params.greedy and params.logprobs is None:
+            params = None
+        if self._params[slot] != params:
+            self.decoder.set_sampling(slot, params)
+            self._params[slot] = params
+
+    def decode(self, busy: dict[int, SamplingParams], max_steps: int = STEPS_PER_ROUND
                ) -> dict[int, list[Choice]]:
         """Decode steps for every slot at once; the tokens chosen for the ``busy`` slots (one list per
-        slot, as many entries as steps ran: 1, or up to ``min(max_steps, GREEDY_STEPS_PER_ROUND)`` on
+        slot, as many entries as steps ran: 1, or up to ``min(max_steps, STEPS_PER_ROUND)`` on
         the GPU when every busy slot is greedy without log-probabilities). ``max_steps`` must not
         exceed any busy slot's remaining token budget."""
         for b in range(self.batch):
@@ -189,26 +201,27 @@ class HybridEngine:
             return self._decode_cpu(busy)
         return self._decode_gpu(busy, max_steps)
 
-    def _choose(self, logits: torch.Tensor, greedy_token: int, params: SamplingParams, n: int) -> Choice:
-        if params.greedy:   # the kernel's (executor's) argmax: today's greedy path, bit for bit
-            return with_logprobs(logits, greedy_token, params.logprobs)
-        return sample(logits, params, n)
+    def _choices(self, b: int, tokens: list[int], params: SamplingParams, logprobs, top_ids) -> list[Choice]:
+        """The Choices of slot ``b`` for the steps just run (log-probabilities: one step only)."""
+        if params.logprobs is None:
+            return [Choice(t) for t in tokens]
+        top = [(int(top_ids[b, j]), float(logprobs[b, 1 + j])) for j in range(params.logprobs)] if params.logprobs else None
+        return [Choice(tokens[0], float(logprobs[b, 0]), top)]
 
     def _decode_cpu(self, busy: dict[int, SamplingParams]) -> dict[int, list[Choice]]:
         t = time.perf_counter()
-        logits, greedy = self.decoder.step(torch.tensor(self._tok), torch.tensor(self._pos))
+        _, tokens = self.decoder.step(torch.tensor(self._tok), torch.tensor(self._pos))
         self.step_ms.append((time.perf_counter() - t) * 1e3)
         out = {}
         for b, p in busy.items():
-            c = self._choose(logits[b], int(greedy[b]), p, self._pos[b] + 1)
-            self._tok[b], self._pos[b] = c.token, self._pos[b] + 1
-            out[b] = [c]
+            out[b] = self._choices(b, [int(tokens[b])], p, self.decoder.logprobs, self.decoder.top_ids)
+            self._tok[b], self._pos[b] = out[b][-1].token, self._pos[b] + 1
         return out
 
     def _decode_gpu(self, busy: dict[int, SamplingParams], max_steps: int) -> dict[int, list[Choice]]:
         dec = self.decoder
-        on_host = [b for b, p in busy.items() if not p.greedy or p.logprobs is not None]
-        k = 1 if on_host or not busy else max(1, min(max_steps, GREEDY_STEPS_PER_ROUND))
+        with_lp = any(p.logprobs is not None for p in busy.values())
+        k = 1 if with_lp or not busy else max(1, min(max_steps, STEPS_PER_ROUND))
         dec.set_state(torch.tensor(self._tok), torch.tensor(self._pos))
         events = []
         for _ in range(k):
@@ -222,15 +235,11 @@ class HybridEngine:
         pos = torch.tensor(self._pos, device=self.device, dtype=torch.long)
         cols = (pos[:, None] + 1 + torch.arange(k, device=self.device)).clamp(max=dec.buf.history.shape[1] - 1)
         hist = torch.gather(dec.buf.history, 1, cols).cpu()
-        logits = dec.buf.logits[on_host].float().cpu() if on_host else None
+        logprobs, top_ids = (dec.buf.logprobs.cpu(), dec.buf.top_ids.cpu()) if with_lp else (None, None)
         self.step_ms.extend(a.elapsed_time(b) for a, b in events)
         out = {}
         for b, p in busy.items():
-            if b in on_host:
-                c = self._choose(logits[on_host.index(b)], int(hist[b, 0]), p, self._pos[b] + 1)
-                out[b] = [c]
-            else:
-                out[b] = [Choice(int(hist[b, s])) for s in range(k)]
+            out[b] = self._choices(b, [int(hist[b, s]) for s in range(k)], p, logprobs, top_ids)
             self._tok[b], self._pos[b] = out[b][-1].token, self._pos[b] + len(out[b])
         return out
 

@@ -17,7 +17,9 @@ from ..errors import EngineError
 from ..kv_cache import PagedKVCache
 from ..model.spec import ModelSpec
 from ..schedule import Schedule
-from ..seam import ERROR_CODES, ERROR_FIELDS, ERROR_WORDS, TRACE_SM_WORDS, TRACE_WORDS, error_word
+from ..sampling import MAX_TOP_LOGPROBS
+from ..seam import (ERROR_CODES, ERROR_FIELDS, ERROR_WORDS, SAMPLING_SLOT_BYTES, TRACE_SM_WORDS, TRACE_WORDS,
+                    error_word)
 
 # mk::Params and mk::LayerWeights are described once, in trtllm_mk/seam.py.
 PARAM_FIELDS = [f.name for f in seam.PARAMS]
@@ -51,6 +53,10 @@ class DecodeBuffers:
     counters: torch.Tensor
     control: torch.Tensor
     error: torch.Tensor   # pinned host memory: readable after a kernel trap killed the context
+    sampling: torch.Tensor   # [B, SAMPLING_SLOT_BYTES] mk::SamplingSlot per row (zero: greedy)
+    lm_lse: torch.Tensor
+    logprobs: torch.Tensor   # [B, 1 + MAX_TOP_LOGPROBS]
+    top_ids: torch.Tensor    # [B, MAX_TOP_LOGPROBS]
 
     @classmethod
     def allocate(cls, spec: ModelSpec, batch: int, schedule: Schedule, layout: KernelLayout,
@@ -75,6 +81,10 @@ class DecodeBuffers:
             counters=torch.zeros(layout.num_counters, **i32),
             control=torch.zeros(4, **i32),
             error=torch.zeros(ERROR_WORDS, dtype=torch.int32).pin_memory(),
+            sampling=torch.zeros(batch, SAMPLING_SLOT_BYTES, dtype=torch.uint8, device=device),
+            lm_lse=torch.zeros(batch, layout.n_lm_tiles, 4, **f32),
+            logprobs=torch.zeros(batch, 1 + MAX_TOP_LOGPROBS, **f32),
+            top_ids=torch.zeros(batch, MAX_TOP_LOGPROBS, **i32),
         )
 
 
@@ -145,7 +155,7 @@ class MegakernelDecoder:
         ptrs = dict(layers=self._layer_table, embed=w["model.embed_tokens.weight"], final_norm=w["model.norm.weight"],
                     lm_head=lm, inv_freq=self.inv_freq, kv_pool=self.cache.pool, block_table=self.cache.block_table)
         for f in ("x", "qkv", "part_o", "part_ml", "attn_out", "act", "logits", "lm_val", "lm_idx", "tokens", "pos",
-                  "history", "counters", "control", "error"):
+                  "history", "counters", "control", "error", "sampling", "lm_lse", "logprobs", "top_ids"):
             ptrs[f] = getattr(b, f)
         values = {f: t.data_ptr() for f, t in ptrs.items()}
         values.update(num_blocks=self.cache.pool.shape[1], block_table_stride=self.cache.block_table.shape[1],
@@ -178,6 +188,15 @@ class MegakernelDecoder:
         """This step's input token and its position (= tokens already in the cache) per sequence."""
         self.buf.tokens.copy_(tokens.to(torch.int32))
         self.buf.pos.copy_(pos.to(torch.int32))
+
+    def set_sampling(self, row: int, params) -> None:
+        """How batch row ``row`` chooses its tokens from the next step on (a
+        ``trtllm_mk.sampling.SamplingParams``; None: greedy without log-probabilities). The kernel
+        chooses in place (device/mk_sampling.cuh): the token lands in ``tokens``/``history``, the
+        log-probabilities, when asked for, in ``logprobs``/``top_ids``."""
+        raw = seam.pack_sampling_slot() if params is None else seam.pack_sampling_slot(
+            params.temperature, params.top_k, params.top_p, params.seed, params.logprobs)
+        self.buf.sampling[row].copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
 
     def step(self, stream: torch.cuda.Stream | None = None) -> None:
         """Launch one decode step (asynchronous). Reads/advances tokens, pos on the device."""
