@@ -241,7 +241,8 @@ def test_rope_matches_the_shared_rope_in_fp32():
     g = torch.Generator().manual_seed(9)
     x = torch.randn(2, 11, 4, spec.head_dim, generator=g)
     pos = torch.randint(0, 500, (2, 11), generator=g)
-    assert torch.allclose(apply_rotary(x, *rope_cos_sin(pos, inv, torch.float32)), apply_rope(x, pos, inv), rtol=0, atol=1e-6)
+    got = apply_rotary(x, *rope_cos_sin(pos, inv, torch.float32))
+    assert torch.allclose(got, apply_rope(x, pos, inv), rtol=0, atol=1e-6)
 
 
 def test_rejects_missing_or_misshaped_weights():
