@@ -2,6 +2,7 @@
 static-cache baseline) runs one GEMM for Q/K/V and one for gate/up per layer, the baseline's decode
 step is one graph with exactly those GEMMs and agrees with the reference at batch 4, and the fused
 matrices share their memory with the engine's weights when those are laid out for it."""
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -175,3 +176,26 @@ def test_reference_variant_shares_the_weights():
     cache = [PagedKVCache.allocate(spec, 1, 16, tokens_per_block=8, dtype=torch.bfloat16) for _ in range(2)]
     torch.testing.assert_close(plain.prefill([[1, 2, 3, 4]], cache[0]), fresh.prefill([[1, 2, 3, 4]], cache[1]),
                                rtol=0, atol=0)
+
+
+def test_sliding_window_in_the_baseline_and_the_prefill():
+    """A window shorter than the prompt (Mistral): the baseline's prefill and decode masks and the
+    torch prefill's SDPA mask agree with the reference (itself checked against HF's Mistral)."""
+    spec, w = _tiny("mistral", seed=8)
+    spec = dataclasses.replace(spec, sliding_window=8)
+    g = torch.Generator().manual_seed(5)
+    seq = torch.randint(0, spec.vocab_size, (4, 19), generator=g)
+    dec = StaticCacheDecoder(spec, w, max_batch=4, max_seq=32)
+    ref = ReferenceDecoder(spec, w, compute_dtype=torch.float32)
+    cache = PagedKVCache.allocate(spec, 4, 32, tokens_per_block=8, dtype=torch.float32, fill=1e4)
+    with torch.no_grad():
+        want = ref.prefill(seq[:, :13].tolist(), cache)
+        assert _rel(dec.prefill(seq[:, :13]), want) < 1e-4
+        for t in range(13, 19):
+            pos = torch.full((4,), t)
+            assert _rel(dec.decode_step(seq[:, t], pos), ref.decode(seq[:, t], pos, cache)) < 1e-4
+    prefill_cache = PagedKVCache.allocate(spec, 4, 32, tokens_per_block=8, dtype=torch.float32, fill=1e4)
+    assert _rel(TorchPrefill(spec, w).prefill(seq[:, :13].tolist(), prefill_cache), want) < 1e-4
+    no_window = ReferenceDecoder(dataclasses.replace(spec, sliding_window=None), w, compute_dtype=torch.float32)
+    other = PagedKVCache.allocate(spec, 4, 32, tokens_per_block=8, dtype=torch.float32)
+    assert _rel(no_window.prefill(seq[:, :13].tolist(), other), want) > 1e-3   # the window matters here
