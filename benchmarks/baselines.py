@@ -1,9 +1,10 @@
 """Baseline decoders the megakernel is measured against, and the registry of timed systems.
 
 ``StaticCacheDecoder`` is a plain gpt-fast style decoder for Llama / Mistral / Qwen2 / Qwen3 specs:
-fused QKV and gate/up matrices, a preallocated static KV cache ``[B, kv_heads, max_seq, head_dim]``
-written with index assignment, and a position mask instead of a variable cache length, so that one
-decode step has fixed shapes and addresses: it can be captured in a CUDA graph or compiled with
+the project's shared decoder block (``trtllm_mk.model.decoder_block``: fused QKV and gate/up
+matrices), a preallocated static KV cache ``[B, kv_heads, max_seq, head_dim]`` written with index
+assignment, and a position mask instead of a variable cache length, so that one decode step has
+fixed shapes and addresses: it can be captured in a CUDA graph or compiled with
 ``torch.compile(mode="reduce-overhead", fullgraph=True)`` unchanged.
 
 Systems (``SYSTEMS``) turn a model into one timed decode step at a given batch and context:
@@ -27,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trtllm_mk.model.decoder_block import Decoder, rope_cos_sin
 from trtllm_mk.model.rope import rope_inv_freq
 from trtllm_mk.model.spec import ModelSpec
 
@@ -37,153 +39,96 @@ from .timing import time_steps
 # ---------------------------------------------------------------------------------------------
 
 
-def _param(t: torch.Tensor) -> nn.Parameter:
-    # Parameters (not plain attributes) so torch.compile / cudagraph trees treat them as static inputs.
-    return nn.Parameter(t, requires_grad=False)
+class StaticKVCache(nn.Module):
+    """gpt-fast's KV cache of one layer: contiguous ``k_cache, v_cache [B, kv_heads, S, d]``, written at
+    each row's position and read whole under a position mask, so a decode step has fixed shapes and
+    addresses and its attention is plain SDPA that torch.compile fuses."""
 
-
-class RMSNorm(nn.Module):
-    def __init__(self, weight: torch.Tensor, eps: float):
-        super().__init__()
-        self.weight, self.eps = _param(weight), eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # HF semantics: normalize in fp32, cast back, then scale in the activation dtype.
-        xf = x.float()
-        return self.weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE in fp32. x [B, T, heads, d]; cos/sin [B, T, d]."""
-    xf = x.float()
-    h = xf.shape[-1] // 2
-    rot = torch.cat([-xf[..., h:], xf[..., :h]], -1)
-    return (xf * cos[:, :, None] + rot * sin[:, :, None]).to(x.dtype)
-
-
-class Attention(nn.Module):
-    def __init__(self, spec: ModelSpec, w: dict[str, torch.Tensor], p: str):
+    def __init__(self, spec: ModelSpec, max_batch: int, max_seq: int, dtype: torch.dtype, device: torch.device):
         super().__init__()
         self.spec = spec
-        self.wqkv = _param(torch.cat([w[p + "q_proj.weight"], w[p + "k_proj.weight"], w[p + "v_proj.weight"]]))
-        self.bqkv = (_param(torch.cat([w[p + "q_proj.bias"], w[p + "k_proj.bias"], w[p + "v_proj.bias"]]))
-                     if spec.qkv_bias else None)
-        self.wo = _param(w[p + "o_proj.weight"])
-        self.q_norm = RMSNorm(w[p + "q_norm.weight"], spec.rms_norm_eps) if spec.qk_norm else None
-        self.k_norm = RMSNorm(w[p + "k_norm.weight"], spec.rms_norm_eps) if spec.qk_norm else None
+        shape = (max_batch, spec.num_kv_heads, max_seq, spec.head_dim)
         # Buffers, not attributes: torch.compile's CUDA graphs then keep them at fixed addresses and
         # mutate them in place instead of copying them in as inputs on every replay.
-        self.register_buffer("k_cache", None, persistent=False)
-        self.register_buffer("v_cache", None, persistent=False)
+        self.register_buffer("k_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
 
-    def forward(self, x: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                mask: torch.Tensor | None) -> torch.Tensor:
-        """x [B, T, hidden]. T == 1: decode at per-row positions ``pos`` [B, 1] under ``mask``
-        [B, 1, 1, S]. T > 1: prefill of positions 0..T-1 in every row (causal, no mask)."""
+    def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, input_pos: torch.Tensor,
+               mask: torch.Tensor) -> torch.Tensor:
+        """One token per row: q ``[B, 1, heads, d]``, k, v ``[B, 1, kv_heads, d]`` at ``input_pos [B]``,
+        over the cache slots ``mask [B, 1, 1, S]`` lets it see -> ``[B, 1, heads, d]``."""
         s = self.spec
-        B, T, _ = x.shape
-        qkv = F.linear(x, self.wqkv, self.bqkv)
-        q, k, v = qkv.split([s.q_size, s.kv_size, s.kv_size], dim=-1)
-        q = q.view(B, T, s.num_heads, s.head_dim)
-        k = k.view(B, T, s.num_kv_heads, s.head_dim)
-        v = v.view(B, T, s.num_kv_heads, s.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        if T == 1:
-            # Advanced indices on dims 0 and 2 (split by a slice) put the batch dim first: [B, kv, d].
-            rows = torch.arange(B, device=x.device)
-            self.k_cache[rows, :, pos[:, 0]] = k[:, 0]
-            self.v_cache[rows, :, pos[:, 0]] = v[:, 0]
-            # GQA without repeating K/V: the G query heads of a KV head become G "query rows" of it.
-            qg = q.view(B, s.num_kv_heads, s.group_size, s.head_dim)
-            o = F.scaled_dot_product_attention(qg, self.k_cache[:B], self.v_cache[:B], attn_mask=mask)
+        B = q.shape[0]
+        # Advanced indices on dims 0 and 2 (split by a slice) put the batch dim first: [B, kv, d].
+        rows = torch.arange(B, device=q.device)
+        self.k_cache[rows, :, input_pos] = k[:, 0]
+        self.v_cache[rows, :, input_pos] = v[:, 0]
+        # GQA without repeating K/V: the G query heads of a KV head become G "query rows" of it.
+        qg = q.reshape(B, s.num_kv_heads, s.group_size, s.head_dim)
+        o = F.scaled_dot_product_attention(qg, self.k_cache[:B], self.v_cache[:B], attn_mask=mask)
+        return o.reshape(B, 1, s.num_heads, s.head_dim)
+
+    def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Positions 0..T-1 of every row: q ``[B, T, heads, d]``, k, v ``[B, T, kv_heads, d]``, causal."""
+        s = self.spec
+        B, T = q.shape[:2]
+        self.k_cache[:B, :, :T] = k.transpose(1, 2)
+        self.v_cache[:B, :, :T] = v.transpose(1, 2)
+        # Repeating K/V keeps prefill on the fused causal kernels whatever the torch version's GQA
+        # support; it costs one copy of this layer's K/V, small next to the activations.
+        kr = k.transpose(1, 2).repeat_interleave(s.group_size, dim=1)
+        vr = v.transpose(1, 2).repeat_interleave(s.group_size, dim=1)
+        if s.sliding_window is not None and T > s.sliding_window:   # HF/Mistral: q - kv < window
+            i = torch.arange(T, device=q.device)
+            window = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - s.sliding_window)
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), kr, vr, attn_mask=window)
         else:
-            self.k_cache[:B, :, :T] = k.transpose(1, 2)
-            self.v_cache[:B, :, :T] = v.transpose(1, 2)
-            # Repeating K/V keeps prefill on the fused causal kernels whatever the torch version's GQA
-            # support; it costs one copy of this layer's K/V, small next to the activations.
-            kr = k.transpose(1, 2).repeat_interleave(s.group_size, dim=1)
-            vr = v.transpose(1, 2).repeat_interleave(s.group_size, dim=1)
             o = F.scaled_dot_product_attention(q.transpose(1, 2), kr, vr, is_causal=True)
-            o = o.transpose(1, 2)
-        return F.linear(o.reshape(B, T, s.q_size), self.wo)
-
-
-class FeedForward(nn.Module):
-    def __init__(self, w: dict[str, torch.Tensor], p: str):
-        super().__init__()
-        self.w13 = _param(torch.cat([w[p + "gate_proj.weight"], w[p + "up_proj.weight"]]))
-        self.w2 = _param(w[p + "down_proj.weight"])
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        g, u = F.linear(x, self.w13).chunk(2, dim=-1)
-        return F.linear(F.silu(g) * u, self.w2)
-
-
-class Block(nn.Module):
-    def __init__(self, spec: ModelSpec, w: dict[str, torch.Tensor], i: int):
-        super().__init__()
-        p = f"model.layers.{i}."
-        self.attention_norm = RMSNorm(w[p + "input_layernorm.weight"], spec.rms_norm_eps)
-        self.attention = Attention(spec, w, p + "self_attn.")
-        self.ffn_norm = RMSNorm(w[p + "post_attention_layernorm.weight"], spec.rms_norm_eps)
-        self.feed_forward = FeedForward(w, p + "mlp.")
-
-    def forward(self, x, pos, cos, sin, mask):
-        x = x + self.attention(self.attention_norm(x), pos, cos, sin, mask)
-        return x + self.feed_forward(self.ffn_norm(x))
+        return o.transpose(1, 2)
 
 
 class StaticCacheDecoder(nn.Module):
-    """A decoder over a static KV cache, built from HF-named weights (kept in their dtype).
-
-    Fused QKV and gate/up matrices are packed once here (copies); every other tensor is used in place.
-    """
+    """The shared decoder (``trtllm_mk.model.decoder_block``: fused QKV and gate/up, packed once here)
+    over gpt-fast's static KV cache, built from HF-named weights (kept in their dtype)."""
 
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], max_batch: int, max_seq: int):
         super().__init__()
         self.spec = spec
-        emb = weights["model.embed_tokens.weight"]
-        self.tok_embeddings = _param(emb)
-        self.layers = nn.ModuleList(Block(spec, weights, i) for i in range(spec.num_layers))
-        self.norm = RMSNorm(weights["model.norm.weight"], spec.rms_norm_eps)
-        self.output = self.tok_embeddings if spec.tie_word_embeddings else _param(weights["lm_head.weight"])
+        self.decoder = Decoder(spec, weights)
+        self.kv = nn.ModuleList()
         for name in ("rope_cos", "rope_sin", "key_pos"):
             self.register_buffer(name, None, persistent=False)
         self.max_batch = self.max_seq = 0
         self.setup_cache(max_batch, max_seq)
 
     def setup_cache(self, max_batch: int, max_seq: int) -> None:
-        """(Re)allocate the zeroed KV cache and the RoPE tables for ``max_seq`` positions."""
+        """(Re)allocate the zeroed KV cache and the fp32 RoPE tables for ``max_seq`` positions."""
         if max_batch < 1 or max_seq < 1:
             raise ValueError(f"setup_cache: max_batch and max_seq must be >= 1 (got {max_batch}, {max_seq})")
-        s, emb = self.spec, self.tok_embeddings
-        shape = (max_batch, s.num_kv_heads, max_seq, s.head_dim)
-        for layer in self.layers:
-            layer.attention.k_cache = torch.zeros(shape, dtype=emb.dtype, device=emb.device)
-            layer.attention.v_cache = torch.zeros(shape, dtype=emb.dtype, device=emb.device)
-        ang = torch.arange(max_seq, dtype=torch.float32)[:, None] * rope_inv_freq(s)  # [S, d/2]
-        ang = torch.cat([ang, ang], -1).to(emb.device)
-        self.rope_cos, self.rope_sin = ang.cos(), ang.sin()
+        s, emb = self.spec, self.decoder.tok_embeddings
+        self.kv = nn.ModuleList(StaticKVCache(s, max_batch, max_seq, emb.dtype, emb.device)
+                                for _ in range(s.num_layers))
+        cos, sin = rope_cos_sin(torch.arange(max_seq), rope_inv_freq(s), torch.float32)   # [S, 1, d]
+        self.rope_cos, self.rope_sin = cos.to(emb.device), sin.to(emb.device)
         self.key_pos = torch.arange(max_seq, device=emb.device)
         self.max_batch, self.max_seq = max_batch, max_seq
-
-    def _run(self, tokens: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        x = F.embedding(tokens, self.tok_embeddings)
-        cos, sin = self.rope_cos[pos], self.rope_sin[pos]
-        for layer in self.layers:
-            x = layer(x, pos, cos, sin, mask)
-        return F.linear(self.norm(x[:, -1]), self.output)
 
     def decode_step(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
         """One token per row: tokens [B], input_pos [B] (each row's own position) -> logits [B, V].
 
         Writes K/V at ``input_pos`` and attends to cache slots ``<= input_pos`` of its row; slots past
         it (stale or padding) are masked, so a row may rewrite an earlier position."""
+        B = tokens.shape[0]
         pos = input_pos[:, None]
-        mask = (self.key_pos[None, :] <= pos).view(tokens.shape[0], 1, 1, self.max_seq)
-        return self._run(tokens[:, None], pos, mask)
+        mask = self.key_pos[None, :] <= pos
+        if self.spec.sliding_window is not None:
+            mask = mask & (self.key_pos[None, :] > pos - self.spec.sliding_window)
+        mask = mask.view(B, 1, 1, self.max_seq)
+
+        def attention(layer, q, k, v):
+            return self.kv[layer].decode(q, k, v, input_pos, mask)
+
+        return self.decoder(tokens[:, None], self.rope_cos[pos], self.rope_sin[pos], attention)
 
     def prefill(self, tokens: torch.Tensor) -> torch.Tensor:
         """Prompts of equal length: tokens [B, T] at positions 0..T-1 -> logits of the last [B, V]."""
@@ -191,8 +136,12 @@ class StaticCacheDecoder(nn.Module):
         if B > self.max_batch or T > self.max_seq or T < 2:
             raise ValueError(f"prefill: need 2 <= T <= {self.max_seq} and B <= {self.max_batch} (got B={B}, T={T}); "
                              f"a single token is a decode_step")
-        pos = torch.arange(T, device=tokens.device).expand(B, T)
-        return self._run(tokens, pos, None)
+
+        def attention(layer, q, k, v):
+            return self.kv[layer].prefill(q, k, v)
+
+        cos, sin = self.rope_cos[:T].expand(B, T, 1, -1), self.rope_sin[:T].expand(B, T, 1, -1)
+        return self.decoder(tokens, cos, sin, attention)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """The benchmark harness on CPU: the static-cache baseline decoder against the reference decoder,
 the transformers model of the hf-eager system, the timing statistics, and decode_latency --cpu-smoke."""
+import dataclasses
 import json
 import subprocess
 import sys
@@ -33,9 +34,12 @@ def _rel(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
-@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3"])
-def test_static_cache_decoder_matches_reference(family):
+@pytest.mark.parametrize("family,window", [("llama", None), ("mistral", None), ("mistral", 8), ("qwen2", None),
+                                           ("qwen3", None)])
+def test_static_cache_decoder_matches_reference(family, window):
+    """A window of 8 (shorter than the prompt) checks the baseline's prefill and decode masks."""
     spec, w = _tiny(family, seed=3)
+    spec = dataclasses.replace(spec, sliding_window=window)
     gen = torch.Generator().manual_seed(1)
     seq = torch.randint(0, spec.vocab_size, (2, 13), generator=gen)
     dec = StaticCacheDecoder(spec, w, max_batch=2, max_seq=32)

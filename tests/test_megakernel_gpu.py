@@ -109,10 +109,10 @@ def run_and_compare(spec, batch, weights, steps, schedule=None, budget_s=5.0, fi
     gen = torch.Generator().manual_seed(1)
     prompts = _prompts(spec, batch, gen, first_len)
     dec, cache = decoder if decoder is not None else _decoder(spec, batch, weights, schedule, budget_s)
-    w32 = {k: v.float() for k, v in weights.items()}   # one fp32 copy shared by both references
-    # kernel numerics: bf16 GEMV inputs where the kernel stages them, fp32 elsewhere
-    ref = ReferenceDecoder(spec, w32, compute_dtype=torch.float32, gemv_input_dtype=torch.bfloat16)
-    plain = ReferenceDecoder(spec, w32, compute_dtype=torch.float32)
+    # kernel numerics: bf16 GEMV inputs where the kernel stages them, fp32 elsewhere; both references
+    # share one fp32 copy of the weights (two would not fit beside an 8B model on an 80 GB GPU)
+    ref = ReferenceDecoder(spec, weights, compute_dtype=torch.float32, gemv_input_dtype=torch.bfloat16)
+    plain = ref.with_gemv_input_dtype(None)
     first = ref.prefill(prompts, cache).argmax(-1)             # the reference prefill writes the bf16 cache
     pos = torch.tensor([len(p) for p in prompts], device="cuda")
     dec.set_state(first, pos)
@@ -152,7 +152,7 @@ def run_and_compare(spec, batch, weights, steps, schedule=None, budget_s=5.0, fi
     print(f"{spec.name} b{batch}: {steps} steps; rel err vs kernel-numerics reference median {res.median_k:.1e} "
           f"max {res.max_k:.1e} ({res.rounding_steps} steps with a bf16 rounding event); vs fp32 max "
           f"{res.max_p:.1e}; {flips} of {steps * batch} tokens differ, {unexplained} outside rounding events")
-    del dec, ref, plain, w32, ref_cache, plain_cache, cache
+    del dec, ref, plain, ref_cache, plain_cache, cache
     gc.collect()
     torch.cuda.empty_cache()
     return res

@@ -16,9 +16,10 @@ from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2
 
 from trtllm_mk.errors import ModelError
 from trtllm_mk.kv_cache import PagedKVCache
+from trtllm_mk.model.decoder_block import apply_rotary, rope_cos_sin
 from trtllm_mk.model.rope import apply_rope, rope_inv_freq
 from trtllm_mk.model.spec import spec_from_hf_config
-from trtllm_mk.reference import ReferenceDecoder, rope, rope_cos_sin
+from trtllm_mk.reference import ReferenceDecoder
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 PROMPT_LENS = (5, 19, 30)   # 1, 3 and 4 blocks of 8: different lengths, partial last blocks
@@ -240,7 +241,8 @@ def test_rope_matches_the_shared_rope_in_fp32():
     g = torch.Generator().manual_seed(9)
     x = torch.randn(2, 11, 4, spec.head_dim, generator=g)
     pos = torch.randint(0, 500, (2, 11), generator=g)
-    assert torch.allclose(rope(x, *rope_cos_sin(pos, inv, torch.float32)), apply_rope(x, pos, inv), rtol=0, atol=1e-6)
+    got = apply_rotary(x, *rope_cos_sin(pos, inv, torch.float32))
+    assert torch.allclose(got, apply_rope(x, pos, inv), rtol=0, atol=1e-6)
 
 
 def test_rejects_missing_or_misshaped_weights():

@@ -2,7 +2,9 @@
 
 This is the ground truth that the CPU executor and the megakernel are checked against, and it is
 itself checked against HuggingFace transformers (tests/test_reference.py). It is written for
-reading, not for speed: one decoder layer is four small functions, top to bottom.
+reading, not for speed: the layer is the shared decoder block (``model.decoder_block``), and the
+attention it plugs in, below, writes each token's K/V into the paged cache, reads the sequence back
+through the block table and applies HF's eager attention.
 
 Numerics. ``compute_dtype=None`` computes in the weights' dtype and rounds where HF's eager
 implementation rounds in that dtype (RMSNorm in fp32 then cast back, RoPE cos/sin cast to the
@@ -17,38 +19,18 @@ Nothing here assumes a device or synchronises with the host, so it runs on CPU a
 """
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Sequence
 
 import torch
-import torch.nn.functional as F
 
-from .errors import ModelError
 from .kv_cache import PagedKVCache
+from .model.decoder_block import Attention, Decoder, rope_cos_sin
 from .model.rope import rope_inv_freq
 from .model.spec import ModelSpec
 
 
-# ---- the pieces of one decoder layer ----------------------------------------------------------
-
-def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """HF's RMSNorm: statistics in fp32, the normalised value cast back before the gain."""
-    xf = x.float()
-    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-
-
-def rope_cos_sin(pos: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin ``[..., T, 1, head_dim]`` for positions ``pos [..., T]``: angles in fp32, then cast to
-    the activation dtype as HF does (so in fp32 this is exactly ``model.rope.apply_rope``)."""
-    ang = pos.float()[..., None] * inv_freq
-    ang = torch.cat([ang, ang], -1)[..., None, :]
-    return ang.cos().to(dtype), ang.sin().to(dtype)
-
-
-def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE on ``x [..., T, heads, head_dim]`` in x's dtype."""
-    h = x.shape[-1] // 2
-    return x * cos + torch.cat([-x[..., h:], x[..., :h]], -1) * sin
-
+# ---- attention over the paged KV cache -------------------------------------------------------
 
 def write_kv(cache: PagedKVCache, layer: int, rows: torch.Tensor, pos: torch.Tensor,
              k: torch.Tensor, v: torch.Tensor) -> None:
@@ -98,11 +80,16 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
     return (probs @ v).transpose(1, 2)
 
 
-def mlp(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
-        stage=lambda t: t) -> torch.Tensor:
-    """SwiGLU: down(silu(gate x) * up x); ``stage`` rounds the input of each GEMV (see ReferenceDecoder)."""
-    x = stage(x)
-    return F.linear(stage(F.silu(F.linear(x, gate)) * F.linear(x, up)), down)
+def paged_attention(cache: PagedKVCache, rows: torch.Tensor, pos: torch.Tensor,
+                    sliding_window: int | None = None) -> Attention:
+    """The block's attention for tokens at positions ``pos [N, T]`` of the cache sequences ``rows [N]``:
+    each layer's K/V go through the cache and back, so this step's K/V get the cache's rounding, like
+    every earlier token's."""
+    def attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        write_kv(cache, layer, rows, pos, k, v)
+        k_all, v_all = read_kv(cache, layer, rows)
+        return attend(q, k_all, v_all, pos, sliding_window)
+    return attention
 
 
 # ---- the decoder --------------------------------------------------------------------------------
@@ -116,65 +103,30 @@ class ReferenceDecoder:
         linear layer to that dtype, exactly where the megakernel stages its activations in shared
         memory, and nowhere else: the kernel's numerics up to fp32 summation order, for comparisons
         that must not flip near-tied argmaxes."""
-        expected = spec.expected_tensors()
-        missing = [n for n in expected if n not in weights]
-        if missing:
-            raise ModelError(f"reference decoder: {len(missing)} weight(s) missing, first '{missing[0]}'")
-        for name, shape in expected.items():
-            if tuple(weights[name].shape) != shape:
-                raise ModelError(f"reference decoder: '{name}' has shape {tuple(weights[name].shape)}, "
-                                 f"expected {shape}")
         self.spec = spec
-        embed = weights["model.embed_tokens.weight"]
-        self.dtype = compute_dtype or embed.dtype
-        self.device = embed.device
-        # .to() is a no-op when the dtype already matches: no copy in the bf16-in-bf16 case
-        self.w = {name: weights[name].to(self.dtype) for name in expected}
-        # tied embeddings (Llama-3.2, small Qwens): the checkpoint has no lm_head.weight
-        self.lm_head = self.w.get("lm_head.weight", self.w["model.embed_tokens.weight"])
+        self.model = Decoder(spec, weights, compute_dtype)
+        self.dtype = self.model.dtype
+        self.device = self.model.tok_embeddings.device
         self.inv_freq = rope_inv_freq(spec).to(self.device)
         self.gemv_input_dtype = gemv_input_dtype
 
+    def with_gemv_input_dtype(self, gemv_input_dtype: torch.dtype | None) -> "ReferenceDecoder":
+        """This decoder (its weights shared, not copied) rounding GEMV inputs to ``gemv_input_dtype``."""
+        other = copy.copy(self)
+        other.gemv_input_dtype = gemv_input_dtype
+        return other
+
     def _stage(self, x: torch.Tensor) -> torch.Tensor:
         g = self.gemv_input_dtype
-        return x if g is None or g == x.dtype else x.to(g).to(x.dtype)
-
-    # -- one layer -------------------------------------------------------------------------------
-    def _attention(self, i: int, h: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor,
-                   cache: PagedKVCache) -> torch.Tensor:
-        s, w, p = self.spec, self.w, f"model.layers.{i}.self_attn."
-        N, T, _ = h.shape
-        h = self._stage(h)
-        q = F.linear(h, w[p + "q_proj.weight"], w.get(p + "q_proj.bias")).view(N, T, s.num_heads, s.head_dim)
-        k = F.linear(h, w[p + "k_proj.weight"], w.get(p + "k_proj.bias")).view(N, T, s.num_kv_heads, s.head_dim)
-        v = F.linear(h, w[p + "v_proj.weight"], w.get(p + "v_proj.bias")).view(N, T, s.num_kv_heads, s.head_dim)
-        if s.qk_norm:  # Qwen3: RMSNorm over each head's vector, before RoPE
-            q = rmsnorm(q, w[p + "q_norm.weight"], s.rms_norm_eps)
-            k = rmsnorm(k, w[p + "k_norm.weight"], s.rms_norm_eps)
-        cos, sin = rope_cos_sin(pos, self.inv_freq, q.dtype)
-        q, k = rope(q, cos, sin), rope(k, cos, sin)
-        # through the cache and back: this step's K/V get the cache's rounding, like every other's
-        write_kv(cache, i, rows, pos, k, v)
-        k_all, v_all = read_kv(cache, i, rows)
-        o = attend(q, k_all, v_all, pos, s.sliding_window)
-        return F.linear(self._stage(o.reshape(N, T, s.q_size)), w[p + "o_proj.weight"])
-
-    def _layer(self, i: int, x: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor,
-               cache: PagedKVCache) -> torch.Tensor:
-        s, w, p = self.spec, self.w, f"model.layers.{i}."
-        x = x + self._attention(i, rmsnorm(x, w[p + "input_layernorm.weight"], s.rms_norm_eps), pos, rows, cache)
-        h = rmsnorm(x, w[p + "post_attention_layernorm.weight"], s.rms_norm_eps)
-        return x + mlp(h, w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"], w[p + "mlp.down_proj.weight"],
-                       self._stage)
+        return x if g == x.dtype else x.to(g).to(x.dtype)
 
     def _forward(self, ids: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor, cache: PagedKVCache) -> torch.Tensor:
         """Tokens ``ids [N, T]`` at positions ``pos [N, T]`` of cache sequences ``rows [N]``: append
         their K/V to the cache and return fp32 logits ``[N, V]`` of each row's last token."""
-        x = self.w["model.embed_tokens.weight"][ids]
-        for i in range(self.spec.num_layers):
-            x = self._layer(i, x, pos, rows, cache)
-        h = rmsnorm(x[:, -1], self.w["model.norm.weight"], self.spec.rms_norm_eps)
-        return F.linear(self._stage(h), self.lm_head).float()
+        cos, sin = rope_cos_sin(pos, self.inv_freq, self.dtype)
+        attention = paged_attention(cache, rows, pos, self.spec.sliding_window)
+        stage = None if self.gemv_input_dtype is None else self._stage
+        return self.model(ids, cos, sin, attention, stage).float()
 
     # -- public API ------------------------------------------------------------------------------
     @torch.inference_mode()

@@ -1,8 +1,11 @@
-"""PyTorch prefill backend: batched-over-tokens prefill with SDPA that writes the paged KV cache.
+"""PyTorch prefill backend: the shared decoder block with SDPA, writing the paged KV cache.
 
 Prefill is compute-bound and runs once per request, so plain PyTorch kernels (cuBLAS GEMMs, flash
 SDPA) are the right tool; the decode steps that follow are the megakernel's. Numerics follow HF in
 the weights' dtype (bf16): RMSNorm in fp32, RoPE in fp32, GEMMs in bf16.
+
+The decoder fuses each layer's q/k/v and gate/up matrices; given weights laid out by
+``model.decoder_block.share_fused_storage`` (as the hybrid engine does) that costs no memory.
 """
 from __future__ import annotations
 
@@ -10,60 +13,56 @@ import torch
 import torch.nn.functional as F
 
 from ..kv_cache import PagedKVCache
-from ..model.rope import apply_rope, rope_inv_freq
+from ..model.decoder_block import Attention, Decoder, rope_cos_sin
+from ..model.rope import rope_inv_freq
 from ..model.spec import ModelSpec
+from ..reference import write_kv
 
 
-def _rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
-    return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     sliding_window: int | None = None) -> torch.Tensor:
+    """Tokens at positions 0..T-1 over themselves: ``q [N, T, heads, d]``, ``k, v [N, T, kv_heads, d]``
+    -> ``[N, T, heads, d]`` (SDPA's fused causal kernels, GQA without repeating K/V)."""
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    T = q.shape[2]
+    if sliding_window is not None and T > sliding_window:   # HF/Mistral: q - kv < window
+        i = torch.arange(T, device=q.device)
+        mask = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - sliding_window)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    else:
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    return o.transpose(1, 2)
+
+
+def prefill_attention(cache: PagedKVCache, rows: torch.Tensor, pos: torch.Tensor,
+                      sliding_window: int | None = None) -> Attention:
+    """The block's attention for a prefill from position 0 (``pos [N, T]`` = 0..T-1) of the cache
+    sequences ``rows [N]``: store the K/V, attend over them as computed."""
+    def attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        write_kv(cache, layer, rows, pos, k, v)
+        return causal_attention(q, k, v, sliding_window)
+    return attention
 
 
 class TorchPrefill:
     name = "torch"
 
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor]):
-        self.spec, self.w = spec, weights
-        dev = weights["model.embed_tokens.weight"].device
-        self.inv_freq = rope_inv_freq(spec).to(dev)
-        self.lm_head = weights.get("lm_head.weight", weights["model.embed_tokens.weight"])
-
-    def _layer(self, i: int, x: torch.Tensor, pos: torch.Tensor, cache: PagedKVCache, b: int) -> torch.Tensor:
-        s, w, p = self.spec, self.w, f"model.layers.{i}."
-        T = x.shape[0]
-        h = _rmsnorm(x, w[p + "input_layernorm.weight"], s.rms_norm_eps)
-        q = F.linear(h, w[p + "self_attn.q_proj.weight"], w.get(p + "self_attn.q_proj.bias"))
-        k = F.linear(h, w[p + "self_attn.k_proj.weight"], w.get(p + "self_attn.k_proj.bias"))
-        v = F.linear(h, w[p + "self_attn.v_proj.weight"], w.get(p + "self_attn.v_proj.bias"))
-        q = q.view(T, s.num_heads, s.head_dim)
-        k = k.view(T, s.num_kv_heads, s.head_dim)
-        v = v.view(T, s.num_kv_heads, s.head_dim)
-        if s.qk_norm:
-            q = _rmsnorm(q, w[p + "self_attn.q_norm.weight"], s.rms_norm_eps)
-            k = _rmsnorm(k, w[p + "self_attn.k_norm.weight"], s.rms_norm_eps)
-        q = apply_rope(q.float(), pos, self.inv_freq).to(x.dtype)
-        k = apply_rope(k.float(), pos, self.inv_freq).to(x.dtype)
-        cache.write(i, b, 0, k, v)
-        o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-                                           is_causal=True, enable_gqa=True)
-        x = x + F.linear(o[0].transpose(0, 1).reshape(T, s.q_size), w[p + "self_attn.o_proj.weight"])
-        h = _rmsnorm(x, w[p + "post_attention_layernorm.weight"], s.rms_norm_eps)
-        g = F.linear(h, w[p + "mlp.gate_proj.weight"])
-        u = F.linear(h, w[p + "mlp.up_proj.weight"])
-        return x + F.linear(F.silu(g) * u, w[p + "mlp.down_proj.weight"])
+        self.spec = spec
+        self.model = Decoder(spec, weights)
+        self.device = self.model.tok_embeddings.device
+        self.inv_freq = rope_inv_freq(spec).to(self.device)
 
     @torch.inference_mode()
     def prefill(self, prompts: list[list[int]], cache: PagedKVCache) -> torch.Tensor:
         """Fill the cache with every prompt's K/V (positions 0..len-1); fp32 logits [B, V] of each
-        prompt's last token."""
+        prompt's last token. Prompts run one at a time: their lengths differ."""
         out = []
-        emb = self.w["model.embed_tokens.weight"]
         for b, prompt in enumerate(prompts):
-            ids = torch.tensor(prompt, device=emb.device, dtype=torch.long)
-            x = emb[ids]
-            pos = torch.arange(len(prompt), device=emb.device)
-            for i in range(self.spec.num_layers):
-                x = self._layer(i, x, pos, cache, b)
-            h = _rmsnorm(x[-1:], self.w["model.norm.weight"], self.spec.rms_norm_eps)
-            out.append(F.linear(h, self.lm_head).float()[0])
+            ids = torch.tensor([prompt], device=self.device, dtype=torch.long)
+            pos = torch.arange(len(prompt), device=self.device)[None]
+            rows = torch.tensor([b], device=self.device)
+            cos, sin = rope_cos_sin(pos, self.inv_freq, torch.float32)
+            attention = prefill_attention(cache, rows, pos, self.spec.sliding_window)
+            out.append(self.model(ids, cos, sin, attention).float()[0])
         return torch.stack(out)

@@ -34,6 +34,7 @@ from ..engine import EngineDir
 from ..errors import EngineError, UserError
 from ..gpus import detect_gpu, get_gpu
 from ..kv_cache import PagedKVCache
+from ..model.decoder_block import share_fused_storage
 from ..model.rope import rope_inv_freq
 from ..sampling import Choice, SamplingParams, sample
 
@@ -120,6 +121,9 @@ class HybridEngine:
         else:
             self.weights = {k: v.to(torch.bfloat16) if v.dtype in (torch.float16, torch.float32) else v
                             for k, v in self.weights.items()}
+        # The torch prefill's fused q/k/v and gate/up matrices are then the very memory the decoder
+        # reads by name: one copy of the weights on the GPU, as the memory budget assumes.
+        self.weights = share_fused_storage(self.spec, self.weights)
         kv_dtype = torch.float32 if simulate else torch.bfloat16
         self.cache = PagedKVCache.allocate(self.spec, self.batch, self.max_seq_len, self.tokens_per_block,
                                            dtype=kv_dtype, device=self.device)

@@ -1,0 +1,214 @@
+"""The PyTorch Llama-family decoder block, gpt-fast style, and the decoder around it.
+
+One definition of the block math, shared by the reference decoder (``trtllm_mk/reference.py``), the
+torch prefill backend (``trtllm_mk/backends/torch_prefill.py``) and the benchmark baselines
+(``benchmarks/baselines.py``):
+
+    x += o_proj(attention(rope(qk_norm(split(qkv_proj(rms_norm(x)))))))
+    x += down_proj(silu(gate) * up),  gate, up = split(gate_up_proj(rms_norm(x)))
+
+``qkv_proj`` and ``gate_up_proj`` are single matrices, the checkpoint's q/k/v (and Qwen2's biases)
+and gate/up rows concatenated once when the decoder is built, so each is one GEMM per layer.
+Qwen3's per-head q/k RMSNorm runs before RoPE. RoPE's inverse frequencies (llama3 scaling included)
+come from ``model.rope``.
+
+Attention over the KV cache is the part the users do differently, so the block takes it as an
+argument: ``attention(layer, q, k, v)`` gets this pass's ``q [N, T, heads, d]`` and ``k, v
+[N, T, kv_heads, d]`` (after QK-norm and RoPE: what HF and TensorRT-LLM store), keeps k and v in its
+cache and returns the attention output ``[N, T, heads, d]``. The reference reads the paged cache
+back with HF's eager math, the prefill runs SDPA over the fresh K/V, and the baseline keeps
+gpt-fast's contiguous static cache, which torch.compile fuses best.
+
+Numerics follow HF's eager model in the compute dtype: RMSNorm statistics in fp32, cast back before
+the gain; RoPE in the dtype of the cos/sin tables it is given (HF rounds them to the activation dtype;
+fp32 tables give fp32 RoPE); everything else in the compute dtype. ``stage`` (optional) is applied to
+the input of every linear layer: the reference uses it to round those inputs where the megakernel
+stages its activations.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import ModelError
+from .spec import ModelSpec
+
+# attention(layer, q [N, T, heads, d], k [N, T, kv_heads, d], v [N, T, kv_heads, d]) -> [N, T, heads, d]
+Attention = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+Stage = Callable[[torch.Tensor], torch.Tensor]
+
+QKV = ("q_proj", "k_proj", "v_proj")
+GATE_UP = ("gate_proj", "up_proj")
+
+
+# ---- the elementwise pieces ---------------------------------------------------------------------
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF's RMSNorm: statistics in fp32, the normalised value cast back before the gain."""
+    xf = x.float()
+    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def rope_cos_sin(pos: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin ``[..., T, 1, head_dim]`` for positions ``pos [..., T]``: angles in fp32, then cast to
+    ``dtype`` (the activation dtype for HF's rounding, fp32 for fp32 RoPE)."""
+    ang = pos.float()[..., None] * inv_freq
+    ang = torch.cat([ang, ang], -1)[..., None, :]
+    return ang.cos().to(dtype), ang.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE on ``x [..., T, heads, head_dim]``, computed in cos's dtype, returned in x's."""
+    xc = x.to(cos.dtype)
+    h = x.shape[-1] // 2
+    return (xc * cos + torch.cat([-xc[..., h:], xc[..., :h]], -1) * sin).to(x.dtype)
+
+
+# ---- fused weights ------------------------------------------------------------------------------
+
+def concat_rows(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``torch.cat(parts)`` along dim 0, without a copy when the parts already are consecutive rows of
+    one tensor (see ``share_fused_storage``)."""
+    first = parts[0]
+    adjacent = all(p.is_contiguous() and p.dtype == first.dtype and p.shape[1:] == first.shape[1:]
+                   and p.untyped_storage().data_ptr() == first.untyped_storage().data_ptr() for p in parts)
+    if adjacent:
+        for a, b in zip(parts, parts[1:]):
+            adjacent &= b.data_ptr() == a.data_ptr() + a.numel() * a.element_size()
+    if not adjacent:
+        return torch.cat(list(parts))
+    rows = sum(p.shape[0] for p in parts)
+    return first.as_strided((rows, *first.shape[1:]), first.stride(), first.storage_offset())
+
+
+def _fused_groups(spec: ModelSpec, layer: int) -> list[list[str]]:
+    """Checkpoint names of the tensors that are fused into one, per group, in row order."""
+    a, m = f"model.layers.{layer}.self_attn.", f"model.layers.{layer}.mlp."
+    groups = [[a + n + ".weight" for n in QKV], [m + n + ".weight" for n in GATE_UP]]
+    if spec.qkv_bias:
+        groups.append([a + n + ".bias" for n in QKV])
+    return groups
+
+
+def share_fused_storage(spec: ModelSpec, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A dict of the same tensors in which each layer's q/k/v (and biases) and gate/up are rows of one
+    fused tensor (copied once, one layer at a time). A decoder built from it fuses without a copy, and
+    every other user of the dict (the megakernel binds each name) reads the same memory, so an engine
+    holds one copy of its weights; the originals are freed once the caller drops ``weights``."""
+    out = dict(weights)
+    for i in range(spec.num_layers):
+        for names in _fused_groups(spec, i):
+            parts = [weights.get(n) for n in names]
+            if any(t is None or t.dtype != parts[0].dtype or t.device != parts[0].device
+                   or t.shape[1:] != parts[0].shape[1:] for t in parts):
+                continue   # not plain row blocks of one kind (the decoder's own check names what is wrong)
+            fused = concat_rows(parts)
+            r = 0
+            for n in names:
+                rows = weights[n].shape[0]
+                out[n] = fused[r:r + rows]
+                r += rows
+    return out
+
+
+def check_weights(spec: ModelSpec, weights: dict[str, torch.Tensor]) -> None:
+    """Every tensor the spec expects, in its shape, or a ModelError naming the first that is not."""
+    expected = spec.expected_tensors()
+    missing = [n for n in expected if n not in weights]
+    if missing:
+        raise ModelError(f"decoder weights: {len(missing)} weight(s) missing, first '{missing[0]}'")
+    for name, shape in expected.items():
+        if tuple(weights[name].shape) != shape:
+            raise ModelError(f"decoder weights: '{name}' has shape {tuple(weights[name].shape)}, expected {shape}")
+
+
+def _param(t: torch.Tensor) -> nn.Parameter:
+    # Parameters (not plain attributes) so torch.compile / cudagraph trees treat them as static inputs.
+    return nn.Parameter(t, requires_grad=False)
+
+
+# ---- the block ----------------------------------------------------------------------------------
+
+class DecoderBlock(nn.Module):
+    """One decoder layer over HF-named weights, converted to ``dtype`` (in place where it matches)."""
+
+    def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], layer: int, dtype: torch.dtype):
+        super().__init__()
+        self.spec, self.layer = spec, layer
+        p = f"model.layers.{layer}."
+        a, m = p + "self_attn.", p + "mlp."
+        self.attention_norm = _param(weights[p + "input_layernorm.weight"].to(dtype))
+        # concatenated in the checkpoint's dtype, then converted: one copy, no converted temporaries
+        self.wqkv = _param(concat_rows([weights[a + n + ".weight"] for n in QKV]).to(dtype))
+        self.bqkv = _param(concat_rows([weights[a + n + ".bias"] for n in QKV]).to(dtype)) if spec.qkv_bias else None
+        self.q_norm = _param(weights[a + "q_norm.weight"].to(dtype)) if spec.qk_norm else None
+        self.k_norm = _param(weights[a + "k_norm.weight"].to(dtype)) if spec.qk_norm else None
+        self.wo = _param(weights[a + "o_proj.weight"].to(dtype))
+        self.ffn_norm = _param(weights[p + "post_attention_layernorm.weight"].to(dtype))
+        self.w_gate_up = _param(concat_rows([weights[m + n + ".weight"] for n in GATE_UP]).to(dtype))
+        self.w_down = _param(weights[m + "down_proj.weight"].to(dtype))
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention: Attention,
+                stage: Stage | None = None) -> torch.Tensor:
+        """``x [N, T, hidden]`` -> the same, for tokens whose RoPE tables are ``cos, sin [N, T, 1, d]``."""
+        s = self.spec
+        N, T, _ = x.shape
+        h = rms_norm(x, self.attention_norm, s.rms_norm_eps)
+        if stage is not None:
+            h = stage(h)
+        q, k, v = F.linear(h, self.wqkv, self.bqkv).split([s.q_size, s.kv_size, s.kv_size], dim=-1)
+        q = q.view(N, T, s.num_heads, s.head_dim)
+        k = k.view(N, T, s.num_kv_heads, s.head_dim)
+        v = v.view(N, T, s.num_kv_heads, s.head_dim)
+        if self.q_norm is not None:  # Qwen3: RMSNorm over each head's vector, before RoPE
+            q = rms_norm(q, self.q_norm, s.rms_norm_eps)
+            k = rms_norm(k, self.k_norm, s.rms_norm_eps)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        o = attention(self.layer, q, k, v).reshape(N, T, s.q_size)
+        if stage is not None:
+            o = stage(o)
+        x = x + F.linear(o, self.wo)
+        h = rms_norm(x, self.ffn_norm, s.rms_norm_eps)
+        if stage is not None:
+            h = stage(h)
+        gate, up = F.linear(h, self.w_gate_up).chunk(2, dim=-1)
+        act = F.silu(gate) * up
+        if stage is not None:
+            act = stage(act)
+        return x + F.linear(act, self.w_down)
+
+
+class Decoder(nn.Module):
+    """Embedding, the decoder blocks, the final norm and the LM head of a Llama-family model.
+
+    ``dtype`` (default: the embedding's) is the compute dtype; weights are converted once (the fused
+    matrices are copies unless ``share_fused_storage`` laid them out already; every other tensor is
+    used in place when its dtype matches)."""
+
+    def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], dtype: torch.dtype | None = None):
+        super().__init__()
+        check_weights(spec, weights)
+        self.spec = spec
+        embed = weights["model.embed_tokens.weight"]
+        self.dtype = dtype or embed.dtype
+        self.tok_embeddings = _param(embed.to(self.dtype))
+        self.layers = nn.ModuleList(DecoderBlock(spec, weights, i, self.dtype) for i in range(spec.num_layers))
+        self.norm = _param(weights["model.norm.weight"].to(self.dtype))
+        # tied embeddings (Llama-3.2, small Qwens): the checkpoint has no lm_head.weight
+        self.output = (self.tok_embeddings if spec.tie_word_embeddings
+                       else _param(weights["lm_head.weight"].to(self.dtype)))
+
+    def forward(self, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention: Attention,
+                stage: Stage | None = None) -> torch.Tensor:
+        """Tokens ``ids [N, T]`` with RoPE tables ``cos, sin [N, T, 1, d]`` of their positions; ``attention``
+        keeps their K/V. Logits ``[N, V]`` of each row's last token, in the compute dtype."""
+        x = F.embedding(ids, self.tok_embeddings)
+        for block in self.layers:
+            x = block(x, cos, sin, attention, stage)
+        h = rms_norm(x[:, -1], self.norm, self.spec.rms_norm_eps)
+        if stage is not None:
+            h = stage(h)
+        return F.linear(h, self.output)
