@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Everything the GPU machine does, in stages that each fit one device call; results under $OUT.
-#   bash scripts/gpu_check.sh [build] [smoke] [tests] [sanitize] [trace] [calibrate] [bench]   (default: all)
+#   bash scripts/gpu_check.sh [build] [smoke] [tests] [sanitize] [trace] [calibrate] [ab] [sampling] [bench]
+#   (default: all but ab)
 # TRACE_RUNS: one scripts/mk_trace.py argument line per traced step (default: llama-3.2-1b --batch 1).
+# AB_RUNS: one scripts/mk_ab.py argument line per interleaved A/B (the ab stage).
+# SAMPLING_MODELS: model shapes whose step is timed with each sampling mode (default: llama-3.2-1b).
 # DEADLINE_S: seconds this script may run in all (a device call's limit); the bench stage gets what is left.
 # PACK_OUT=1: leave one archive, $OUT/results.tar.gz, instead of the separate files.
 # Kernels are content-hash cached in .cubin_cache: precompile them on a CPU machine with
@@ -12,7 +15,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
-stages=${*:-build smoke tests sanitize trace calibrate bench}
+stages=${*:-build smoke tests sanitize trace calibrate sampling bench}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export TRTLLM_MK_CACHE=${TRTLLM_MK_CACHE:-$PWD/.cubin_cache}
 has() { [[ " $stages " == *" $1 "* ]]; }
@@ -37,12 +40,14 @@ if has sanitize; then
   # racecheck twice: the production kernel (its only reports should be the ring-slot release that
   # racecheck cannot credit, see EMPTY_ARRIVALS in mk_kernel.cuh) and the all-lanes-release variant
   # (and memcheck / all-lanes racecheck again on a plan whose OPROJ merges the attention partials)
-  for run in memcheck:0:0 racecheck:0:0 racecheck:1:0 memcheck:0:1 racecheck:1:1; do
-    IFS=: read -r tool all merge <<< "$run"
-    MK_SMOKE_SHORT=1 MK_SMOKE_ARRIVE_ALL=$all MK_SMOKE_MERGE=$merge timeout 240 compute-sanitizer --tool $tool \
-      --print-limit 20 python scripts/mk_smoke.py tiny-llama > "$OUT/sanitize_${tool}_${all}_$merge.log" 2>&1
-    echo "$tool (all-lanes release $all, o_merge $merge) exit $?: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Hazard|Invalid" \
-      "$OUT/sanitize_${tool}_${all}_$merge.log" | tail -3)" | tee -a "$OUT/sanitize.txt"
+  # (and, with every row sampling through the candidate search, memcheck and all-lanes racecheck)
+  for run in ${SANITIZE_RUNS:-memcheck:0:0:0 racecheck:0:0:0 racecheck:1:0:0 memcheck:0:1:0 racecheck:1:1:0 memcheck:0:0:1 racecheck:1:0:1}; do
+    IFS=: read -r tool all merge sample <<< "$run"
+    log="$OUT/sanitize_${tool}_${all}_${merge}_$sample.log"
+    MK_SMOKE_SHORT=1 MK_SMOKE_ARRIVE_ALL=$all MK_SMOKE_MERGE=$merge MK_SMOKE_SAMPLE=$sample timeout 240 \
+      compute-sanitizer --tool $tool --print-limit 20 python scripts/mk_smoke.py tiny-llama > "$log" 2>&1
+    echo "$tool (all-lanes release $all, o_merge $merge, sampling $sample) exit $?: $(grep -E \
+      "ERROR SUMMARY|RACECHECK SUMMARY|Hazard|Invalid" "$log" | tail -3)" | tee -a "$OUT/sanitize.txt"
   done
 fi
 if has trace; then
@@ -50,6 +55,17 @@ if has trace; then
     [[ -n "$line" ]] || continue
     timeout 300 python scripts/mk_trace.py $line --out "$OUT/trace" 2>&1 | tail -16 | tee -a "$OUT/trace.txt"
   done <<< "${TRACE_RUNS:-llama-3.2-1b --batch 1}"
+fi
+if has ab; then
+  while read -r line; do
+    [[ -n "$line" ]] || continue
+    timeout 300 python scripts/mk_ab.py $line 2>&1 | tail -8 | tee -a "$OUT/ab.txt"
+  done <<< "${AB_RUNS:-}"
+fi
+if has sampling; then
+  for m in ${SAMPLING_MODELS:-llama-3.2-1b}; do
+    timeout 300 python -m benchmarks.sampling_cost $m --out "$OUT/sampling" 2>&1 | tail -10 | tee -a "$OUT/sampling.txt"
+  done
 fi
 if has calibrate; then
   timeout 540 python benchmarks/calibrate.py --out "$OUT/calibration" 2>&1 | tail -20 | tee "$OUT/calibrate.txt"

@@ -68,6 +68,10 @@ def main():
     w = random_weights(spec, device=dev, seed=0)
     cache = PagedKVCache.allocate(spec, B, max_seq, 32, device=dev, fill=1e4)
     dec = MegakernelDecoder(sch, cubin, layout, w, cache, rope_inv_freq(spec))
+    if os.environ.get("MK_SMOKE_SAMPLE") == "1":   # every row samples: top-k + top-p, 5 top log-probabilities
+        from trtllm_mk.sampling import SamplingParams
+        for b in range(B):
+            dec.set_sampling(b, SamplingParams(temperature=0.9, top_k=40, top_p=0.9, seed=b, logprobs=5))
     short = os.environ.get("MK_SMOKE_SHORT") == "1"   # under compute-sanitizer: a few steps, no timing
     P, N = (4, 4) if short else (20, 40)
     prompt = torch.randint(0, spec.vocab_size, (B, P), generator=gen, device=dev)
