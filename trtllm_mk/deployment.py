@@ -127,6 +127,13 @@ def _format(sections: list[tuple[str, list[tuple[str, str]]]]) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def _quantization(cfg: "DeploymentConfig") -> str:
+    q = cfg.quantization
+    if cfg.quant_scheme is not None:
+        return cfg.quant_scheme.describe()
+    return f"{q['quant_algo']} (group_size {q['group_size']}, zero points {'yes' if q['has_zero_point'] else 'no'})"
+
+
 def describe(cfg: "DeploymentConfig") -> str:
     """A readable summary of the resolved deployment: model, GPU, limits, memory, prefill, floor."""
     spec, gpu, kv, mk = cfg.model_spec, cfg.gpu_spec, cfg.kv_cache_config, cfg.megakernel
@@ -154,6 +161,7 @@ def describe(cfg: "DeploymentConfig") -> str:
             ("vocab", f"{spec.vocab_size} ({lm_head})"),
             ("parameters", f"{_count(spec.num_params())} ({spec.num_params()})"),
             ("weights", f"{_gb(spec.weight_bytes())} {spec.dtype}"),
+            *([("quantization", _quantization(cfg))] if cfg.quantization else []),
             ("max_position_embeddings", str(spec.max_position_embeddings)),
         ]),
         (f"GPU {gpu.name}", [
