@@ -57,7 +57,8 @@ def _weights_args(qcfg: dict, where: str) -> dict:
 def parse(qcfg: dict, where: str) -> QuantScheme:
     for key, label in (("transform_config", "transforms (rotations)"), ("sparsity_config", "sparsity")):
         if qcfg.get(key):
-            raise ModelError(f"{where}: compressed-tensors {label} are not supported")
+            raise ModelError(f"{where}: compressed-tensors {label} {'is' if key == 'sparsity_config' else 'are'} not "
+                             "supported")
     status = option(qcfg, "quantization_status", where, (str,), default="compressed")
     if status != "compressed":
         raise ModelError(f"{where}: compressed-tensors quantization_status '{status}' is not supported (save the "
