@@ -611,3 +611,28 @@ def test_cpu_executor_decodes_a_quantized_checkpoint_as_the_reference_does(tmp_p
                                base.prefill([prompt], cache))
     finally:
         eng.close()
+
+
+@pytest.mark.parametrize("group_size", ["32", "128"])
+def test_our_awq_checkpoint_through_compressed_tensors_autoawq_converter(tmp_path, source, group_size):
+    """compressed-tensors' AutoAWQ converter reads our AWQ layout (interleaved nibbles, zero points) into
+    its own pack-quantized form; its decompression equals ours."""
+    pytest.importorskip("compressed_tensors")
+    from compressed_tensors.compressors import BaseCompressor
+    from compressed_tensors.entrypoints.convert.converters.autoawq import AutoAWQConverter
+    out = _quantize(source, tmp_path / "awq", "--format", "awq", "--group-size", group_size)
+    qcfg = json.loads((out / "config.json").read_text())["quantization_config"]
+    conv = AutoAWQConverter.from_autoawq_config(qcfg)
+    scheme = conv._build_quant_config().config_groups["config_group_0"]
+    converted = conv.process(load_file(str(out / "model.safetensors")))
+    ours = load_quantized(out, load_spec(out), read_scheme(out))
+    comp = BaseCompressor.get_value_from_registry("pack-quantized")
+    n = 0
+    for name in converted:
+        if name.endswith(".weight_packed"):
+            prefix = name[:-len(".weight_packed")]
+            local = {k[len(prefix) + 1:]: v for k, v in converted.items() if k.startswith(prefix + ".")}
+            theirs = comp.decompress(local, scheme)["weight"]
+            assert torch.equal(ours[prefix + ".weight"].dequantize(theirs.dtype), theirs), prefix
+            n += 1
+    assert n == 14
