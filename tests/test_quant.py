@@ -560,7 +560,8 @@ def test_a_section_on_an_unquantized_checkpoint_or_shapes(tmp_path, source):
     with pytest.raises(ConfigError, match="group_size: 128 is not a group size of W8A16"):
         load_config(_yaml(tmp_path, "llama-3.2-1b", "quantization:\n  quant_algo: W8A16\n  group_size: 128\n"))
     with pytest.raises(ConfigError, match="has_zero_point: false is not possible for W4A16_AWQ"):
-        load_config(_yaml(tmp_path, "llama-3.2-1b", "quantization:\n  quant_algo: W4A16_AWQ\n  has_zero_point: false\n"))
+        load_config(_yaml(tmp_path, "llama-3.2-1b",
+                          "quantization:\n  quant_algo: W4A16_AWQ\n  has_zero_point: false\n"))
     with pytest.raises(ConfigError, match="quant_algo: required with group_size"):
         load_config(_yaml(tmp_path, "llama-3.2-1b", "quantization:\n  group_size: 64\n"))
 
@@ -636,3 +637,60 @@ def test_our_awq_checkpoint_through_compressed_tensors_autoawq_converter(tmp_pat
             assert torch.equal(ours[prefix + ".weight"].dequantize(theirs.dtype), theirs), prefix
             n += 1
     assert n == 14
+
+
+def test_modelopt_fp8_export_with_only_hf_quant_config(tmp_path, source):
+    """NVIDIA's FP8 exports: per-tensor fp32 scalar scales, static input scales and KV-cache scales,
+    the scheme in hf_quant_config.json and none in config.json."""
+    from trtllm_mk.quant.rtn import quantize_fp8
+    spec = load_spec(source)
+    t = dict(load_checkpoint(source, spec))
+    for name, shape in spec.expected_tensors().items():
+        if len(shape) == 2 and name.startswith("model.layers."):
+            prefix = name[:-len(".weight")]
+            lin = quantize_fp8(prefix, t[name], group_size=0)
+            t[name], t[f"{prefix}.weight_scale"] = lin.weight, lin.scale
+            t[f"{prefix}.input_scale"] = torch.tensor(0.02)
+            if name.endswith("o_proj.weight"):
+                attn = prefix[:-len(".o_proj")]
+                t[f"{attn}.k_proj.k_scale"], t[f"{attn}.v_proj.v_scale"] = torch.tensor(1.0), torch.tensor(1.0)
+    d = tmp_path / "modelopt"
+    d.mkdir()
+    shutil.copy(source / "config.json", d / "config.json")
+    save_file(t, str(d / "model.safetensors"))
+    (d / "hf_quant_config.json").write_text(json.dumps({"producer": {"name": "modelopt"}, "quantization": {
+        "quant_algo": "FP8", "kv_cache_quant_algo": "FP8", "exclude_modules": ["lm_head"]}}))
+    scheme = read_scheme(d)
+    assert scheme.quant_algo == "FP8" and scheme.method == "modelopt"
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")          # the format's scale tensors are no unknown extras
+        layers = load_quantized(d, spec, scheme)
+    raw = load_file(str(d / "model.safetensors"))
+    lin = layers["model.layers.1.mlp.up_proj.weight"]
+    assert isinstance(lin, Fp8Linear) and not lin.per_channel and float(lin.input_scale) == pytest.approx(0.02)
+    assert np.array_equal(lin.dequantize().numpy(),
+                          _fp8_formula(raw, "model.layers.1.mlp.up_proj").astype(np.float32))
+    cfg = load_config(_yaml(tmp_path, d))
+    assert cfg.quantization == {"quant_algo": "FP8", "group_size": 0, "has_zero_point": False,
+                                "exclude_modules": ["lm_head"]}
+
+
+def test_a_quantized_lm_head_is_read_and_a_quantized_embedding_refused(tmp_path, gptq_ckpt):
+    d = tmp_path / "head"
+    shutil.copytree(gptq_ckpt, d)
+    t = load_file(str(d / "model.safetensors"))
+    head = t.pop("lm_head.weight")
+    scheme = read_scheme(d)
+    lin = quantize_int("lm_head", head, 4, 128, True, torch.float16, min_zero=1)
+    t.update({f"lm_head.{k}": v for k, v in gptq.write(lin, scheme).items()})
+    _rewrite(d, t, {"lm_head": True})
+    assert read_scheme(d).exclude_modules == ()
+    got = load_quantized(d, load_spec(d), read_scheme(d))["lm_head.weight"]
+    assert isinstance(got, IntLinear) and torch.equal(got.dequantize(), lin.dequantize())
+    emb = t.pop("model.embed_tokens.weight")
+    elin = quantize_int("model.embed_tokens", emb, 4, 128, True, torch.float16, min_zero=1)
+    t.update({f"model.embed_tokens.{k}": v for k, v in gptq.write(elin, scheme).items()})
+    _rewrite(d, t)
+    with pytest.raises(ModelError, match="quantized embeddings are not supported"):
+        load_quantized(d, load_spec(d), read_scheme(d))

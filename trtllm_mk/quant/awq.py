@@ -44,7 +44,7 @@ def parse(qcfg: dict, where: str) -> QuantScheme:
         raise ModelError(f"{where}: AWQ without zero points is not supported (AutoAWQ's GEMM layout stores them)")
     skip = option(qcfg, "modules_to_not_convert", where, (list,), default=[])
     return QuantScheme(method="awq", weight_type="int", bits=BITS, group_size=gs, has_zero_point=True,
-                       variant="gemm", exclude_modules=tuple(str(m) for m in skip) + ("lm_head",))
+                       variant="gemm", exclude_modules=tuple(dict.fromkeys([*map(str, skip), "lm_head"])))
 
 
 def _interleave(out: int) -> torch.Tensor:

@@ -114,7 +114,8 @@ def _save(tensors: dict[str, torch.Tensor], d: Path, limit: int) -> None:
         save_file(group, str(d / fname), metadata={"format": "pt"})
         weight_map.update({n: fname for n in group})
     total = sum(t.numel() * t.element_size() for t in tensors.values())
-    (d / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (d / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
 
 
 def quantize_checkpoint(src: str | Path, out: str | Path, scheme: QuantScheme, max_shard_bytes: int = MAX_SHARD_BYTES,
