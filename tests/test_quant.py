@@ -694,3 +694,17 @@ def test_a_quantized_lm_head_is_read_and_a_quantized_embedding_refused(tmp_path,
     _rewrite(d, t)
     with pytest.raises(ModelError, match="quantized embeddings are not supported"):
         load_quantized(d, load_spec(d), read_scheme(d))
+
+
+def test_quantized_bytes_give_the_memory_budget_and_the_decode_floor():
+    """Llama-3.1-8B W4A16 group 128 with a bf16 LM head: about 4.7 GB read per token (issue 23's floor)."""
+    from trtllm_mk.quant.scheme import quantized_weight_bytes
+    cfg = load_config("h100_llama8b_w4a16")
+    H, I, KV, L, V = 4096, 14336, 1024, 32, 128256
+    params = L * (2 * H * H + 2 * KV * H + 3 * I * H)           # the decoder blocks' linear layers
+    norms = (2 * L + 1) * H * 2
+    want = params // 2 + params // 128 * 2 + V * H * 2 + norms  # int4 codes, fp16 group scales, bf16 head
+    assert quantized_weight_bytes(cfg.model_spec, cfg.quant_scheme, decode=True) == want
+    assert cfg.memory_budget().weights == want + V * H * 2      # plus the embedding table
+    fp8 = load_config("h100_qwen3_8b_fp8")
+    assert fp8.quant_scheme.matrix_bytes(4096, 12288) == 4096 * 12288 + 4

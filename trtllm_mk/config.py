@@ -89,7 +89,8 @@ class DeploymentConfig:
     checkpoint_dir: Path | None = field(default=None, repr=False)  # None: shapes only (random weights)
     model_source: str = field(default="", repr=False)              # where the spec was read from
     quantization: dict | None = None  # the quantization section in YAML form; None: bf16 weights
-    quant_scheme: QuantScheme | None = field(default=None, repr=False)  # what the checkpoint declares
+    # what the checkpoint declares (or, for a shapes-only model, the section): None for bf16 weights
+    quant_scheme: QuantScheme | None = field(default=None, repr=False)
     source: Path | None = field(default=None, compare=False)       # the YAML file, if any
 
     def memory_budget(self) -> MemoryBudget:
@@ -98,7 +99,14 @@ class DeploymentConfig:
                              max_seq_len=self.max_seq_len, max_num_tokens=self.max_num_tokens,
                              tokens_per_block=kv.tokens_per_block,
                              free_gpu_memory_fraction=kv.free_gpu_memory_fraction,
-                             kv_dtype_bytes=DTYPE_BYTES["bfloat16"])
+                             kv_dtype_bytes=DTYPE_BYTES["bfloat16"], weight_bytes=self.quantized_weight_bytes())
+
+    def quantized_weight_bytes(self) -> int | None:
+        """Resident bytes of the quantized weights; None for bf16 weights."""
+        if self.quant_scheme is None:
+            return None
+        from .quant.scheme import quantized_weight_bytes
+        return quantized_weight_bytes(self.model_spec, self.quant_scheme)
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved config in YAML form; ``parse_config(cfg.to_dict())`` gives an equal config."""
@@ -369,6 +377,8 @@ def parse_config(data: Any, where: str = "<config>", base_dir: str | Path | None
 
     scheme = _checkpoint_quantization(model, resolved, where)
     quantization = _quantization(quant_s, scheme, resolved.checkpoint_dir)
+    if scheme is None and quantization is not None:
+        scheme = QuantScheme.from_section(quantization)
 
     cfg = DeploymentConfig(
         name=name, model=model, gpu=gpu_spec.name, dtype=dtype, max_batch_size=max_batch_size,

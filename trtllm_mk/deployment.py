@@ -66,9 +66,12 @@ def prefill_activation_bytes(spec: ModelSpec, max_num_tokens: int, max_batch_siz
 
 
 def memory_budget(spec: ModelSpec, gpu: GpuSpec, *, max_batch_size: int, max_seq_len: int, max_num_tokens: int,
-                  tokens_per_block: int, free_gpu_memory_fraction: float, kv_dtype_bytes: int = 2) -> MemoryBudget:
+                  tokens_per_block: int, free_gpu_memory_fraction: float, kv_dtype_bytes: int = 2,
+                  weight_bytes: int | None = None) -> MemoryBudget:
+    """``weight_bytes`` replaces the spec's own count (quantized weights)."""
     tokens = kv_pool_tokens(max_batch_size, max_seq_len, tokens_per_block)
-    weights, activations = spec.weight_bytes(), prefill_activation_bytes(spec, max_num_tokens, max_batch_size)
+    weights = spec.weight_bytes() if weight_bytes is None else weight_bytes
+    activations = prefill_activation_bytes(spec, max_num_tokens, max_batch_size)
     return MemoryBudget(
         weights=weights,
         kv_cache=tokens * spec.kv_bytes_per_token(kv_dtype_bytes),
@@ -139,6 +142,11 @@ def describe(cfg: "DeploymentConfig") -> str:
     spec, gpu, kv, mk = cfg.model_spec, cfg.gpu_spec, cfg.kv_cache_config, cfg.megakernel
     mem = cfg.memory_budget()
     floor = decode_floor_s(spec, gpu)
+    decode_bytes = spec.decode_weight_bytes()
+    if cfg.quant_scheme is not None:
+        from .quant.scheme import quantized_weight_bytes
+        decode_bytes = quantized_weight_bytes(spec, cfg.quant_scheme, decode=True)
+        floor = decode_bytes / gpu.read_bandwidth
     prefill, why = resolve_prefill_backend(cfg.prefill.backend)
     variant = {"qwen2": "q/k/v bias", "qwen3": "QK-norm"}.get(spec.family)
     lm_head = "tied to the embedding" if spec.tie_word_embeddings else "separate LM head"
@@ -196,7 +204,7 @@ def describe(cfg: "DeploymentConfig") -> str:
             ("prefill backend", f"{prefill}  ({why})"),
             ("megakernel", f"{mk.mode} schedule, search budget {mk.search_budget_s:g} s, seed {mk.seed}, "
                            f"optimised for context {mk.context_len}"),
-            ("decode floor", f"{_duration(floor)} per token  ({_gb(spec.decode_weight_bytes())} of weights at "
+            ("decode floor", f"{_duration(floor)} per token  ({_gb(decode_bytes)} of weights at "
                              f"{gpu.read_bandwidth / 1e9:.0f} GB/s)"),
         ]),
     ])
