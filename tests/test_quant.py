@@ -708,3 +708,17 @@ def test_quantized_bytes_give_the_memory_budget_and_the_decode_floor():
     assert cfg.memory_budget().weights == want + V * H * 2      # plus the embedding table
     fp8 = load_config("h100_qwen3_8b_fp8")
     assert fp8.quant_scheme.matrix_bytes(4096, 12288) == 4096 * 12288 + 4
+
+
+def test_sharded_source_and_sharded_output(tmp_path):
+    from trtllm_mk.model.tiny import write_tiny_checkpoint
+    from trtllm_mk.quant.writer import make_scheme, quantize_checkpoint
+    src = write_tiny_checkpoint(tmp_path / "src", "qwen3", shards=3)
+    scheme = make_scheme("gptq", 8, 64, zero_point=True)
+    one = quantize_checkpoint(src, tmp_path / "one", scheme, show_progress=False)
+    many = quantize_checkpoint(src, tmp_path / "many", scheme, max_shard_bytes=100_000, show_progress=False)
+    assert len(list(many.glob("model-*.safetensors"))) > 2 and (many / "model.safetensors.index.json").is_file()
+    assert (one / "quantize_config.json").is_file() and not (one / "model.safetensors.index.json").exists()
+    spec = load_spec(src)
+    a, b = load_checkpoint(one, spec), load_checkpoint(many, spec)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

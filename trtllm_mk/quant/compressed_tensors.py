@@ -124,7 +124,7 @@ def read(get: Getter, prefix: str, out: int, k: int, scheme: QuantScheme, where:
         check_codes_fit(f"{prefix} outputs", where, out, bits)
         zp = need(get, f"{prefix}.weight_zero_point", where, torch.int32, (out * bits // 32, groups), what)
         zeros = unpack_last(zp.T.contiguous(), bits, out).T.contiguous()
-    g_idx = checked_g_idx(get, f"{prefix}.weight_g_idx", where, k, gs, groups, False, what)
+    g_idx = checked_g_idx(get, f"{prefix}.weight_g_idx", where, k, gs, groups, scheme.desc_act, what)
     if g_idx is None and k % gs:
         raise ModelError(f"{where}: {prefix}: {k} inputs are not a whole number of groups of {gs}")
     return IntLinear(name=prefix, out_features=out, in_features=k, bits=bits, group_size=gs, qweight=packed,

@@ -29,7 +29,7 @@ from .scheme import PER_CHANNEL, PER_TENSOR, QuantScheme
 MARK_FILE = "trtllm_mk_quantize.json"
 FORMATS = ("gptq", "awq", "fp8", "ct-w4a16", "ct-fp8")
 MAX_SHARD_BYTES = 4 << 30
-_WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth")
+_WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".index.json")   # and their indexes
 _MODULE = {"gptq": gptq, "awq": awq, "fp8": fp8, "ct-w4a16": compressed_tensors, "ct-fp8": compressed_tensors}
 
 
@@ -160,9 +160,11 @@ def quantize_checkpoint(src: str | Path, out: str | Path, scheme: QuantScheme, m
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
         if scheme.method == "modelopt":
             (tmp / fp8.QUANT_FILE).write_text(json.dumps(fp8.quant_file(scheme), indent=2) + "\n")
+        if scheme.method == "gptq":   # AutoGPTQ's own loaders read the scheme from this file
+            (tmp / "quantize_config.json").write_text(json.dumps(cfg["quantization_config"], indent=2) + "\n")
         for f in sorted(src.iterdir()):   # tokenizer, generation config, chat template, ...
-            if f.is_file() and not f.name.startswith(".") and f.name not in ("config.json", INDEX_FILE, MARK_FILE,
-                                                                             fp8.QUANT_FILE) \
+            if f.is_file() and not f.name.startswith(".") and f.name not in ("config.json", MARK_FILE, fp8.QUANT_FILE,
+                                                                             "quantize_config.json") \
                     and not f.name.endswith(_WEIGHT_FILES):
                 shutil.copy2(f, tmp / f.name)
         mark = {"source": str(src.resolve()), "format": _format_name(scheme), "scheme": asdict(scheme),
