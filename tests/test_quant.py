@@ -722,3 +722,27 @@ def test_sharded_source_and_sharded_output(tmp_path):
     spec = load_spec(src)
     a, b = load_checkpoint(one, spec), load_checkpoint(many, spec)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_transformers_reads_our_compressed_tensors_checkpoint_as_we_do(tmp_path, source):
+    """HF transformers loads our pack-quantized checkpoint through its compressed-tensors integration:
+    its decompressed weights are ours, and its logits the reference decoder's on our dequantized weights."""
+    pytest.importorskip("compressed_tensors")
+    import transformers
+    from trtllm_mk.kv_cache import PagedKVCache
+    from trtllm_mk.reference import ReferenceDecoder
+    out = _quantize(source, tmp_path / "ct", "--format", "ct-w4a16", "--group-size", "64")
+    model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    ids = [3, 141, 59, 26, 5, 358]
+    with torch.no_grad():
+        hf = model(torch.tensor([ids])).logits[0]
+    spec = load_spec(out)
+    layers = load_quantized(out, spec, read_scheme(out))
+    w = {k: v.dequantize() if isinstance(v, IntLinear) else v.float() for k, v in layers.items()}
+    sd = model.state_dict()
+    for name, v in layers.items():
+        if isinstance(v, IntLinear):
+            assert torch.equal(sd[name], w[name]), name
+    ref = ReferenceDecoder(spec, w, compute_dtype=torch.float32)
+    ours = ref.prefill([ids], PagedKVCache.allocate(spec, 1, 64, 8, dtype=torch.float32))[0]
+    assert torch.allclose(ours, hf[-1], atol=1e-4, rtol=0), float((ours - hf[-1]).abs().max())
