@@ -17,7 +17,7 @@ def _main() -> int:
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         print(__doc__.strip())
         for name, what in COMMANDS.items():
-            print(f"  {name:<7} {what}")
+            print(f"  {name:<8} {what}")
         if argv and argv[0] not in ("-h", "--help"):
             print(f"error: unknown command '{argv[0]}'", file=sys.stderr)
             return 2

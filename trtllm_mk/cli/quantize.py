@@ -15,7 +15,9 @@ import argparse
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m trtllm_mk quantize", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m trtllm_mk quantize",
+                                 description="A round-to-nearest quantized copy of an HF checkpoint, in a standard "
+                                             "layout.")
     from ..quant.writer import FORMATS, make_scheme, quantize_checkpoint
     ap.add_argument("--format", required=True, choices=FORMATS)
     ap.add_argument("--bits", type=int, help="integer formats: 4 (default) or 8")
