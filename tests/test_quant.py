@@ -746,3 +746,26 @@ def test_transformers_reads_our_compressed_tensors_checkpoint_as_we_do(tmp_path,
     ref = ReferenceDecoder(spec, w, compute_dtype=torch.float32)
     ours = ref.prefill([ids], PagedKVCache.allocate(spec, 1, 64, 8, dtype=torch.float32))[0]
     assert torch.allclose(ours, hf[-1], atol=1e-4, rtol=0), float((ours - hf[-1]).abs().max())
+
+
+def test_fbgemm_fp8_checkpoint(tmp_path, source):
+    """transformers' fbgemm_fp8 layout: per-channel fp32 scales [out, 1] and an activation bound."""
+    out = _quantize(source, tmp_path / "fb", "--format", "fp8")
+    t = load_file(str(out / "model.safetensors"))
+    for name in [n for n in t if n.endswith(".weight_scale")]:
+        t[name] = t[name][:, None]
+        t[name.replace(".weight_scale", ".input_scale_ub")] = torch.tensor([1200.0])
+    (out / "hf_quant_config.json").unlink()
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0,
+                                  "modules_to_not_convert": ["lm_head"]}
+    (out / "config.json").write_text(json.dumps(cfg))
+    save_file(t, str(out / "model.safetensors"))
+    scheme = read_scheme(out)
+    assert (scheme.method, scheme.quant_algo) == ("fbgemm_fp8", "FP8_PER_CHANNEL_PER_TOKEN")
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lin = load_quantized(out, load_spec(out), scheme)["model.layers.0.mlp.down_proj.weight"]
+    assert lin.per_channel
+    assert np.array_equal(lin.dequantize().numpy(), _fp8_formula(t, "model.layers.0.mlp.down_proj").astype(np.float32))

@@ -1,5 +1,5 @@
 """Quantized checkpoints: GPTQ, AWQ, compressed-tensors (pack-quantized W4A16/W8A16, float-quantized
-FP8) and ModelOpt FP8, read into one canonical packed form per linear layer and dequantized exactly as
+FP8), ModelOpt FP8 and fbgemm_fp8, read into one canonical packed form per linear layer and dequantized exactly as
 each format defines.
 
     scheme = read_scheme(ckpt_dir)                       # None for an unquantized checkpoint

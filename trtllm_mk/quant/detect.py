@@ -37,7 +37,7 @@ def scheme_from_config(cfg: dict, where: str, ckpt_dir: str | Path | None = None
     method = q.get("quant_method")
     if method not in _BY_METHOD:
         raise ModelError(f"{where}: quantization '{method}' is not supported (supported: gptq, awq, "
-                         "compressed-tensors pack-quantized / float-quantized, modelopt FP8)")
+                         "compressed-tensors pack-quantized / float-quantized, modelopt FP8, fbgemm_fp8)")
     return _BY_METHOD[method].parse(q, where)
 
 

@@ -1,5 +1,6 @@
 """FP8 e4m3 checkpoints in NVIDIA ModelOpt's naming (``quant_method: modelopt``, or an
-``hf_quant_config.json`` beside config.json, as TensorRT-LLM's and ModelOpt's exports write it).
+``hf_quant_config.json`` beside config.json, as TensorRT-LLM's and ModelOpt's exports write it), and
+transformers' ``fbgemm_fp8`` (per-channel weight scales, activations scaled per token at run time).
 
 Per linear layer ``P``: ``P.weight`` float8_e4m3fn ``[out, in]``; ``P.weight_scale`` float32, a scalar
 for ``quant_algo: FP8`` or ``[out]`` / ``[out, 1]`` for ``FP8_PER_CHANNEL_PER_TOKEN``;
@@ -16,15 +17,18 @@ from .common import Getter, need, option
 from .linear import Fp8Linear
 from .scheme import PER_CHANNEL, PER_TENSOR, QuantScheme
 
-METHODS = ("modelopt",)
+METHODS = ("modelopt", "fbgemm_fp8")
 MARKER = "weight_scale"
 QUANT_FILE = "hf_quant_config.json"
 ALGOS = {"FP8": PER_TENSOR, "FP8_PER_CHANNEL_PER_TOKEN": PER_CHANNEL}
-# Tensors of these names are part of the format but not of the weights the engine reads.
-IGNORED_SUFFIXES = ("input_scale", "k_scale", "v_scale", "output_scale")
 
 
 def parse(qcfg: dict, where: str) -> QuantScheme:
+    if qcfg.get("quant_method") == "fbgemm_fp8":
+        skip = option(qcfg, "modules_to_not_convert", where, (list,), default=["lm_head"])
+        return QuantScheme(method="fbgemm_fp8", weight_type="fp8", bits=8, group_size=PER_CHANNEL,
+                           has_zero_point=False, variant="FP8_PER_CHANNEL_PER_TOKEN",
+                           exclude_modules=tuple(str(m) for m in skip))
     inner = qcfg.get("quantization") if isinstance(qcfg.get("quantization"), dict) else qcfg
     algo = option(inner, "quant_algo", where, (str,))
     if algo not in ALGOS:

@@ -22,7 +22,8 @@ from .linear import Fp8Linear, IntLinear
 from .scheme import QuantScheme
 
 EMBEDDING = "model.embed_tokens.weight"
-_FORMAT_EXTRAS = ("input_scale", "k_scale", "v_scale", "output_scale")
+# Tensors that belong to a format but not to the weights (activation and KV-cache scales).
+_FORMAT_EXTRAS = ("input_scale", "k_scale", "v_scale", "output_scale", "input_scale_ub")
 
 
 def load_quantized(ckpt_dir: str | Path, spec: ModelSpec, scheme: QuantScheme, device: str | torch.device = "cpu"
