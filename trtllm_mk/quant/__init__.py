@@ -1,6 +1,6 @@
 """Quantized checkpoints: GPTQ, AWQ, compressed-tensors (pack-quantized W4A16/W8A16, float-quantized
-FP8), ModelOpt FP8 and fbgemm_fp8, read into one canonical packed form per linear layer and dequantized exactly as
-each format defines.
+FP8), ModelOpt FP8 and fbgemm_fp8, read into one canonical packed form per linear layer and
+dequantized exactly as each format defines.
 
     scheme = read_scheme(ckpt_dir)                       # None for an unquantized checkpoint
     layers = load_quantized(ckpt_dir, spec, scheme)      # IntLinear / Fp8Linear per quantized layer
