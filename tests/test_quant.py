@@ -769,3 +769,19 @@ def test_fbgemm_fp8_checkpoint(tmp_path, source):
         lin = load_quantized(out, load_spec(out), scheme)["model.layers.0.mlp.down_proj.weight"]
     assert lin.per_channel
     assert np.array_equal(lin.dequantize().numpy(), _fp8_formula(t, "model.layers.0.mlp.down_proj").astype(np.float32))
+
+
+@pytest.mark.gpu
+def test_packed_layers_load_and_dequantize_on_the_gpu(tmp_path, source):
+    """The packed objects the device kernels consume, loaded straight onto the GPU, hold and dequantize
+    to what the CPU holds."""
+    for args in (["--format", "gptq", "--zero-point"], ["--format", "awq"], ["--format", "ct-fp8"]):
+        out = _quantize(source, tmp_path / args[1], *args)
+        spec, scheme = load_spec(out), read_scheme(out)
+        cpu, gpu = load_quantized(out, spec, scheme), load_quantized(out, spec, scheme, device="cuda")
+        for name, v in cpu.items():
+            g = gpu[name]
+            if isinstance(v, torch.Tensor):
+                assert g.is_cuda and torch.equal(g.cpu(), v)
+            else:
+                assert g.dequantize().is_cuda and torch.equal(g.dequantize().cpu(), v.dequantize()), name
