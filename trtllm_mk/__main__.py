@@ -1,4 +1,4 @@
-"""python -m trtllm_mk build|run|serve|bench|verify [...]  (each subcommand has --help)."""
+"""python -m trtllm_mk build|run|serve|bench|verify|quantize [...]  (each subcommand has --help)."""
 from __future__ import annotations
 
 import importlib
@@ -8,7 +8,8 @@ from .errors import run_cli
 
 COMMANDS = {"build": "build an engine from a deployment YAML", "run": "generate with an engine",
             "serve": "OpenAI-compatible HTTP server over an engine",
-            "bench": "TTFT/TPOT latency report of an engine", "verify": "re-validate an engine directory"}
+            "bench": "TTFT/TPOT latency report of an engine", "verify": "re-validate an engine directory",
+            "quantize": "round-to-nearest quantized copy of a checkpoint"}
 
 
 def _main() -> int:
@@ -16,7 +17,7 @@ def _main() -> int:
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         print(__doc__.strip())
         for name, what in COMMANDS.items():
-            print(f"  {name:<7} {what}")
+            print(f"  {name:<8} {what}")
         if argv and argv[0] not in ("-h", "--help"):
             print(f"error: unknown command '{argv[0]}'", file=sys.stderr)
             return 2

@@ -16,11 +16,22 @@ from .codegen import find_nvcc, kernel_smem_bytes
 from .config import DeploymentConfig
 from .engine import write_checkpoint_record, write_kernel, write_manifest
 from .engine_target import EngineTarget
-from .errors import EngineError
+from .errors import ConfigError, EngineError
 from .report import write_report
 from .search import search
 from .smem import plan_smem
 from .verify import check
+
+
+def check_buildable(cfg: DeploymentConfig) -> None:
+    """Refuse what the megakernel cannot compute yet, before any work: quantized weights are never
+    dequantized into a bf16 engine behind the user's back."""
+    q = cfg.quantization
+    if q is not None:
+        where = cfg.source or cfg.name
+        raise ConfigError(f"{where}: quantization: {q['quant_algo']} weights cannot be built into an engine yet: the "
+                          "megakernel's quantized GEMV kinds are not implemented (the reference decoder and the CPU "
+                          "executor read these checkpoints dequantized)")
 
 
 def build_engine(cfg: DeploymentConfig, output_dir: str | Path | None = None, show_progress: bool = True,
@@ -28,6 +39,7 @@ def build_engine(cfg: DeploymentConfig, output_dir: str | Path | None = None, sh
     """Build the engine of ``cfg``; returns (engine directory, report dict)."""
     spec, gpu, mk = cfg.model_spec, cfg.gpu_spec, cfg.megakernel
     out = Path(output_dir or mk.output_dir)
+    check_buildable(cfg)
     find_nvcc()                                # before the search: a missing compiler is no late surprise
     with EngineTarget(out) as target:          # likewise a folder the build may not write or replace
         t0 = time.perf_counter()

@@ -3,7 +3,9 @@ engine, read strictly and resolved (model spec, GPU spec) at load time.
 
 Keys mirror TensorRT-LLM's LLM API where the meaning is the same (``max_batch_size``, ``max_seq_len``,
 ``max_input_len``, ``max_num_tokens``, ``kv_cache_config``, ``cuda_graph_config``); our own sections
-are ``prefill`` and ``megakernel``. TensorRT-LLM rejects unknown keys, so ``trtllm_llm_kwargs`` hands
+are ``prefill`` and ``megakernel``; ``quantization`` uses the names of TensorRT-LLM's ``QuantConfig``
+(``quant_algo``, ``group_size``, ``has_zero_point``, ``exclude_modules``) and is filled from, and checked
+against, the checkpoint's ``quantization_config``. TensorRT-LLM rejects unknown keys, so ``trtllm_llm_kwargs`` hands
 it only its own. Every mistake is one ConfigError of the form ``<file>: <dotted.key>: <what and fix>``.
 """
 from __future__ import annotations
@@ -20,11 +22,12 @@ from typing import Any
 import yaml
 
 from .deployment import MemoryBudget, memory_budget
-from .errors import ConfigError, UserError
+from .errors import ConfigError, ModelError, UserError, read_json_object
 from .gpus import CATALOG, GB, GpuSpec, get_gpu
 from .graph import MAX_BATCH, check_model_supported
 from .model.registry import REPO_CONFIG_DIR, resolve_model
 from .model.spec import ModelSpec
+from .quant.scheme import PER_CHANNEL, PER_TENSOR, QUANT_ALGOS, QuantScheme
 
 DEFAULT_CONFIG = REPO_CONFIG_DIR / "l20_bs1.yaml"
 
@@ -36,10 +39,11 @@ KV_CACHE_DTYPES = ("bfloat16", "auto")   # TensorRT-LLM's "auto" = the model dty
 # Allowed keys per section; also the index for "did you mean <section>.<key>?" across sections.
 SCHEMA: dict[str, tuple[str, ...]] = {
     "": ("name", "model", "gpu", "dtype", "max_batch_size", "max_seq_len", "max_input_len", "max_num_tokens",
-         "kv_cache_config", "cuda_graph_config", "prefill", "megakernel"),
+         "kv_cache_config", "cuda_graph_config", "prefill", "megakernel", "quantization"),
     "kv_cache_config": ("tokens_per_block", "dtype", "free_gpu_memory_fraction"),
     "prefill": ("backend",),
     "megakernel": ("mode", "search_budget_s", "seed", "output_dir", "context_len"),
+    "quantization": ("quant_algo", "group_size", "has_zero_point", "exclude_modules"),
 }
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _REQUIRED = object()
@@ -84,6 +88,9 @@ class DeploymentConfig:
     gpu_spec: GpuSpec = field(repr=False)
     checkpoint_dir: Path | None = field(default=None, repr=False)  # None: shapes only (random weights)
     model_source: str = field(default="", repr=False)              # where the spec was read from
+    quantization: dict | None = None  # the quantization section in YAML form; None: bf16 weights
+    # what the checkpoint declares (or, for a shapes-only model, the section): None for bf16 weights
+    quant_scheme: QuantScheme | None = field(default=None, repr=False)
     source: Path | None = field(default=None, compare=False)       # the YAML file, if any
 
     def memory_budget(self) -> MemoryBudget:
@@ -92,7 +99,14 @@ class DeploymentConfig:
                              max_seq_len=self.max_seq_len, max_num_tokens=self.max_num_tokens,
                              tokens_per_block=kv.tokens_per_block,
                              free_gpu_memory_fraction=kv.free_gpu_memory_fraction,
-                             kv_dtype_bytes=DTYPE_BYTES["bfloat16"])
+                             kv_dtype_bytes=DTYPE_BYTES["bfloat16"], weight_bytes=self.quantized_weight_bytes())
+
+    def quantized_weight_bytes(self) -> int | None:
+        """Resident bytes of the quantized weights; None for bf16 weights."""
+        if self.quant_scheme is None:
+            return None
+        from .quant.scheme import quantized_weight_bytes
+        return quantized_weight_bytes(self.model_spec, self.quant_scheme)
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved config in YAML form; ``parse_config(cfg.to_dict())`` gives an equal config."""
@@ -107,6 +121,7 @@ class DeploymentConfig:
             "prefill": {"backend": self.prefill.backend},
             "megakernel": {"mode": mk.mode, "search_budget_s": mk.search_budget_s, "seed": mk.seed,
                            "output_dir": str(mk.output_dir), "context_len": mk.context_len},
+            **({"quantization": copy.deepcopy(self.quantization)} if self.quantization is not None else {}),
         }
 
     def trtllm_llm_kwargs(self) -> dict[str, Any]:
@@ -285,6 +300,7 @@ def parse_config(data: Any, where: str = "<config>", base_dir: str | Path | None
         raise ConfigError(f"{where}: the config is empty; it needs at least model, gpu, max_batch_size and max_seq_len")
     top = _Section(data, where, "")
     kv_s, pre_s, mk_s = top.section("kv_cache_config"), top.section("prefill"), top.section("megakernel")
+    quant_s = top.section("quantization")
 
     name = top.string("name", default_name if default_name is not None else _REQUIRED)
     if not _NAME_RE.match(name):
@@ -359,12 +375,17 @@ def parse_config(data: Any, where: str = "<config>", base_dir: str | Path | None
         top.fail("max_seq_len", f"{max_seq_len} exceeds the model's sliding_window {spec.sliding_window}; sliding-"
                                 f"window attention is not implemented (use at most {spec.sliding_window})")
 
+    scheme = _checkpoint_quantization(model, resolved, where)
+    quantization = _quantization(quant_s, scheme, resolved.checkpoint_dir)
+    if scheme is None and quantization is not None:
+        scheme = QuantScheme.from_section(quantization)
+
     cfg = DeploymentConfig(
         name=name, model=model, gpu=gpu_spec.name, dtype=dtype, max_batch_size=max_batch_size,
         max_seq_len=max_seq_len, max_input_len=max_input_len, max_num_tokens=max_num_tokens,
         kv_cache_config=kv_cache, cuda_graph_config=cuda_graph_config, prefill=prefill, megakernel=megakernel,
         model_spec=spec, gpu_spec=gpu_spec, checkpoint_dir=resolved.checkpoint_dir,
-        model_source=resolved.source, source=source)
+        model_source=resolved.source, quantization=quantization, quant_scheme=scheme, source=source)
     _check_memory(cfg, where)
     return cfg
 
@@ -396,6 +417,78 @@ def _resolve_model(model: str, where: str):
     except UserError as e:
         msg = str(e)
         raise ConfigError(f"{where}: {msg if msg.startswith('model: ') else 'model: ' + msg}") from None
+    return resolved
+
+
+def _checkpoint_quantization(model: str, resolved, where: str) -> QuantScheme | None:
+    """The quantization the model's checkpoint (or config.json file) declares; None when unquantized."""
+    from .quant.detect import read_scheme, scheme_from_config
+    try:
+        if resolved.checkpoint_dir is not None:
+            return read_scheme(resolved.checkpoint_dir)
+        p = Path(model)
+        if p.is_file():
+            return scheme_from_config(read_json_object(p, ModelError, "expected an HF config.json"), str(p))
+    except UserError as e:
+        raise ConfigError(f"{where}: model: {e}") from None
+    return None
+
+
+# quant_algo -> (allowed group sizes, default group size, zero points: allowed values)
+_QUANT_ALGO_RULES = {
+    "W4A16_GPTQ": ((32, 64, 128), 128, (False, True)),
+    "W8A16_GPTQ": ((32, 64, 128), 128, (False, True)),
+    "W4A16_AWQ": ((32, 64, 128), 128, (True,)),
+    "W4A16": ((PER_CHANNEL,), PER_CHANNEL, (False, True)),
+    "W8A16": ((PER_CHANNEL,), PER_CHANNEL, (False, True)),
+    "FP8": ((PER_TENSOR,), PER_TENSOR, (False,)),
+    "FP8_PER_CHANNEL_PER_TOKEN": ((PER_CHANNEL,), PER_CHANNEL, (False,)),
+}
+
+
+def _quantization(sec: "_Section", scheme: QuantScheme | None, checkpoint_dir: Path | None) -> dict | None:
+    """The resolved ``quantization`` section: the checkpoint's when absent, checked against it when given,
+    as written for a checkpoint-less (shapes only) model."""
+    algo = sec.string("quant_algo", None, choices=QUANT_ALGOS)
+    if algo is None:
+        given = [k for k in SCHEMA["quantization"] if sec.raw.get(k) is not None]
+        if given and scheme is None:
+            sec.fail("quant_algo", f"required with {', '.join(given)} (one of {', '.join(QUANT_ALGOS)})")
+        if scheme is None:
+            return None
+        algo = scheme.quant_algo
+    sizes, default_gs, zps = _QUANT_ALGO_RULES[algo]
+    own = scheme.section() if scheme is not None and scheme.quant_algo == algo else None
+    gs = sec.integer("group_size", own["group_size"] if own else default_gs, minimum=-1)
+    if gs not in sizes:
+        sec.fail("group_size", f"{gs} is not a group size of {algo} (use {' or '.join(map(str, sizes))}; "
+                               f"-1: one scale per output channel, 0: one per tensor)")
+    zp = sec.raw.get("has_zero_point")
+    if zp is None:
+        zp = own["has_zero_point"] if own else zps[0]
+    if not isinstance(zp, bool):
+        sec.fail("has_zero_point", f"expected true or false, got {_type_name(zp)}")
+    if zp not in zps:
+        sec.fail("has_zero_point", f"{str(zp).lower()} is not possible for {algo}")
+    exclude = sec.raw.get("exclude_modules")
+    if exclude is None:
+        exclude = list(scheme.exclude_modules) if scheme is not None else ["lm_head"]
+    if not isinstance(exclude, list) or not all(isinstance(m, str) for m in exclude):
+        sec.fail("exclude_modules", f"expected a list of module names, got {_type_name(exclude)}")
+    resolved = {"quant_algo": algo, "group_size": gs, "has_zero_point": zp, "exclude_modules": list(exclude)}
+    if scheme is None and checkpoint_dir is not None:
+        sec.fail("quant_algo", f"{algo} but the checkpoint {checkpoint_dir} holds unquantized weights; quantize it "
+                               "first (python -m trtllm_mk quantize) or remove the quantization section")
+    if scheme is not None:
+        have = scheme.section()
+        for key in ("quant_algo", "group_size", "has_zero_point"):
+            if resolved[key] != have[key]:
+                want = str(have[key]).lower() if isinstance(have[key], bool) else have[key]
+                sec.fail(key, f"{resolved[key]!r} disagrees with the checkpoint, which holds {scheme.describe()}; "
+                              f"set {key}: {want} or leave it out")
+        if sorted(resolved["exclude_modules"]) != sorted(have["exclude_modules"]):
+            sec.fail("exclude_modules", f"{resolved['exclude_modules']} disagrees with the checkpoint's unquantized "
+                                        f"modules {have['exclude_modules']}; leave it out")
     return resolved
 
 

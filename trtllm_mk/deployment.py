@@ -66,9 +66,12 @@ def prefill_activation_bytes(spec: ModelSpec, max_num_tokens: int, max_batch_siz
 
 
 def memory_budget(spec: ModelSpec, gpu: GpuSpec, *, max_batch_size: int, max_seq_len: int, max_num_tokens: int,
-                  tokens_per_block: int, free_gpu_memory_fraction: float, kv_dtype_bytes: int = 2) -> MemoryBudget:
+                  tokens_per_block: int, free_gpu_memory_fraction: float, kv_dtype_bytes: int = 2,
+                  weight_bytes: int | None = None) -> MemoryBudget:
+    """``weight_bytes`` replaces the spec's own count (quantized weights)."""
     tokens = kv_pool_tokens(max_batch_size, max_seq_len, tokens_per_block)
-    weights, activations = spec.weight_bytes(), prefill_activation_bytes(spec, max_num_tokens, max_batch_size)
+    weights = spec.weight_bytes() if weight_bytes is None else weight_bytes
+    activations = prefill_activation_bytes(spec, max_num_tokens, max_batch_size)
     return MemoryBudget(
         weights=weights,
         kv_cache=tokens * spec.kv_bytes_per_token(kv_dtype_bytes),
@@ -127,11 +130,23 @@ def _format(sections: list[tuple[str, list[tuple[str, str]]]]) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def _quantization(cfg: "DeploymentConfig") -> str:
+    q = cfg.quantization
+    if cfg.quant_scheme is not None:
+        return cfg.quant_scheme.describe()
+    return f"{q['quant_algo']} (group_size {q['group_size']}, zero points {'yes' if q['has_zero_point'] else 'no'})"
+
+
 def describe(cfg: "DeploymentConfig") -> str:
     """A readable summary of the resolved deployment: model, GPU, limits, memory, prefill, floor."""
     spec, gpu, kv, mk = cfg.model_spec, cfg.gpu_spec, cfg.kv_cache_config, cfg.megakernel
     mem = cfg.memory_budget()
     floor = decode_floor_s(spec, gpu)
+    decode_bytes = spec.decode_weight_bytes()
+    if cfg.quant_scheme is not None:
+        from .quant.scheme import quantized_weight_bytes
+        decode_bytes = quantized_weight_bytes(spec, cfg.quant_scheme, decode=True)
+        floor = decode_bytes / gpu.read_bandwidth
     prefill, why = resolve_prefill_backend(cfg.prefill.backend)
     variant = {"qwen2": "q/k/v bias", "qwen3": "QK-norm"}.get(spec.family)
     lm_head = "tied to the embedding" if spec.tie_word_embeddings else "separate LM head"
@@ -154,6 +169,7 @@ def describe(cfg: "DeploymentConfig") -> str:
             ("vocab", f"{spec.vocab_size} ({lm_head})"),
             ("parameters", f"{_count(spec.num_params())} ({spec.num_params()})"),
             ("weights", f"{_gb(spec.weight_bytes())} {spec.dtype}"),
+            *([("quantization", _quantization(cfg))] if cfg.quantization else []),
             ("max_position_embeddings", str(spec.max_position_embeddings)),
         ]),
         (f"GPU {gpu.name}", [
@@ -188,7 +204,7 @@ def describe(cfg: "DeploymentConfig") -> str:
             ("prefill backend", f"{prefill}  ({why})"),
             ("megakernel", f"{mk.mode} schedule, search budget {mk.search_budget_s:g} s, seed {mk.seed}, "
                            f"optimised for context {mk.context_len}"),
-            ("decode floor", f"{_duration(floor)} per token  ({_gb(spec.decode_weight_bytes())} of weights at "
+            ("decode floor", f"{_duration(floor)} per token  ({_gb(decode_bytes)} of weights at "
                              f"{gpu.read_bandwidth / 1e9:.0f} GB/s)"),
         ]),
     ])

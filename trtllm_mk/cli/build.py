@@ -39,8 +39,9 @@ def config_from_args(args: argparse.Namespace) -> DeploymentConfig:
 
 def build(cfg: DeploymentConfig, args: argparse.Namespace) -> int:
     """Print the resolved deployment, build the engine of ``cfg`` and summarise the result."""
-    from trtllm_mk.build import build_engine
+    from trtllm_mk.build import build_engine, check_buildable
     print(describe(cfg), end="")
+    check_buildable(cfg)
     if getattr(args, "dry_run", False):
         # the checks a build makes before its search: a compiler, and an output folder it may write
         from trtllm_mk.codegen import find_nvcc

@@ -77,8 +77,13 @@ def load_checkpoint(ckpt_dir: str | Path, spec: ModelSpec, device: str | torch.d
 
     Missing, misshaped or wrongly typed tensors raise ModelError; unknown extra tensors are not loaded
     and reported with a warning, since they usually mean the config.json does not match the weights.
+    A quantized checkpoint (config.json's ``quantization_config``) loads dequantized (``trtllm_mk.quant``).
     """
     d = Path(ckpt_dir)
+    from ..quant import load_dequantized, read_scheme   # the quant package reads checkpoints through this module
+    scheme = read_scheme(d) if (d / "config.json").is_file() else None
+    if scheme is not None:
+        return load_dequantized(d, spec, scheme, device=device, dtype=dtype)
     dev = str(torch.device(device))
     expected = spec.expected_tensors()
     want_dtype = _ST_DTYPE[spec.dtype]
@@ -97,6 +102,10 @@ def load_checkpoint(ckpt_dir: str | Path, spec: ModelSpec, device: str | torch.d
                 where[n] = handle
 
         missing = [n for n in expected if n not in where]
+        packed = sorted(n for n in where if n.endswith((".qweight", ".weight_packed")))
+        if missing and packed:
+            raise ModelError(f"{d}: holds packed quantized tensors ({_listing(packed)}) but its config.json has no "
+                             "quantization_config; restore the checkpoint's config.json")
         if missing:
             raise ModelError(f"{d}: checkpoint lacks {len(missing)} tensor(s) the config requires: "
                              f"{_listing(missing)}; the config.json does not match these weights")

@@ -84,6 +84,11 @@ def _load_weights(spec, weights: str | Path | dict, device: str, seed: int):
         from ..model.random_weights import random_weights
         return random_weights(spec, device=device, seed=seed)
     from ..model.checkpoint import load_checkpoint
+    from ..quant import read_scheme
+    scheme = read_scheme(weights)
+    if scheme is not None and device != "cpu":   # never a silent dequantize-to-bf16 run on the GPU
+        raise UserError(f"{weights}: holds {scheme.describe()} weights, and the megakernel's quantized GEMV kinds are "
+                        "not implemented yet; decode them dequantized on the CPU executor with --simulate")
     if spec.dtype != "bfloat16":
         # The megakernel streams bf16 weights (and the CPU executor rounds to bf16 as it does).
         print(f"note: {weights} holds {spec.dtype} weights; they are cast to bfloat16 at load", file=sys.stderr)

@@ -1,0 +1,98 @@
+"""Load a quantized checkpoint: every quantized linear layer as its canonical packed object
+(linear.py), every other tensor as it is stored, all checked against the model's shapes first.
+
+Which layers are quantized follows the tensors: a layer is quantized when the checkpoint holds its
+format's packed tensor (GPTQ/AWQ ``qweight``, compressed-tensors ``weight_packed``, FP8
+``weight_scale``), so the layers a checkpoint leaves in bf16 (its ``ignore`` / ``exclude_modules``
+lists, usually the LM head) load as plain tensors without reading those lists' pattern syntaxes.
+"""
+from __future__ import annotations
+
+import warnings
+from contextlib import ExitStack
+from pathlib import Path
+
+import torch
+
+from ..errors import ModelError
+from ..model.checkpoint import _ST_DTYPE, _is_ignorable_extra, _listing, _open, weight_files
+from ..model.spec import ModelSpec
+from .detect import format_module, marker
+from .linear import Fp8Linear, IntLinear
+from .scheme import QuantScheme
+
+EMBEDDING = "model.embed_tokens.weight"
+# Tensors that belong to a format but not to the weights (activation and KV-cache scales).
+_FORMAT_EXTRAS = ("input_scale", "k_scale", "v_scale", "output_scale", "input_scale_ub")
+
+
+def load_quantized(ckpt_dir: str | Path, spec: ModelSpec, scheme: QuantScheme, device: str | torch.device = "cpu"
+                   ) -> dict[str, "torch.Tensor | IntLinear | Fp8Linear"]:
+    """``spec.expected_tensors()`` by HF name: packed objects for quantized layers (under the layer's
+    ``.weight`` name), tensors for the rest. Any mismatch with the scheme is one ModelError."""
+    d = Path(ckpt_dir)
+    dev = str(torch.device(device))
+    mod, mark = format_module(scheme), marker(scheme)
+    want_dtype = _ST_DTYPE[spec.dtype]
+    with ExitStack() as stack:
+        where: dict[str, object] = {}
+        for fname, indexed in weight_files(d).items():
+            handle = _open(stack, d / fname, dev)
+            for n in (indexed if indexed is not None else handle.keys()):
+                where[n] = handle
+        used: set[str] = set()
+
+        def get(name: str):
+            if name not in where:
+                return None
+            used.add(name)
+            return where[name].get_tensor(name)
+
+        out: dict[str, object] = {}
+        missing, bad = [], []
+        for name, shape in spec.expected_tensors().items():
+            prefix = name[:-len(".weight")]
+            if len(shape) == 2 and f"{prefix}.{mark}" in where:
+                if name == EMBEDDING:
+                    raise ModelError(f"{d}: the embedding table is quantized ({prefix}.{mark}); quantized "
+                                     "embeddings are not supported")
+                used.add(name)
+                out[name] = mod.read(get, prefix, shape[0], shape[1], scheme, str(d))
+            elif name in where:
+                sl = where[name].get_slice(name)
+                if tuple(sl.get_shape()) != shape:
+                    bad.append(f"{name} shape {list(sl.get_shape())} (expected {list(shape)})")
+                elif sl.get_dtype() != want_dtype:
+                    bad.append(f"{name} dtype {sl.get_dtype()} (expected {want_dtype} from torch_dtype={spec.dtype})")
+                else:
+                    out[name] = get(name)
+            else:
+                missing.append(name)
+        if missing:
+            raise ModelError(f"{d}: checkpoint lacks {len(missing)} tensor(s) its {scheme.describe()} config "
+                             f"requires: {_listing(missing)}; the tensors do not match the quantization_config")
+        if bad:
+            raise ModelError(f"{d}: {len(bad)} tensor(s) do not match the config: {_listing(bad)}")
+        if not any(isinstance(v, (IntLinear, Fp8Linear)) for v in out.values()):
+            raise ModelError(f"{d}: config.json declares {scheme.describe()} but no layer holds its packed "
+                             f"tensors (*.{mark}); the tensors do not match the quantization_config")
+        extra = sorted(n for n in where if n not in used and not _is_ignorable_extra(n, spec)
+                       and not n.endswith(_FORMAT_EXTRAS))
+        if extra:
+            warnings.warn(f"{d}: ignoring {len(extra)} tensor(s) the {spec.family} config does not use: "
+                          f"{_listing(extra)}", stacklevel=2)
+    return out
+
+
+def load_dequantized(ckpt_dir: str | Path, spec: ModelSpec, scheme: QuantScheme,
+                     device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """The checkpoint's weights dequantized (``dtype``, default bfloat16), one tensor per HF name as
+    ``model.checkpoint.load_checkpoint`` returns them: what the reference decoder and the CPU executor run."""
+    dtype = dtype or torch.bfloat16
+    out = {}
+    for name, v in load_quantized(ckpt_dir, spec, scheme, device).items():
+        if isinstance(v, (IntLinear, Fp8Linear)):
+            out[name] = v.dequantize(dtype)
+        else:
+            out[name] = v if v.dtype == dtype else v.to(dtype)
+    return out
