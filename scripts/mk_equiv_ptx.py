@@ -71,7 +71,7 @@ d.inv_freq = Fake(next(n))
 d.buf = types.SimpleNamespace(**{f: Fake(next(n)) for f in ("x", "qkv", "part_o", "part_ml", "attn_out", "act", "logits",
                                                             "lm_val", "lm_idx", "tokens", "pos", "history", "counters",
                                                             "control", "error", "sampling", "lm_lse", "logprobs",
-                                                            "top_ids")})
+                                                            "top_ids", "cand_hist")})
 d._layer_table = Fake(next(n))
 for trace in (None, Fake(next(n))):
     d._trace = trace

@@ -10,6 +10,8 @@ on the top-p rows and none elsewhere.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -23,21 +25,27 @@ SPEC_CFG = dict(architectures=["LlamaForCausalLM"], hidden_size=256, intermediat
                 max_position_embeddings=4096)
 
 
-def _decoder(batch):
+def _decoder(batch, radix_only=0, shape=None):
     from trtllm_mk.gpus import detect_gpu
     from trtllm_mk.model.random_weights import random_weights
     from trtllm_mk.model.spec import spec_from_hf_config
+    from trtllm_mk.codegen import Diagnostics
     from trtllm_mk.runtime.megakernel import build_decoder
     from trtllm_mk.search import search
-    spec = spec_from_hf_config(SPEC_CFG, "tiny-sampling")
+    if shape is None:
+        spec = spec_from_hf_config(SPEC_CFG, "tiny-sampling")
+    else:   # a real shape's widths and vocabulary, one layer
+        from trtllm_mk.model.registry import resolve_model
+        spec = dataclasses.replace(resolve_model(shape).spec, num_layers=1)
     gpu = detect_gpu()
     w = random_weights(spec, device="cuda", seed=0)
     for name, t in w.items():   # logits spread over a few units, as a trained model's are
-        if name == "lm_head.weight":
-            t.mul_(8.0)
+        if name in ("lm_head.weight", "model.embed_tokens.weight" if spec.tie_word_embeddings else ""):
+            t.mul_(8.0 if shape is None else 3.0)
     schedule, _ = search(spec, batch, gpu, context_len=256, budget_s=3.0, seed=0)
     cache = PagedKVCache.allocate(spec, batch, 1024, 32, device="cuda", fill=0.5, seed=3)
-    return spec, build_decoder(schedule, w, cache, gpu.nvcc_arch, gpu.has_tma)
+    return spec, build_decoder(schedule, w, cache, gpu.nvcc_arch, gpu.has_tma,
+                               diagnostics=Diagnostics(radix_only=radix_only))
 
 
 ROWS = [SamplingParams(),                                                  # greedy
@@ -48,15 +56,18 @@ ROWS = [SamplingParams(),                                                  # gre
         SamplingParams(logprobs=5)]                                        # greedy with top log-probabilities
 
 
-def test_kernel_samples_as_the_reference_defines():
+@pytest.mark.parametrize("shape,radix_only", [(None, 0), (None, 1), ("llama-3.2-1b", 0), ("qwen3-8b", 1)])
+def test_kernel_samples_as_the_reference_defines(shape, radix_only):
+    """Both candidate searches (from the LM-head tiles' bin counts; radix passes over the logits), on a
+    tiny vocabulary and on real ones (128k, 152k)."""
     batch = len(ROWS)
-    spec, dec = _decoder(batch)
+    spec, dec = _decoder(batch, radix_only, shape)
     for b, p in enumerate(ROWS):
         dec.set_sampling(b, p)
     tok = torch.randint(0, spec.vocab_size, (batch,))
     pos = torch.tensor([40 + 7 * b for b in range(batch)])
     dec.set_state(tok, pos)
-    steps, near, total_p = 48, 0, 0
+    steps, near, total_p = (48 if shape is None else 16), 0, 0
     for t in range(steps):
         dec.step()
         dec.synchronize()

@@ -97,6 +97,7 @@ PARAMS = (
     ParamField("lm_lse", "float*", BUFFER, "[B, N_LM_TILES, 4] per tile (max, sum of exp) of l and of l / T"),
     ParamField("logprobs", "float*", BUFFER, "[B, 1 + MAX_TOP_LOGPROBS] chosen token's log-probability, top ones'"),
     ParamField("top_ids", "int*", BUFFER, "[B, MAX_TOP_LOGPROBS] the most likely tokens (logprobs > 1)"),
+    ParamField("cand_hist", "uint32_t*", BUFFER, "[B, CAND_HIST_BINS] logits per key bin (zero between steps)"),
 )
 
 TASK_ARGS = (
@@ -129,6 +130,7 @@ TRACE_SM_WORDS = 4
 # trtllm_mk/sampling.py: the candidate set top-k / top-p select from, and the most top log-probabilities
 CANDIDATES = 256
 MAX_TOP_LOGPROBS = 5
+CAND_HIST_BINS = 4096   # bins of the candidate search's first level (device/mk_sampling.cuh)
 
 # mk::SamplingSlot: how a batch row chooses its token (trtllm_mk/sampling.py; device/mk_sampling.cuh).
 # All zero is greedy without log-probabilities, so a zero-filled buffer gives the unsampled kernel.
@@ -213,7 +215,8 @@ def params_layout_json() -> dict:
                        for f, off, n in layout],
             "layer_fields": list(LAYER_FIELD_NAMES),
             "error_fields": [f for f, _ in ERROR_FIELDS], "error_codes": dict(ERROR_CODES),
-            "sampling_slot_bytes": SAMPLING_SLOT_BYTES, "max_top_logprobs": MAX_TOP_LOGPROBS}
+            "sampling_slot_bytes": SAMPLING_SLOT_BYTES, "max_top_logprobs": MAX_TOP_LOGPROBS,
+            "cand_hist_bins": CAND_HIST_BINS}
 
 
 def _kind_enum() -> str:
@@ -240,7 +243,8 @@ def emit_cuda() -> str:
     lines += ["};", "", "// How a batch row chooses its token (trtllm_mk/sampling.py).", "struct SamplingSlot {"]
     lines += [f"  {t} {n};" + (f"  // {doc}" if doc else "") for n, t, doc in SAMPLING_FIELDS]
     lines += ["};", f"static_assert(sizeof(SamplingSlot) == {SAMPLING_SLOT_BYTES}, \"SamplingSlot layout (trtllm_mk/seam.py)\");"]
-    lines += [f"constexpr int CANDIDATES = {CANDIDATES};", f"constexpr int MAX_TOP_LOGPROBS = {MAX_TOP_LOGPROBS};"]
+    lines += [f"constexpr int CANDIDATES = {CANDIDATES};", f"constexpr int MAX_TOP_LOGPROBS = {MAX_TOP_LOGPROBS};",
+              f"constexpr int CAND_HIST_BINS = {CAND_HIST_BINS};"]
     lines += ["", "// Kernel parameters, passed by value as a __grid_constant__.", "struct Params {"]
     lines += [f"  {f.ctype} {f.name};  // {f.doc}" for f in PARAMS]
     lines += ["};"]

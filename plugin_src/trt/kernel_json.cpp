@@ -403,6 +403,7 @@ ParamsLayout read_params(const Reader& r, const JValue& obj) {
   for (const auto& kv : codes->obj) p.error_codes.emplace_back(kv.first, r.integer(*codes, kv.first, 1, "params.error_codes."));
   p.sampling_slot_bytes = r.integer(obj, "sampling_slot_bytes", 1, "params.");
   p.max_top_logprobs = r.integer(obj, "max_top_logprobs", 1, "params.");
+  p.cand_hist_bins = r.integer(obj, "cand_hist_bins", 1, "params.");
   return p;
 }
 

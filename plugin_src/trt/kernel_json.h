@@ -23,7 +23,7 @@
 //                                 "size" (4 or 8), ...}], "layer_fields": [mk::LayerWeights member
 //                                 names in table order], "error_fields": [mk::ErrorInfo words in
 //                                 order], "error_codes": {name: code >= 1}, "sampling_slot_bytes",
-//                                 "max_top_logprobs": ints >= 1} (trtllm_mk/seam.py
+//                                 "max_top_logprobs", "cand_hist_bins": ints >= 1} (trtllm_mk/seam.py
 //                                 params_layout_json): the plugin packs the kernel's parameters from
 //                                 these offsets and reads its fault reports by these names
 //   optional  "event_offsets"     object {event name: first flat counter index >= 0} (diagnostics)
@@ -63,6 +63,7 @@ struct ParamsLayout {
   std::vector<std::pair<std::string, int64_t>> error_codes;   // ErrorInfo.code values by name
   int64_t sampling_slot_bytes = 0;   // sizeof(mk::SamplingSlot); an all-zero slot is greedy
   int64_t max_top_logprobs = 0;
+  int64_t cand_hist_bins = 0;
 
   // Index of ErrorInfo word `name`, or -1.
   int error_word(const std::string& name) const;

@@ -257,7 +257,7 @@ class DecodeState {
   std::unique_ptr<MegakernelModule> module;
   CUdeviceptr x = 0, qkv = 0, part_o = 0, part_ml = 0, attn_out = 0, act = 0, lm_val = 0, lm_idx = 0, pos = 0,
               history = 0, counters = 0, control = 0, error_dev = 0, sampling = 0, lm_lse = 0, logprobs = 0,
-              top_ids = 0;
+              top_ids = 0, cand_hist = 0;
 
  private:
   struct Slot {
@@ -313,7 +313,8 @@ class DecodeState {
     const size_t o_samp = take(B * static_cast<size_t>(k.params.sampling_slot_bytes)),
                  o_lse = take(B * k.n_lm_tiles * 4 * 4),
                  o_lp = take(B * (1 + static_cast<size_t>(k.params.max_top_logprobs)) * 4),
-                 o_top = take(B * static_cast<size_t>(k.params.max_top_logprobs) * 4);
+                 o_top = take(B * static_cast<size_t>(k.params.max_top_logprobs) * 4),
+                 o_hist_c = take(B * static_cast<size_t>(k.params.cand_hist_bins) * 4);
     check(cuMemAlloc(&arena_, offset), "cuMemAlloc(megakernel state)");
     x = arena_ + o_x;
     qkv = arena_ + o_qkv;
@@ -328,6 +329,7 @@ class DecodeState {
     lm_lse = arena_ + o_lse;
     logprobs = arena_ + o_lp;
     top_ids = arena_ + o_top;
+    cand_hist = arena_ + o_hist_c;
     history = arena_ + o_hist;
     counters = arena_ + o_ctr;
     control = arena_ + o_ctl;
@@ -740,6 +742,7 @@ int32_t DecodeStepPlugin::enqueue(const nvinfer1::PluginTensorDesc* inputDesc, c
     L.put(p, "lm_lse", st.lm_lse);
     L.put(p, "logprobs", st.logprobs);
     L.put(p, "top_ids", st.top_ids);
+    L.put(p, "cand_hist", st.cand_hist);
     st.module->launch(p.data(), p.size(), stream);
     if (!capturing) st.record_kernel(slot, stream);
     return 0;

@@ -15,6 +15,8 @@ NAME:+prefetch_next=0``).
     all_lanes_release  1: every consumer lane releases ring slots, so compute-sanitizer racecheck sees
                        the ordering (slower; sanitizer runs only)
     spin_timeout_ns    an event wait unsatisfied after this long records which event and traps
+    radix_only         1: ARGMAX's candidate search ignores the LM-head tiles' bin counts and runs
+                       its radix passes over the logits (the path of a nearly flat distribution)
 """
 from __future__ import annotations
 
@@ -30,13 +32,14 @@ class Diagnostics:
     prefetch_next: int = 1
     all_lanes_release: int = 0
     spin_timeout_ns: int = 2_000_000_000
+    radix_only: int = 0
 
     def __post_init__(self):
         if self.attn_mark not in (0, 1, 2, 3):
             raise UserError(f"attn_mark {self.attn_mark}: must be 0, 1, 2 or 3")
         if self.gemv_mark < 0:
             raise UserError(f"gemv_mark {self.gemv_mark}: must be >= 0")
-        for name in ("prefetch_next", "all_lanes_release"):
+        for name in ("prefetch_next", "all_lanes_release", "radix_only"):
             if getattr(self, name) not in (0, 1):
                 raise UserError(f"{name} {getattr(self, name)}: must be 0 or 1")
         if self.spin_timeout_ns <= 0:

@@ -81,5 +81,7 @@ __device__ __forceinline__ uint64_t candidate_key(float v, uint32_t i) {
   return ((uint64_t)u << 32) | (uint64_t)(0xFFFFFFFFu - i);
 }
 __device__ __forceinline__ uint32_t candidate_index(uint64_t key) { return 0xFFFFFFFFu - (uint32_t)key; }
+// The cand_hist bin of a logit: its key's top 12 bits.
+__device__ __forceinline__ uint32_t candidate_bin(float v) { return (uint32_t)(candidate_key(v, 0) >> 52); }
 
 }  // namespace mk

@@ -28,14 +28,22 @@ __device__ __forceinline__ void argmax_prologue(const Ctx& c, int (&pos)[cfg::B]
 }
 
 // ----------------------------------------------------------------- candidates (top-k, top-p, top logprobs)
-// ARGMAX is its SM's last task of the step, so the weight ring is idle: the candidate search works there.
+// ARGMAX is its SM's last task of the step, so the weight ring is idle: the candidate search works
+// there. The LM-head tiles counted the row's keys by their top 12 bits (cand_hist), so one pass over
+// the logits collects every key above the bin that holds the K-th largest and the keys of that bin;
+// a radix select among the latter in shared memory finds the threshold. When the bin holds more keys
+// than the ring has room for (a nearly flat distribution), radix passes over the logits in global
+// memory find it instead.
 struct CandidateScratch {
   uint64_t key[CANDIDATES];    // candidate_key of each candidate, sorted descending once selected
   uint32_t hist[256];          // radix-select histogram
-  uint32_t count, kept, digit, need, done;
+  uint32_t count, kept, digit, need, done, pool_n, total;
   int n;                       // position of the token being chosen (Gumbel noise)
 };
-static_assert(sizeof(CandidateScratch) <= (size_t)cfg::STAGES * cfg::SLOT_BYTES, "candidate scratch exceeds the ring");
+constexpr size_t POOL_AT = (sizeof(CandidateScratch) + 15) / 16 * 16;
+constexpr int POOL_CAP = (int)(((size_t)cfg::STAGES * cfg::SLOT_BYTES - POOL_AT) / 8);   // keys of the threshold bin
+static_assert(POOL_CAP >= 2 * CANDIDATES, "the ring holds the candidate scratch and a pool of threshold-bin keys");
+static_assert(CAND_HIST_BINS == 4096, "cand_hist bins are the keys' top 12 bits");
 
 __device__ __forceinline__ float key_logit(uint64_t key) {
   uint32_t u = (uint32_t)(key >> 32);
@@ -43,21 +51,46 @@ __device__ __forceinline__ float key_logit(uint64_t key) {
   return __uint_as_float(u);
 }
 
-// The K largest candidate keys of row l (K <= CANDIDATES), sorted descending into cs.key[0, K): a
-// radix select over the 64-bit keys (8 bits per pass from the top; keys are unique, so it ends with
-// exactly K keys >= the threshold), one pass collecting them, a bitonic sort of CANDIDATES entries.
-__device__ void select_candidates(Ctx& c, const float* l, int K, CandidateScratch& cs) {
-  const int tid = threadIdx.x;
-  uint64_t prefix = 0, mask = 0;
-  int need = K;
-  for (int shift = 56;; shift -= 8) {
-    for (int i = tid; i < 256; i += CTHREADS) cs.hist[i] = 0;
-    consumer_sync(CTHREADS);
-#pragma unroll 4
-    for (int i = tid; i < cfg::V; i += CTHREADS) {
-      const uint64_t k = candidate_key(ld_act(l + i), (uint32_t)i);
-      if ((k & mask) == prefix) atomicAdd(&cs.hist[(k >> shift) & 255], 1u);
+// f(key) for every logit of the row, 16-byte loads batched so that many are in flight per thread.
+template <class F>
+__device__ __forceinline__ void for_each_key(const float* l, F&& f) {
+  if constexpr (cfg::V % 4 == 0) {
+    constexpr int V4 = cfg::V / 4, U = 8;
+    for (int base = threadIdx.x; base < V4; base += CTHREADS * U) {
+      float4 v[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int i = base + u * CTHREADS;
+        v[u] = i < V4 ? __ldcg(reinterpret_cast<const float4*>(l) + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int i = base + u * CTHREADS;
+        if (i < V4) {
+          f(candidate_key(v[u].x, 4 * i));
+          f(candidate_key(v[u].y, 4 * i + 1));
+          f(candidate_key(v[u].z, 4 * i + 2));
+          f(candidate_key(v[u].w, 4 * i + 3));
+        }
+      }
     }
+  } else {
+    for (int i = threadIdx.x; i < cfg::V; i += CTHREADS) f(candidate_key(ld_act(l + i), (uint32_t)i));
+  }
+}
+
+// The threshold key t: exactly `need` keys k with (k & mask) == prefix have k >= t. Radix select, 8
+// bits per pass from `shift` down; keys are unique, so it always ends with an exact count.
+template <class Each>
+__device__ uint64_t radix_threshold(Ctx& c, Each&& each, int need, uint64_t prefix, uint64_t mask, int shift,
+                                   CandidateScratch& cs) {
+  // the last pass may overlap bits already fixed (shift 4 -> 0): they match the prefix, so it still counts exactly
+  for (;; shift = shift > 8 ? shift - 8 : 0) {
+    for (int i = threadIdx.x; i < 256; i += CTHREADS) cs.hist[i] = 0;
+    consumer_sync(CTHREADS);
+    each([&](uint64_t k) {
+      if ((k & mask) == prefix) atomicAdd(&cs.hist[(k >> shift) & 255], 1u);
+    });
     consumer_sync(CTHREADS);
     if (c.warp() == 0) {
       // lane j holds digits 255-8j .. 248-8j; a suffix scan over lanes finds the digit where the
@@ -84,24 +117,18 @@ __device__ void select_candidates(Ctx& c, const float* l, int K, CandidateScratc
     }
     consumer_sync(CTHREADS);
     // digit, need and done change only after the next pass's first barrier: read them here, not hist
-    const int d = cs.digit;
     need = cs.need;
-    prefix |= (uint64_t)d << shift;
+    prefix |= (uint64_t)cs.digit << shift;
     mask |= 0xFFull << shift;
-    if (cs.done || shift == 0) break;
+    if (cs.done || shift == 0) return prefix;
   }
-  // every key >= prefix is a candidate: exactly K of them
-  if (tid == 0) cs.count = 0;
-  for (int i = tid; i < CANDIDATES; i += CTHREADS) cs.key[i] = 0;
-  consumer_sync(CTHREADS);
-  for (int i = tid; i < cfg::V; i += CTHREADS) {
-    const uint64_t k = candidate_key(ld_act(l + i), (uint32_t)i);
-    if (k >= prefix) cs.key[atomicAdd(&cs.count, 1u)] = k;
-  }
-  consumer_sync(CTHREADS);
+}
+
+// Bitonic sort of cs.key[0, CANDIDATES), descending (unused entries are 0, below every key).
+__device__ void sort_candidates(CandidateScratch& cs) {
   for (int size = 2; size <= CANDIDATES; size <<= 1) {
     for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      for (int t = tid; t < CANDIDATES / 2; t += CTHREADS) {
+      for (int t = threadIdx.x; t < CANDIDATES / 2; t += CTHREADS) {
         const int i = 2 * t - (t & (stride - 1)), j = i + stride;
         const bool desc = (i & size) == 0;
         const uint64_t x = cs.key[i], y = cs.key[j];
@@ -110,6 +137,73 @@ __device__ void select_candidates(Ctx& c, const float* l, int K, CandidateScratc
       consumer_sync(CTHREADS);
     }
   }
+}
+
+// The K largest candidate keys of row l (K <= CANDIDATES), sorted descending into cs.key[0, K).
+// ghist: the row's cand_hist, zeroed again here for the next step.
+__device__ void select_candidates(Ctx& c, const float* l, uint32_t* ghist, int K, CandidateScratch& cs) {
+  const int tid = threadIdx.x;
+  uint64_t* pool = reinterpret_cast<uint64_t*>(c.ring() + POOL_AT);
+  // the LM-head tiles' bin counts, staged in the pool region (4096 words), zeroed in global memory
+  uint32_t* bins = reinterpret_cast<uint32_t*>(pool);
+  if (tid == 0) { cs.count = 0; cs.pool_n = 0; cs.total = 0; }
+  for (int i = tid; i < CANDIDATES; i += CTHREADS) cs.key[i] = 0;
+  consumer_sync(CTHREADS);
+  uint32_t mine = 0;
+  for (int i = tid; i < CAND_HIST_BINS; i += CTHREADS) {
+    bins[i] = __ldcg(ghist + i);
+    mine += bins[i];
+    ghist[i] = 0;
+  }
+  atomicAdd(&cs.total, mine);
+  consumer_sync(CTHREADS);
+  int bin = -1;
+  uint32_t above = 0;
+  if (!diag::RADIX_ONLY && cs.total == (uint32_t)cfg::V) {   // a complete count (else: the slow path below)
+    if (c.warp() == 0) {   // lane j: bins 4095-128j .. 3968-128j, as radix_threshold's scan
+      const int lane = c.lane();
+      uint32_t local = 0;
+      for (int d = 0; d < 128; ++d) local += bins[4095 - 128 * lane - d];
+      uint32_t incl = local;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const uint32_t v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
+      }
+      const uint32_t before = incl - local;
+      if (before < (uint32_t)K && incl >= (uint32_t)K) {
+        uint32_t cum = before;
+        int d = 4095 - 128 * lane;
+        while (cum + bins[d] < (uint32_t)K) cum += bins[d--];
+        cs.digit = d;
+        cs.need = cum;                      // keys above the bin
+        cs.done = bins[d] <= (uint32_t)POOL_CAP;
+      }
+    }
+    consumer_sync(CTHREADS);
+    if (cs.done) { bin = (int)cs.digit; above = cs.need; }
+  }
+  if (bin >= 0) {
+    // one pass: keys above the bin straight into the candidates, the bin's keys into the pool
+    for_each_key(l, [&](uint64_t k) {
+      const int d = (int)(k >> 52);
+      if (d > bin) cs.key[atomicAdd(&cs.count, 1u)] = k;
+      else if (d == bin) pool[atomicAdd(&cs.pool_n, 1u)] = k;
+    });
+    consumer_sync(CTHREADS);
+    const int n = (int)cs.pool_n;
+    const uint64_t t = radix_threshold(c, [&](auto&& f) { for (int i = threadIdx.x; i < n; i += CTHREADS) f(pool[i]); },
+                                       K - (int)above, (uint64_t)bin << 52, 0xFFFull << 52, 44, cs);
+    for (int i = tid; i < n; i += CTHREADS)
+      if (pool[i] >= t) cs.key[atomicAdd(&cs.count, 1u)] = pool[i];
+  } else {
+    const uint64_t t = radix_threshold(c, [&](auto&& f) { for_each_key(l, f); }, K, 0, 0, 56, cs);
+    for_each_key(l, [&](uint64_t k) {
+      if (k >= t) cs.key[atomicAdd(&cs.count, 1u)] = k;
+    });
+  }
+  consumer_sync(CTHREADS);
+  sort_candidates(cs);
 }
 
 // (max, sum) of the row's LM-head tiles' log-sum-exp partials: word w = 0 (l) or 2 (l / T).
@@ -187,7 +281,7 @@ __device__ void argmax_compute(Ctx& c, const TaskArgs& a, const int (&pos)[cfg::
     const int nc = candidates_needed(s);
     if (nc > 0) {
       if (threadIdx.x == 0) cs.n = pos[b] + 1;
-      select_candidates(c, p.logits + (size_t)b * cfg::V, min_i(nc, cfg::V), cs);
+      select_candidates(c, p.logits + (size_t)b * cfg::V, p.cand_hist + (size_t)b * CAND_HIST_BINS, min_i(nc, cfg::V), cs);
       if (filters(s)) {
         const int t = sample_filtered(c, p, b, s, cs);
         if (threadIdx.x == 0) bi = t;

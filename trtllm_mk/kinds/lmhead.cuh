@@ -30,12 +30,14 @@ struct GemvKind<LMHEAD> {
     float temp[cfg::B];
     uint32_t key[cfg::B];
     float m1[cfg::B], s1[cfg::B], m2[cfg::B], s2[cfg::B];
-    uint32_t perturb, lse, lse_z;   // bit b: row b
+    uint32_t perturb, lse, lse_z, cand;   // bit b: row b
+    uint32_t* hist;                       // cand_hist: rows whose ARGMAX searches candidates count bins
   };
 
   static __device__ __forceinline__ Tally tally_begin(const Ctx& c, const TaskArgs&) {
     Tally t;
-    t.perturb = t.lse = t.lse_z = 0;
+    t.perturb = t.lse = t.lse_z = t.cand = 0;
+    t.hist = c.p->cand_hist;
 #pragma unroll
     for (int b = 0; b < cfg::B; ++b) {
       t.best[b] = -INFINITY;
@@ -51,6 +53,7 @@ struct GemvKind<LMHEAD> {
       }
       if (needs_lse(s)) t.lse |= 1u << b;
       if (needs_lse_z(s)) t.lse_z |= 1u << b;
+      if (candidates_needed(s) > 0) t.cand |= 1u << b;
     }
     return t;
   }
@@ -65,6 +68,13 @@ struct GemvKind<LMHEAD> {
       if (score > t.best[bb]) { t.best[bb] = score; t.bidx[bb] = r; }
       if (t.lse >> bb & 1u) lse_add(t.m1[bb], t.s1[bb], v);
       if (t.lse_z >> bb & 1u) lse_add(t.m2[bb], t.s2[bb], v / t.temp[bb]);
+      if (t.cand >> bb & 1u) {
+        // lanes counting the same (row, bin) add once: logits crowd into few bins
+        const uint32_t bin = candidate_bin(v);
+        const uint32_t peers = __match_any_sync(__activemask(), bin | (uint32_t)bb << 12);
+        if ((peers & ((1u << (threadIdx.x & 31)) - 1)) == 0)
+          atomicAdd(t.hist + (size_t)bb * CAND_HIST_BINS + bin, (uint32_t)__popc(peers));
+      }
     }
   }
 

@@ -18,7 +18,7 @@ from ..kv_cache import PagedKVCache
 from ..model.spec import ModelSpec
 from ..schedule import Schedule
 from ..sampling import MAX_TOP_LOGPROBS
-from ..seam import (ERROR_CODES, ERROR_FIELDS, ERROR_WORDS, SAMPLING_SLOT_BYTES, TRACE_SM_WORDS, TRACE_WORDS,
+from ..seam import (CAND_HIST_BINS, ERROR_CODES, ERROR_FIELDS, ERROR_WORDS, SAMPLING_SLOT_BYTES, TRACE_SM_WORDS, TRACE_WORDS,
                     error_word)
 
 # mk::Params and mk::LayerWeights are described once, in trtllm_mk/seam.py.
@@ -57,6 +57,7 @@ class DecodeBuffers:
     lm_lse: torch.Tensor
     logprobs: torch.Tensor   # [B, 1 + MAX_TOP_LOGPROBS]
     top_ids: torch.Tensor    # [B, MAX_TOP_LOGPROBS]
+    cand_hist: torch.Tensor  # [B, CAND_HIST_BINS], zero between steps
 
     @classmethod
     def allocate(cls, spec: ModelSpec, batch: int, schedule: Schedule, layout: KernelLayout,
@@ -85,6 +86,7 @@ class DecodeBuffers:
             lm_lse=torch.zeros(batch, layout.n_lm_tiles, 4, **f32),
             logprobs=torch.zeros(batch, 1 + MAX_TOP_LOGPROBS, **f32),
             top_ids=torch.zeros(batch, MAX_TOP_LOGPROBS, **i32),
+            cand_hist=torch.zeros(batch, CAND_HIST_BINS, **i32),
         )
 
 
@@ -155,7 +157,7 @@ class MegakernelDecoder:
         ptrs = dict(layers=self._layer_table, embed=w["model.embed_tokens.weight"], final_norm=w["model.norm.weight"],
                     lm_head=lm, inv_freq=self.inv_freq, kv_pool=self.cache.pool, block_table=self.cache.block_table)
         for f in ("x", "qkv", "part_o", "part_ml", "attn_out", "act", "logits", "lm_val", "lm_idx", "tokens", "pos",
-                  "history", "counters", "control", "error", "sampling", "lm_lse", "logprobs", "top_ids"):
+                  "history", "counters", "control", "error", "sampling", "lm_lse", "logprobs", "top_ids", "cand_hist"):
             ptrs[f] = getattr(b, f)
         values = {f: t.data_ptr() for f, t in ptrs.items()}
         values.update(num_blocks=self.cache.pool.shape[1], block_table_stride=self.cache.block_table.shape[1],
