@@ -42,7 +42,8 @@ struct CandidateScratch {
 };
 constexpr size_t POOL_AT = (sizeof(CandidateScratch) + 15) / 16 * 16;
 constexpr int POOL_CAP = (int)(((size_t)cfg::STAGES * cfg::SLOT_BYTES - POOL_AT) / 8);   // keys of the threshold bin
-static_assert(POOL_CAP >= 2 * CANDIDATES, "the ring holds the candidate scratch and a pool of threshold-bin keys");
+// the bin counts are staged where the pool goes; a ring too small for them takes the radix passes
+constexpr bool BINS_FIT = (size_t)cfg::STAGES * cfg::SLOT_BYTES >= POOL_AT + 4 * CAND_HIST_BINS;
 static_assert(CAND_HIST_BINS == 4096, "cand_hist bins are the keys' top 12 bits");
 
 __device__ __forceinline__ float key_logit(uint64_t key) {
@@ -151,15 +152,17 @@ __device__ void select_candidates(Ctx& c, const float* l, uint32_t* ghist, int K
   consumer_sync(CTHREADS);
   uint32_t mine = 0;
   for (int i = tid; i < CAND_HIST_BINS; i += CTHREADS) {
-    bins[i] = __ldcg(ghist + i);
-    mine += bins[i];
+    const uint32_t v = __ldcg(ghist + i);
+    if constexpr (BINS_FIT) bins[i] = v;
+    mine += v;
     ghist[i] = 0;
   }
   atomicAdd(&cs.total, mine);
   consumer_sync(CTHREADS);
   int bin = -1;
   uint32_t above = 0;
-  if (!diag::RADIX_ONLY && cs.total == (uint32_t)cfg::V) {   // a complete count (else: the slow path below)
+  // a complete count (anything else, e.g. after a step that faulted, takes the slow path below)
+  if (BINS_FIT && !diag::RADIX_ONLY && cs.total == (uint32_t)cfg::V) {
     if (c.warp() == 0) {   // lane j: bins 4095-128j .. 3968-128j, as radix_threshold's scan
       const int lane = c.lane();
       uint32_t local = 0;
@@ -206,13 +209,23 @@ __device__ void select_candidates(Ctx& c, const float* l, uint32_t* ghist, int K
   sort_candidates(cs);
 }
 
-// (max, sum) of the row's LM-head tiles' log-sum-exp partials: word w = 0 (l) or 2 (l / T).
-__device__ float tiles_lse(const Params& p, int b, int w) {
+// The row's log-sum-exp from its LM-head tiles' partials (word w = 0: of l; 2: of l / T), merged by
+// every consumer thread at once (one L2 round trip, not one per tile); valid in every thread.
+__device__ float tiles_lse(Ctx& c, const Params& p, int b, int w) {
   float m = -INFINITY, sum = 0.f;
-  for (int t = 0; t < cfg::N_LM_TILES; ++t) {
-    const float* q = p.lm_lse + ((size_t)b * cfg::N_LM_TILES + t) * LSE_WORDS + w;
-    lse_merge(m, sum, ld_act(q), ld_act(q + 1));
+  for (int t = threadIdx.x; t < cfg::N_LM_TILES; t += CTHREADS) {
+    const float2 q = __ldcg(reinterpret_cast<const float2*>(p.lm_lse + ((size_t)b * cfg::N_LM_TILES + t) * LSE_WORDS + w));
+    lse_merge(m, sum, q.x, q.y);
   }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    lse_merge(m, sum, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, sum, o));
+  consumer_sync(CTHREADS);   // the scratch's previous readers are done
+  if (c.lane() == 0) { c.scratch()[2 * c.warp()] = m; c.scratch()[2 * c.warp() + 1] = sum; }
+  consumer_sync(CTHREADS);
+  m = -INFINITY;
+  sum = 0.f;
+  for (int k = 0; k < cfg::CWARPS; ++k) lse_merge(m, sum, c.scratch()[2 * k], c.scratch()[2 * k + 1]);
   return m + logf(sum);
 }
 
@@ -220,6 +233,7 @@ __device__ float tiles_lse(const Params& p, int b, int w) {
 // probabilities, accumulated in candidate order as trtllm_mk/sampling.py does), then the first argmax of
 // z + g over it. Valid in consumer thread 0.
 __device__ int sample_filtered(Ctx& c, const Params& p, int b, const SamplingSlot& s, CandidateScratch& cs) {
+  const float lse_z = needs_lse_z(s) ? tiles_lse(c, p, b, 2) : 0.f;
   if (threadIdx.x == 0) {
     const int K = (int)cs.count;
     const int kk = s.top_k > 0 ? min_i(s.top_k, K) : K;
@@ -232,7 +246,7 @@ __device__ int sample_filtered(Ctx& c, const Params& p, int b, const SamplingSlo
         for (int j = 0; j < kk; ++j) sum += expf(key_logit(cs.key[j]) / s.temperature - m);
         norm = m + logf(sum);
       } else {
-        norm = tiles_lse(p, b, 2);
+        norm = lse_z;
       }
       double acc = 0.0;   // the running sum in double, each prefix rounded to fp32 (torch's CPU cumsum)
       kept = 0;
@@ -287,6 +301,7 @@ __device__ void argmax_compute(Ctx& c, const TaskArgs& a, const int (&pos)[cfg::
         if (threadIdx.x == 0) bi = t;
       }
     }
+    const float lse = needs_lse(s) ? tiles_lse(c, p, b, 0) : 0.f;   // the model's, at temperature 1
     if (threadIdx.x == 0) {
       if (bi == 0x7fffffff) {   // no logit of the row is a number above -inf: report it, emit token 0
         if (atomicCAS(&p.error->code, 0u, (uint32_t)ERR_NONFINITE_LOGITS) == 0u) { p.error->sm = blockIdx.x; p.error->layer = b; p.error->task = c.step; }
@@ -296,7 +311,6 @@ __device__ void argmax_compute(Ctx& c, const TaskArgs& a, const int (&pos)[cfg::
       if (pos[b] + 1 < cfg::HISTORY_LEN) p.history[(size_t)b * cfg::HISTORY_LEN + pos[b] + 1] = bi;
       p.pos[b] = pos[b] + 1;
       if (needs_lse(s)) {   // log-probabilities of the model (temperature 1, before any filter)
-        const float lse = tiles_lse(p, b, 0);
         float* out = p.logprobs + (size_t)b * (1 + MAX_TOP_LOGPROBS);
         out[0] = ld_act(p.logits + (size_t)b * cfg::V + bi) - lse;
         for (int j = 0; j < s.logprobs - 1; ++j) {

@@ -70,6 +70,7 @@ def checked_g_idx(get: Getter, name: str, where: str, in_features: int, group_si
     g = t.to(torch.int32)
     if g.numel() and (int(g.min()) < 0 or int(g.max()) >= groups):
         raise ModelError(f"{where}: {name} names groups outside [0, {groups}); the checkpoint is corrupt")
-    if group_size > 0 and torch.equal(g, torch.arange(in_features, dtype=torch.int32) // group_size):
+    contiguous = torch.arange(in_features, dtype=torch.int32, device=g.device) // max(group_size, 1)
+    if group_size > 0 and torch.equal(g, contiguous):
         return None
     return g
