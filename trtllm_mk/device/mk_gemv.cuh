@@ -63,6 +63,14 @@ struct Geometry {
 template <int KIND> struct GemvKind;
 template <int KIND> using GemvGeometry = Geometry<GemvKind<KIND>::KT, GemvKind<KIND>::PAIR>;
 
+// The epilogue of the kinds whose K-split partials add into the residual stream (OPROJ, DOWN): in
+// fixed point, so the sum is the same in every arrival order.
+struct AddsToResidual {
+  static __device__ __forceinline__ void epilogue(const Params& p, const TaskArgs&, int r, int b, float v, float) {
+    add_resid(p.x + (size_t)b * cfg::H + r, v);
+  }
+};
+
 struct NoTally {
   struct Tally {};
   static __device__ __forceinline__ Tally tally_begin(const Ctx&, const TaskArgs&) { return {}; }

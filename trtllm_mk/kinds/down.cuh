@@ -5,7 +5,7 @@
 namespace mk {
 
 template <>
-struct GemvKind<DOWN> : NoTally {
+struct GemvKind<DOWN> : NoTally, AddsToResidual {
   static constexpr int KT = cfg::I / cfg::DOWN_KSPLIT;
   static constexpr int PAIR = 1;
   using G = Geometry<KT, PAIR>;
@@ -16,11 +16,6 @@ struct GemvKind<DOWN> : NoTally {
 
   static __device__ __forceinline__ void stage(Ctx& c, const TaskArgs& a) {
     stage_rows<DOWN, cfg::I>(c, a, c.p->act);
-  }
-
-  // K-split partials accumulate in place, in fixed point: the same sum in every arrival order.
-  static __device__ __forceinline__ void epilogue(const Params& p, const TaskArgs&, int r, int b, float v, float) {
-    add_resid(p.x + (size_t)b * cfg::H + r, v);
   }
 };
 

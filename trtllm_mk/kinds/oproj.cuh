@@ -6,7 +6,7 @@
 namespace mk {
 
 template <>
-struct GemvKind<OPROJ> : NoTally {
+struct GemvKind<OPROJ> : NoTally, AddsToResidual {
   static constexpr int KT = cfg::QD / cfg::O_KSPLIT;
   static constexpr int PAIR = 1;
   using G = Geometry<KT, PAIR>;
@@ -28,11 +28,6 @@ struct GemvKind<OPROJ> : NoTally {
     } else {
       stage_rows<OPROJ, cfg::QD>(c, a, c.p->attn_out);
     }
-  }
-
-  // K-split partials accumulate in place, in fixed point: the same sum in every arrival order.
-  static __device__ __forceinline__ void epilogue(const Params& p, const TaskArgs&, int r, int b, float v, float) {
-    add_resid(p.x + (size_t)b * cfg::H + r, v);
   }
 };
 
