@@ -18,7 +18,7 @@ from serve_helpers import ROOT, tiny_checkpoint, tiny_engine
 pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 uvicorn = pytest.importorskip("uvicorn")
-pytest.importorskip("httpx")
+httpx = pytest.importorskip("httpx")
 
 from benchmarks import serve_load  # noqa: E402
 from trtllm_mk.errors import UserError  # noqa: E402
@@ -52,7 +52,7 @@ def server(engine_dir, checkpoint):
     while not srv.started:
         assert time.monotonic() < deadline, "the server did not start"
         time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
+    yield f"http://127.0.0.1:{port}", eng
     srv.should_exit = True
     th.join(timeout=30)
 
@@ -118,10 +118,11 @@ def test_four_clients_three_requests_each(engine_dir, checkpoint, tmp_path, caps
 
 
 def test_chat_at_a_request_rate_against_a_running_server(server, tmp_path):
+    url = server[0]
     bench = tmp_path / "bench.json"
     bench.write_text(json.dumps({"step_ms": {"p50": 0.5}}))
     out = tmp_path / "out"
-    rc = serve_load.main(["--url", server, "--api", "chat", "--num-prompts", "4", "--request-rate", "20",
+    rc = serve_load.main(["--url", url, "--api", "chat", "--num-prompts", "4", "--request-rate", "20",
                           "--max-concurrency", "1", "--input-len", "4", "--max-tokens", "3", "--temperature", "0.8",
                           "--compare-bench", str(bench), "--out", str(out), "--no-progress"])
     assert rc == 0
@@ -136,7 +137,7 @@ def test_chat_at_a_request_rate_against_a_running_server(server, tmp_path):
 def test_full_queue_is_reported_as_429_and_frees_every_slot(server, tmp_path):
     # 2 slots and a queue of 1: of 6 requests sent at once at least 3 are served, the rest refused
     out = tmp_path / "out"
-    rc = serve_load.main(["--url", server, "--num-prompts", "6", "--input-len", "4", "--max-tokens", "40",
+    rc = serve_load.main(["--url", server[0], "--num-prompts", "6", "--input-len", "4", "--max-tokens", "40",
                           "--warmup", "0", "--out", str(out), "--no-progress"])
     rep = strict_json(out / "serve_load.json")
     assert rep["completed"] + rep["failed"] == 6 and rep["completed"] >= 3
@@ -188,7 +189,7 @@ def test_bad_arguments(argv, needle, tmp_path):
 
 
 def test_bad_input_against_a_server(server, tmp_path):
-    args = ["--url", server, "--out", str(tmp_path / "out"), "--no-progress"]
+    args = ["--url", server[0], "--out", str(tmp_path / "out"), "--no-progress"]
     with pytest.raises(UserError, match="max_input_len=128"):
         serve_load.main(args + ["--input-len", "200"])
     with pytest.raises(UserError, match="max_model_len=256"):
@@ -213,3 +214,18 @@ def test_unreachable_url_and_broken_engine_are_one_line(tmp_path):
     assert r.returncode == 2 and r.stderr.count("\n") == 1
     assert "the server exited with code 2 before answering /health" in r.stderr
     assert (tmp_path / "b" / "server.log").is_file()
+
+
+def test_dropped_non_streaming_client_frees_its_slot(server):
+    # (test_serve.py drops streaming clients.) A client that gives up on a long non-streaming request
+    # cancels it: its slot is free long before the request's 250 tokens would have been decoded.
+    url, eng = server
+    steps_before = len(eng.step_ms)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": [1, 2, 3], "max_tokens": 250,
+                                                  "ignore_eos": True}, timeout=1.0)
+    deadline = time.monotonic() + 60
+    while (h := httpx.get(url + "/health").json())["busy_slots"] or h["waiting"]:
+        assert time.monotonic() < deadline, "the dropped request kept its slot"
+        time.sleep(0.05)
+    assert len(eng.step_ms) - steps_before < 200

@@ -154,18 +154,22 @@ def create_app(engine, model_name: str, max_queue: int | None = None) -> FastAPI
 
     async def collect(req, events: asyncio.Queue, http: HttpRequest) -> list[Event]:
         got = []
+        check_at = time.monotonic() + DISCONNECT_POLL_S
         try:
             while True:
                 try:
                     ev = await asyncio.wait_for(events.get(), DISCONNECT_POLL_S)
+                    got.append(ev)
+                    if ev.finish_reason is not None:
+                        return got
                 except asyncio.TimeoutError:
+                    pass
+                # on a clock, not only when the tokens pause: they may never pause for long
+                if time.monotonic() >= check_at:
                     if await http.is_disconnected():
                         sched.cancel(req)
                         return []
-                    continue
-                got.append(ev)
-                if ev.finish_reason is not None:
-                    return got
+                    check_at = time.monotonic() + DISCONNECT_POLL_S
         finally:
             if not req.done.is_set():
                 sched.cancel(req)
