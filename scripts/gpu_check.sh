@@ -70,13 +70,21 @@ if has serve; then
   # batch size in SERVE_BATCHES, the engine's decode step (bench), then the server at concurrency 1 set
   # against that step and, for a batch above 1, at concurrency = batch. engines/serve_llama1b_bs<B> is
   # reused when present (build it on a CPU machine and carry it along), built here otherwise.
+  # fastapi, uvicorn and openai are not in the GPU image: wheels carried in .whl/ (scripts/serve_wheels.sh)
+  if ! python -c "import fastapi, uvicorn, openai" 2>/dev/null && compgen -G ".whl/*.whl" > /dev/null; then
+    python -m pip install -q --no-index --no-deps --no-compile --target /tmp/serve_site .whl/*.whl \
+      > "$OUT/serve_wheels.log" 2>&1 && export PYTHONPATH=$PYTHONPATH:/tmp/serve_site
+  fi
+  python -c "import fastapi, uvicorn, openai" 2>/dev/null || echo "serve: fastapi, uvicorn or openai is missing:" \
+    "run scripts/serve_wheels.sh where an index is reachable and carry .whl along"
   in_len=${SERVE_INPUT_LEN:-512}; out_len=${SERVE_OUTPUT_LEN:-128}
-  for b in ${SERVE_BATCHES:-1 4}; do
+  python -c "import fastapi, uvicorn, openai" 2>/dev/null && for b in ${SERVE_BATCHES:-1 4}; do
     eng=engines/serve_llama1b_bs$b
     if [[ ! -f $eng/schedule.json ]]; then
       sed "s/^max_batch_size: .*/max_batch_size: $b/" configs/h100_bs1.yaml > "$OUT/serve_llama1b_bs$b.yaml"
       timeout 540 python -m trtllm_mk build --config "$OUT/serve_llama1b_bs$b.yaml" --output-dir $eng \
-        > "$OUT/serve_build_bs$b.log" 2>&1 || { echo "serve: build of batch $b failed"; tail -3 "$OUT/serve_build_bs$b.log"; continue; }
+        > "$OUT/serve_build_bs$b.log" 2>&1 || { echo "serve: build of batch $b failed"; tail -3 "$OUT/serve_build_bs$b.log"
+                                                continue; }
     fi
     timeout 300 python -m trtllm_mk bench --engine $eng --weights random --input-len $in_len --output-len $out_len \
       --runs 3 --json "$OUT/serve_bench_bs$b.json" > "$OUT/serve_bench_bs$b.txt" 2>&1
