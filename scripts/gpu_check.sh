@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything the GPU machine does, in stages that each fit one device call; results under $OUT.
-#   bash scripts/gpu_check.sh [build] [smoke] [tests] [sanitize] [trace] [calibrate] [ab] [sampling] [bench]
-#   (default: all but ab)
+#   bash scripts/gpu_check.sh [build] [smoke] [tests] [sanitize] [trace] [calibrate] [ab] [sampling] [bench] [serve]
+#   (default: all but ab and serve)
 # TRACE_RUNS: one scripts/mk_trace.py argument line per traced step (default: llama-3.2-1b --batch 1).
 # AB_RUNS: one scripts/mk_ab.py argument line per interleaved A/B (the ab stage).
 # SAMPLING_MODELS: model shapes whose step is timed with each sampling mode (default: llama-3.2-1b).
@@ -79,6 +79,38 @@ if has bench; then
   grep "|" "$OUT/bench/report.md" 2>/dev/null || tail -5 "$OUT/bench.txt"
   # the measured regression gate: this run against benchmarks/baselines/<gpu>.json (names what regressed)
   [[ -f "$OUT/bench/report.json" ]] && python -m benchmarks.regress check --allow-missing "$OUT/bench/report.json" 2>&1 | tee "$OUT/regress.txt"
+fi
+if has serve; then
+  # The served load test (benchmarks/serve_load.py) on Llama-3.2-1B shapes with random weights: per
+  # batch size in SERVE_BATCHES, the engine's decode step (bench), then the server at concurrency 1 set
+  # against that step and, for a batch above 1, at concurrency = batch. engines/serve_llama1b_bs<B> is
+  # reused when present (build it on a CPU machine and carry it along), built here otherwise.
+  # fastapi, uvicorn and openai are not in the GPU image: wheels carried in .whl/ (scripts/serve_wheels.sh)
+  if ! python -c "import fastapi, uvicorn, openai" 2>/dev/null && compgen -G ".whl/*.whl" > /dev/null; then
+    python -m pip install -q --no-index --no-deps --no-compile --target /tmp/serve_site .whl/*.whl \
+      > "$OUT/serve_wheels.log" 2>&1 && export PYTHONPATH=$PYTHONPATH:/tmp/serve_site
+  fi
+  python -c "import fastapi, uvicorn, openai" 2>/dev/null || echo "serve: fastapi, uvicorn or openai is missing:" \
+    "run scripts/serve_wheels.sh where an index is reachable and carry .whl along"
+  in_len=${SERVE_INPUT_LEN:-512}; out_len=${SERVE_OUTPUT_LEN:-128}
+  python -c "import fastapi, uvicorn, openai" 2>/dev/null && for b in ${SERVE_BATCHES:-1 4}; do
+    eng=engines/serve_llama1b_bs$b
+    if [[ ! -f $eng/schedule.json ]]; then
+      sed "s/^max_batch_size: .*/max_batch_size: $b/" configs/h100_bs1.yaml > "$OUT/serve_llama1b_bs$b.yaml"
+      timeout 540 python -m trtllm_mk build --config "$OUT/serve_llama1b_bs$b.yaml" --output-dir $eng \
+        > "$OUT/serve_build_bs$b.log" 2>&1 || { echo "serve: build of batch $b failed"; tail -3 "$OUT/serve_build_bs$b.log"
+                                                continue; }
+    fi
+    timeout 300 python -m trtllm_mk bench --engine $eng --weights random --input-len $in_len --output-len $out_len \
+      --runs 3 --json "$OUT/serve_bench_bs$b.json" > "$OUT/serve_bench_bs$b.txt" 2>&1
+    cmp=(); [[ -f "$OUT/serve_bench_bs$b.json" ]] && cmp=(--compare-bench "$OUT/serve_bench_bs$b.json")
+    for c in 1 $( (( b > 1 )) && echo $b ); do
+      echo "== batch $b, concurrency $c" | tee -a "$OUT/serve.txt"
+      timeout 300 python -m benchmarks.serve_load --engine $eng --weights random --input-len $in_len \
+        --max-tokens $out_len --num-prompts $(( 16 * c )) --max-concurrency $c --warmup 2 ${cmp[@]+"${cmp[@]}"} \
+        --out "$OUT/serve_load_bs${b}_c$c" --no-progress 2>&1 | tail -12 | tee -a "$OUT/serve.txt"
+    done
+  done
 fi
 if [[ -n "${PACK_OUT:-}" ]]; then
   # a transport that brings back only a few files: one archive of everything under $OUT

@@ -4,6 +4,8 @@ and ``/v1/chat/completions``, streamed (server-sent events) or not, with usage c
 Errors follow OpenAI's body, ``{"error": {"message", "type", "param", "code"}}``: a malformed or
 unsupported request is 400, an unknown model 404, a full queue 429, a server that is shutting down
 (or whose engine failed) 503. A client that disconnects cancels its request, which frees its slot.
+``/v1/models`` lists, besides OpenAI's fields, ``max_model_len`` (as vLLM does), ``max_input_len`` and
+``vocab_size``, so a load generator (``benchmarks/serve_load.py``) can draw token-id prompts that fit.
 One prompt per request and ``n = 1``: clients batch by sending requests concurrently, which the
 scheduler puts into free slots as they arrive.
 """
@@ -109,7 +111,9 @@ def create_app(engine, model_name: str, max_queue: int | None = None) -> FastAPI
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": int(time.time()),
-                                            "owned_by": "trtllm_mk", "max_model_len": engine.max_seq_len}]}
+                                            "owned_by": "trtllm_mk", "max_model_len": engine.max_seq_len,
+                                            "max_input_len": engine.max_input_len,
+                                            "vocab_size": engine.spec.vocab_size}]}
 
     def check_common(body: _Common, default_max: int) -> dict:
         if body.model is not None and body.model != model_name:
@@ -150,18 +154,22 @@ def create_app(engine, model_name: str, max_queue: int | None = None) -> FastAPI
 
     async def collect(req, events: asyncio.Queue, http: HttpRequest) -> list[Event]:
         got = []
+        check_at = time.monotonic() + DISCONNECT_POLL_S
         try:
             while True:
                 try:
                     ev = await asyncio.wait_for(events.get(), DISCONNECT_POLL_S)
+                    got.append(ev)
+                    if ev.finish_reason is not None:
+                        return got
                 except asyncio.TimeoutError:
+                    pass
+                # on a clock, not only when the tokens pause: they may never pause for long
+                if time.monotonic() >= check_at:
                     if await http.is_disconnected():
                         sched.cancel(req)
                         return []
-                    continue
-                got.append(ev)
-                if ev.finish_reason is not None:
-                    return got
+                    check_at = time.monotonic() + DISCONNECT_POLL_S
         finally:
             if not req.done.is_set():
                 sched.cancel(req)
