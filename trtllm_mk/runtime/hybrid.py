@@ -45,6 +45,19 @@ STEPS_PER_ROUND = 8
 
 
 @dataclass
+class _Round:
+    """Decode steps launched from one host state of the slots (tokens, positions, sampling)."""
+    k: int
+    tok: list[int]
+    pos: list[int]
+    params: list
+    events: list
+
+    def matches(self, k: int, tok: list[int], pos: list[int], params: list) -> bool:
+        return self.k == k and self.tok == tok and self.pos == pos and self.params == params
+
+
+@dataclass
 class GenerationResult:
     tokens: list[list[int]]              # generated tokens per prompt (EOS included when hit)
     ttft_ms: float                       # until every prompt has its first token (prefills + first tokens)
@@ -150,6 +163,7 @@ class HybridEngine:
         self._tok = [0] * self.batch
         self._pos = [0] * self.batch
         self._params: list[SamplingParams | None] = [None] * self.batch   # as the decoder has them
+        self._ahead: _Round | None = None   # steps launched for the next decode call (GPU)
         self.step_ms: list[float] = []      # time of every decode step run so far
         self._scheduler = None
         self._tokenizer = None
@@ -227,10 +241,9 @@ class HybridEngine:
             self._tok[b], self._pos[b] = out[b][-1].token, self._pos[b] + 1
         return out
 
-    def _decode_gpu(self, busy: dict[int, SamplingParams], max_steps: int) -> dict[int, list[Choice]]:
+    def _launch(self, k: int) -> _Round:
+        """k decode steps from the host's slot state, launched and not waited for."""
         dec = self.decoder
-        with_lp = any(p.logprobs is not None for p in busy.values())
-        k = 1 if with_lp or not busy else max(1, min(max_steps, STEPS_PER_ROUND))
         dec.set_state(torch.tensor(self._tok), torch.tensor(self._pos))
         events = []
         for _ in range(k):
@@ -239,17 +252,34 @@ class HybridEngine:
             dec.step()
             e1.record()
             events.append((e0, e1))
+        return _Round(k, list(self._tok), list(self._pos), list(self._params), events)
+
+    def _decode_gpu(self, busy: dict[int, SamplingParams], max_steps: int) -> dict[int, list[Choice]]:
+        dec = self.decoder
+        with_lp = any(p.logprobs is not None for p in busy.values())
+        k = 1 if with_lp or not busy else max(1, min(max_steps, STEPS_PER_ROUND))
+        # the round launched ahead by the last call counts when it started from exactly this state
+        ahead, self._ahead = self._ahead, None
+        if ahead is None or not ahead.matches(k, self._tok, self._pos, self._params):
+            ahead = self._launch(k)
         dec.synchronize()
         # The kernel writes step s's token of row b at history[b, pos[b] + 1 + s].
         pos = torch.tensor(self._pos, device=self.device, dtype=torch.long)
         cols = (pos[:, None] + 1 + torch.arange(k, device=self.device)).clamp(max=dec.buf.history.shape[1] - 1)
         hist = torch.gather(dec.buf.history, 1, cols).cpu()
         logprobs, top_ids = (dec.buf.logprobs.cpu(), dec.buf.top_ids.cpu()) if with_lp else (None, None)
-        self.step_ms.extend(a.elapsed_time(b) for a, b in events)
+        self.step_ms.extend(a.elapsed_time(b) for a, b in ahead.events)
         out = {}
         for b, p in busy.items():
             out[b] = self._choices(b, [int(hist[b, s]) for s in range(k)], p, logprobs, top_ids)
             self._tok[b], self._pos[b] = out[b][-1].token, self._pos[b] + len(out[b])
+        # Launch the next round now, so the GPU decodes while the host hands these tokens out. Kept if
+        # the next call finds the same slots in the same state (no request ended, joined or changed);
+        # otherwise its steps are recomputed (same tokens: sampling depends on seed and position only)
+        # and what they wrote to the KV cache lies at positions the recomputation overwrites.
+        nxt = min(STEPS_PER_ROUND, max_steps - k)
+        if busy and not with_lp and nxt >= 1 and max(self._pos[b] for b in busy) + nxt < self.max_seq_len:
+            self._ahead = self._launch(nxt)
         return out
 
     # ------------------------------------------------------------------ requests
