@@ -307,3 +307,40 @@ def test_kernel_numerics_reference_models_the_rounding_points(family):
     # one, and overall well below it (a single ulp flip with QK-norm can cost a step ~half its margin)
     assert all(c < l for c, l in zip(close, loose))
     assert sum(close) < 0.5 * sum(loose)
+
+
+def test_argmax_samples_each_row_as_its_params_say():
+    """ARGMAX's CPU semantics choose per row (trtllm_mk.sampling, as the kernel does in place): a greedy
+    row keeps the first argmax, a sampled row repeats with its seed, and draws from one fixed state
+    with many seeds follow the reference distribution (Pearson's chi-square)."""
+    from scipy.stats import chisquare
+
+    from trtllm_mk.sampling import SamplingParams, reference_probs, sample
+    spec = _spec("llama")
+    w = _weights(spec)
+    ex = CpuExecutor(spec, w, round_robin_schedule(spec, PLAN, 3, batch=2), _cache(spec, 2))
+    tok, pos = torch.tensor([7, 8]), torch.tensor([3, 5])
+    params = SamplingParams(temperature=1.0, top_k=6, seed=0, logprobs=2)
+    counts = torch.zeros(spec.vocab_size, dtype=torch.long)
+    draws = 400
+    for i in range(draws):
+        p = dataclasses.replace(params, seed=i)
+        ex.set_sampling(1, p)
+        logits, nxt = ex.step(tok, pos)
+        assert int(nxt[0]) == int(logits[0].argmax())              # row 0: greedy, untouched
+        want = sample(logits[1], p, int(pos[1]) + 1)
+        assert int(nxt[1]) == want.token and ex.history[1, int(pos[1]) + 1] == want.token
+        assert abs(float(ex.logprobs[1, 0]) - want.logprob) < 1e-6
+        assert [int(t) for t in ex.top_ids[1, :2]] == [i for i, _ in want.top_logprobs]
+        counts[int(nxt[1])] += 1
+    probs = reference_probs(logits[1], params)
+    kept = probs > 0
+    assert counts[~kept].sum() == 0
+    e, o = (probs[kept] * draws).double(), counts[kept].double()
+    order = torch.argsort(e)
+    e, o = e[order], o[order]
+    cut = int((torch.cumsum(e, 0) < 5).sum())   # pool the rarest cells until each expects >= 5 draws
+    if cut:
+        e = torch.cat([e[:cut + 1].sum().reshape(1), e[cut + 1:]])
+        o = torch.cat([o[:cut + 1].sum().reshape(1), o[cut + 1:]])
+    assert chisquare(o.numpy(), e.numpy()).pvalue > 1e-3
