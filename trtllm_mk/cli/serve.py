@@ -45,6 +45,7 @@ def main(argv=None) -> int:
         raise UserError("--max-queue must be >= 0")
     from ..runtime.hybrid import HybridEngine
     eng = HybridEngine(args.engine, weights=args.weights, simulate=args.simulate, seed=args.seed)
+    eng.record_steps = False   # a server runs for days: per-step times would only accumulate
     eng.tokenizer   # read it now: a broken tokenizer fails at start, not on the first request
     name = args.served_model_name or Path(args.engine).resolve().name
     app = create_app(eng, name, max_queue=args.max_queue)

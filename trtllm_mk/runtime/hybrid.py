@@ -164,7 +164,8 @@ class HybridEngine:
         self._pos = [0] * self.batch
         self._params: list[SamplingParams | None] = [None] * self.batch   # as the decoder has them
         self._ahead: _Round | None = None   # steps launched for the next decode call (GPU)
-        self.step_ms: list[float] = []      # time of every decode step run so far
+        self.step_ms: list[float] = []      # time of every decode step run so far (while recorded)
+        self.record_steps = True            # a long-running server turns this off: the list only grows
         self._scheduler = None
         self._tokenizer = None
         self._eos: set[int] | None = None
@@ -234,7 +235,8 @@ class HybridEngine:
     def _decode_cpu(self, busy: dict[int, SamplingParams]) -> dict[int, list[Choice]]:
         t = time.perf_counter()
         _, tokens = self.decoder.step(torch.tensor(self._tok), torch.tensor(self._pos))
-        self.step_ms.append((time.perf_counter() - t) * 1e3)
+        if self.record_steps:
+            self.step_ms.append((time.perf_counter() - t) * 1e3)
         out = {}
         for b, p in busy.items():
             out[b] = self._choices(b, [int(tokens[b])], p, self.decoder.logprobs, self.decoder.top_ids)
@@ -268,7 +270,8 @@ class HybridEngine:
         cols = (pos[:, None] + 1 + torch.arange(k, device=self.device)).clamp(max=dec.buf.history.shape[1] - 1)
         hist = torch.gather(dec.buf.history, 1, cols).cpu()
         logprobs, top_ids = (dec.buf.logprobs.cpu(), dec.buf.top_ids.cpu()) if with_lp else (None, None)
-        self.step_ms.extend(a.elapsed_time(b) for a, b in ahead.events)
+        if self.record_steps:
+            self.step_ms.extend(a.elapsed_time(b) for a, b in ahead.events)
         out = {}
         for b, p in busy.items():
             out[b] = self._choices(b, [int(hist[b, s]) for s in range(k)], p, logprobs, top_ids)
