@@ -2,7 +2,12 @@
 engine directory (see engine.py for its layout).
 
 Nothing is decided at run time: the schedule searched here is compiled into the kernel. A schedule
-that fails validation is never written; the directory is assembled beside its destination and
+that fails validation is never written; nor is a kernel that spills registers, unless the user allows
+it: the search's ranked plans are compiled best first (megakernel.max_plan_attempts of them at most)
+and the first whose kernel ptxas reports without spill stores or loads in any function is taken,
+each plan skipped named with its spills; when every plan tried spills, the build fails naming the
+spills of the best one, or, with megakernel.allow_spills, ships it with a warning. The report and
+kernel.json record the kernel's registers and spills per function, and the plans skipped. the directory is assembled beside its destination and
 moved into place only when complete, so an interrupted build never leaves a half engine behind, and it
 replaces only an engine (engine_target.py).
 """
@@ -10,17 +15,26 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from tqdm import tqdm
 
 from .codegen import find_nvcc, kernel_smem_bytes
 from .config import DeploymentConfig
-from .engine import write_checkpoint_record, write_kernel, write_manifest
+from .engine import KernelBuild, compile_kernel, write_checkpoint_record, write_kernel, write_manifest
 from .engine_target import EngineTarget
+from .graph.tasks import StepGraph
 from .errors import ConfigError, EngineError
 from .report import write_report
-from .search import search
+from .schedule import Schedule
+from .search import SearchStats, search_candidates
 from .smem import plan_smem
-from .verify import check
+from .verify import ValidationReport, check
+
+
+class SpillError(EngineError):
+    """Every plan the build compiled spills registers, and the config does not allow spills."""
 
 
 def check_buildable(cfg: DeploymentConfig) -> None:
@@ -34,6 +48,84 @@ def check_buildable(cfg: DeploymentConfig) -> None:
                           "executor read these checkpoints dequantized)")
 
 
+def _candidate(schedule: Schedule, gpu) -> tuple:
+    """A searched schedule's graph and validation; a plan the kernel's shared memory cannot hold is
+    a bug of the search's shared-memory model, never skipped silently."""
+    graph = schedule.graph()
+    report = check(schedule, graph)        # raises ScheduleError naming the first offending task
+    smem_need = kernel_smem_bytes(graph)
+    if smem_need > gpu.smem_per_block_optin:  # the search's smem model must agree with the kernel's layout
+        raise EngineError(f"searched plan needs {smem_need} B of shared memory per block, "
+                          f"{gpu.name} allows {gpu.smem_per_block_optin} B (smem model out of sync with kernel)")
+    return graph, report
+
+
+def _plan_line(rank: int, schedule: Schedule) -> str:
+    return f"plan {rank + 1} (predicted {schedule.predicted_step_us / 1000:.3f} ms/step)"
+
+
+@dataclass
+class ChosenPlan:
+    """The plan a build ships: its rank among the search's plans (0: the search's first choice), its
+    schedule, graph and validation, its compiled kernel, and the plans skipped before it."""
+    rank: int
+    schedule: Schedule
+    stats: SearchStats
+    graph: StepGraph
+    validation: ValidationReport
+    kernel: KernelBuild
+    skipped: list[dict] = field(default_factory=list)
+
+
+def compile_without_spills(cfg: DeploymentConfig, candidates, show_progress: bool = True,
+                           log=print) -> ChosenPlan:
+    """Compile the ranked ``candidates`` ((schedule, stats) pairs, best first) until one's kernel does
+    not spill, and return it. When every candidate spills: SpillError, or with
+    megakernel.allow_spills the best candidate."""
+    gpu, mk = cfg.gpu_spec, cfg.megakernel
+    skipped: list[dict] = []
+    first = None
+    bar = None
+    try:
+        for rank, (schedule, stats) in enumerate(candidates):
+            graph, validation = _candidate(schedule, gpu)
+            kernel = compile_kernel(schedule, cfg.kv_cache_config.tokens_per_block, cfg.max_seq_len,
+                                    gpu.nvcc_arch, use_bulk_copy=gpu.has_tma)
+            if bar is not None:
+                bar.update(1)
+            plan = ChosenPlan(rank, schedule, stats, graph, validation, kernel, skipped)
+            if not kernel.spills:
+                return plan
+            ptx = kernel.ptxas
+            skipped.append({"rank": rank + 1, "plan": schedule.plan.to_dict(),
+                            "predicted_step_us": round(schedule.predicted_step_us, 2),
+                            "spill_stores": ptx.spill_stores, "spill_loads": ptx.spill_loads,
+                            "spills": kernel.describe_spills()})
+            first = first or plan
+            more = rank + 1 < mk.max_plan_attempts
+            log(f"{_plan_line(rank, schedule)} skipped: its kernel spills registers ({kernel.describe_spills()})"
+                + ("; compiling the next ranked plan" if more else ""))
+            if bar is None and more:
+                bar = tqdm(total=mk.max_plan_attempts, initial=rank + 1, desc="compiling ranked plans",
+                           unit="plan", disable=not show_progress, leave=False)
+    finally:
+        if bar is not None:
+            bar.close()
+    rank, schedule, kernel = first.rank, first.schedule, first.kernel
+    n = len(skipped)
+    what = (f"every one of the {n} ranked plans compiled spills registers; the best, "
+            f"{_plan_line(rank, schedule)}, spills {kernel.ptxas.spill_stores} B of stores and "
+            f"{kernel.ptxas.spill_loads} B of loads ({kernel.describe_spills()})")
+    if not mk.allow_spills:
+        raise SpillError(f"{cfg.source or cfg.name}: {what}; raise megakernel.max_plan_attempts "
+                         f"(now {mk.max_plan_attempts}) to compile more plans, or set megakernel.allow_spills: "
+                         "true to ship it")
+    log(f"WARNING: {what}; shipping it because megakernel.allow_spills is set (the kernel is slower "
+        "than the cost model predicts)")
+    first.skipped = [s for s in skipped if s["rank"] != rank + 1]
+    return first
+
+
 def build_engine(cfg: DeploymentConfig, output_dir: str | Path | None = None, show_progress: bool = True,
                  log=print) -> tuple[Path, dict]:
     """Build the engine of ``cfg``; returns (engine directory, report dict)."""
@@ -43,25 +135,34 @@ def build_engine(cfg: DeploymentConfig, output_dir: str | Path | None = None, sh
     find_nvcc()                                # before the search: a missing compiler is no late surprise
     with EngineTarget(out) as target:          # likewise a folder the build may not write or replace
         t0 = time.perf_counter()
-        schedule, stats = search(spec, cfg.max_batch_size, gpu, context_len=mk.context_len,
-                                 budget_s=mk.search_budget_s, seed=mk.seed, show_progress=show_progress)
+        candidates = search_candidates(spec, cfg.max_batch_size, gpu, context_len=mk.context_len,
+                                       budget_s=mk.search_budget_s, seed=mk.seed, show_progress=show_progress,
+                                       max_plans=mk.max_plan_attempts)
+        best = next(candidates)
         t_search = time.perf_counter() - t0
-        graph = schedule.graph()
-        report = check(schedule, graph)        # raises ScheduleError naming the first offending task
-        smem_need = kernel_smem_bytes(graph)
-        if smem_need > gpu.smem_per_block_optin:  # the search's smem model must agree with the kernel's layout
-            raise EngineError(f"searched plan needs {smem_need} B of shared memory per block, "
-                              f"{gpu.name} allows {gpu.smem_per_block_optin} B (smem model out of sync with kernel)")
+
+        def ranked():
+            yield best
+            yield from candidates
+
+        t1 = time.perf_counter()
+        chosen = compile_without_spills(cfg, ranked(), show_progress, log)
+        t_compile = time.perf_counter() - t1
+        schedule, kernel, graph = chosen.schedule, chosen.kernel, chosen.graph
         tmp = target.tmp
         (tmp / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1, sort_keys=True) + "\n")
         schedule.save(tmp / "schedule.json")
-        t1 = time.perf_counter()
-        write_kernel(tmp, schedule, cfg.kv_cache_config.tokens_per_block, cfg.max_seq_len, gpu.nvcc_arch,
-                     use_bulk_copy=gpu.has_tma)
-        t_compile = time.perf_counter() - t1
-        rep = write_report(tmp, schedule, stats, plan_smem(spec, cfg.max_batch_size, schedule.plan), graph, gpu)
+        write_kernel(tmp, schedule, kernel)
+        resources = kernel.resources
+        kernel_rep = {"target": gpu.nvcc_arch, **{k: resources[k] for k in ("registers", "spill_stores",
+                                                                           "spill_loads", "stack_frame")},
+                      "spills": kernel.describe_spills() or None, "functions": resources["functions"],
+                      "plan_rank": chosen.rank + 1, "plans_skipped": chosen.skipped,
+                      "allow_spills": mk.allow_spills}
+        rep = write_report(tmp, schedule, chosen.stats, plan_smem(spec, cfg.max_batch_size, schedule.plan), graph, gpu,
+                           kernel=kernel_rep)
         rep["build"] = {"search_s": round(t_search, 2), "compile_s": round(t_compile, 2),
-                        "validation": report.summary()}
+                        "validation": chosen.validation.summary()}
         (tmp / "report.json").write_text(json.dumps(rep, indent=1, sort_keys=True) + "\n")
         write_checkpoint_record(tmp, cfg.checkpoint_dir)
         write_manifest(tmp)

@@ -42,7 +42,8 @@ SCHEMA: dict[str, tuple[str, ...]] = {
          "kv_cache_config", "cuda_graph_config", "prefill", "megakernel", "quantization"),
     "kv_cache_config": ("tokens_per_block", "dtype", "free_gpu_memory_fraction"),
     "prefill": ("backend",),
-    "megakernel": ("mode", "search_budget_s", "seed", "output_dir", "context_len"),
+    "megakernel": ("mode", "search_budget_s", "seed", "output_dir", "context_len", "allow_spills",
+                   "max_plan_attempts"),
     "quantization": ("quant_algo", "group_size", "has_zero_point", "exclude_modules"),
 }
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -68,6 +69,10 @@ class MegakernelConfig:
     mode: str = "static"
     search_budget_s: float = 60.0
     seed: int = 0
+    # A plan whose kernel spills registers is skipped for the next ranked plan, up to this many
+    # plans compiled; when all of them spill the build fails, unless allow_spills ships the best one.
+    max_plan_attempts: int = 6
+    allow_spills: bool = False
 
 
 @dataclass(frozen=True)
@@ -120,7 +125,8 @@ class DeploymentConfig:
             "cuda_graph_config": copy.deepcopy(self.cuda_graph_config),
             "prefill": {"backend": self.prefill.backend},
             "megakernel": {"mode": mk.mode, "search_budget_s": mk.search_budget_s, "seed": mk.seed,
-                           "output_dir": str(mk.output_dir), "context_len": mk.context_len},
+                           "output_dir": str(mk.output_dir), "context_len": mk.context_len,
+                           "allow_spills": mk.allow_spills, "max_plan_attempts": mk.max_plan_attempts},
             **({"quantization": copy.deepcopy(self.quantization)} if self.quantization is not None else {}),
         }
 
@@ -236,6 +242,14 @@ class _Section:
             self.fail(key, f"expected an integer, got {_type_name(v)}")
         if v < minimum:
             self.fail(key, f"{v} must be >= {minimum}")
+        return v
+
+    def boolean(self, key: str, default: bool) -> bool:
+        if not self._given(key, default):
+            return default
+        v = self.raw[key]
+        if not isinstance(v, bool):
+            self.fail(key, f"expected true or false, got {_type_name(v)}")
         return v
 
     def number(self, key: str, default: float) -> float:
@@ -357,7 +371,10 @@ def parse_config(data: Any, where: str = "<config>", base_dir: str | Path | None
         mk_s.fail("context_len", f"{context_len} exceeds max_seq_len {max_seq_len}; the schedule is optimised for "
                                  f"a context the engine can reach (use at most {max_seq_len})")
     megakernel = MegakernelConfig(output_dir=output_dir, context_len=context_len, mode=mode,
-                                  search_budget_s=budget, seed=seed)
+                                  search_budget_s=budget, seed=seed,
+                                  max_plan_attempts=mk_s.integer("max_plan_attempts",
+                                                                 MegakernelConfig.max_plan_attempts),
+                                  allow_spills=mk_s.boolean("allow_spills", False))
 
     gpu_spec = _resolve_gpu(top.string("gpu"), where)
     model = _resolve_model_path(top.string("model"), Path(base_dir) if base_dir is not None else Path.cwd())

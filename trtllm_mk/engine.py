@@ -4,8 +4,9 @@
     schedule.json    searched per-SM schedule (versioned, checksummed; holds the model spec)
     megakernel.cu    generated, self-contained CUDA source
     megakernel.cubin compiled for the config's GPU target
-    kernel.json      launch layout for the host runtime and the TensorRT plugin
-    ptxas.txt        registers / shared memory / spills of the compiled kernel
+    kernel.json      launch layout for the host runtime and the TensorRT plugin; "resources": registers,
+                     stack frame and spill bytes per function, as ptxas reported them
+    ptxas.txt        ptxas's report itself (registers / shared memory / spills of the compiled kernel)
     report.json, report.md, gantt.png   predicted latency, smem, naive vs searched, search statistics
     checkpoint.json  the checkpoint the engine was built from (path and fingerprint), or none
     manifest.json    sha256 of every file above (checked by `verify` and on open)
@@ -14,12 +15,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import seam
 from .codegen import KERNEL_NAME, KernelLayout, arch_sm, compile_cubin, cubin_sm, generate_source
+from .codegen.ptxas import PtxasReport, parse_ptxas
 from .errors import EngineError, UserError, read_json_object
 from .gpus import get_gpu
 from .schedule import Schedule
@@ -31,8 +34,9 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def kernel_json(schedule: Schedule, layout: KernelLayout, target: str) -> dict:
-    """Launch layout + dimensions: everything a host (Python runtime, TensorRT plugin) needs."""
+def kernel_json(schedule: Schedule, layout: KernelLayout, target: str, resources: dict | None = None) -> dict:
+    """Launch layout + dimensions: everything a host (Python runtime, TensorRT plugin) needs, and the
+    kernel's registers and spills (``resources``, KernelBuild.resources)."""
     g = schedule.graph()
     d = g.dims
     return {
@@ -45,6 +49,7 @@ def kernel_json(schedule: Schedule, layout: KernelLayout, target: str) -> dict:
         "dims": {"L": d.layers, "H": d.hidden, "I": d.intermediate, "V": d.vocab, "NH": d.heads, "NKV": d.kv_heads,
                  "D": d.head_dim, "G": d.group, "QKVR": d.qkv_rows},
         "params": seam.params_layout_json(),
+        **({"resources": resources} if resources is not None else {}),
     }
 
 
@@ -55,15 +60,65 @@ def layout_from_kernel_json(k: dict) -> KernelLayout:
                         tokens_per_block=k["tokens_per_block"], trace_tasks=k.get("trace_tasks", 0))
 
 
-def write_kernel(engine_dir: Path, schedule: Schedule, tokens_per_block: int, max_seq_len: int, target: str,
-                 use_bulk_copy: bool) -> KernelLayout:
-    """Generate, compile (cached) and write the megakernel of ``schedule`` into ``engine_dir``."""
+_KIND_TEMPLATE = re.compile(r"^(run_task|prefetch_next_step)<(\d+)>$")
+
+
+def kernel_function_name(readable: str) -> str:
+    """The megakernel's functions templated on a task kind, named by the kind: ``run_task<3>`` ->
+    ``run_task<COMBINE>`` (the template argument is the kind's number, kinds/__init__.py)."""
+    from .graph.tasks import Kind
+    m = _KIND_TEMPLATE.match(readable)
+    if m is None:
+        return readable
+    try:
+        return f"{m.group(1)}<{Kind(int(m.group(2))).name}>"
+    except ValueError:
+        return readable
+
+
+@dataclass
+class KernelBuild:
+    """The compiled megakernel of one schedule: its source, launch layout, cached cubin and ptxas's
+    report (parsed in ``ptxas``)."""
+    source: str
+    layout: KernelLayout
+    cubin: Path
+    ptxas_text: str
+    target: str
+
+    @property
+    def ptxas(self) -> PtxasReport:
+        return parse_ptxas(self.ptxas_text)
+
+    @property
+    def spills(self) -> bool:
+        return bool(self.ptxas.spilling)
+
+    def describe_spills(self) -> str:
+        return self.ptxas.describe_spills(kernel_function_name)
+
+    @property
+    def resources(self) -> dict:
+        return self.ptxas.to_dict(kernel_function_name)
+
+
+def compile_kernel(schedule: Schedule, tokens_per_block: int, max_seq_len: int, target: str,
+                   use_bulk_copy: bool) -> KernelBuild:
+    """Generate and compile (cached) the megakernel of ``schedule``."""
     src, layout = generate_source(schedule, tokens_per_block, max_seq_len, use_bulk_copy)
-    (engine_dir / "megakernel.cu").write_text(src)
-    _, ptxas = compile_cubin(src, target, out_path=engine_dir / "megakernel.cubin")
-    (engine_dir / "ptxas.txt").write_text(ptxas)
-    (engine_dir / "kernel.json").write_text(json.dumps(kernel_json(schedule, layout, target), indent=1) + "\n")
-    return layout
+    cubin, ptxas = compile_cubin(src, target)
+    return KernelBuild(source=src, layout=layout, cubin=cubin, ptxas_text=ptxas, target=target)
+
+
+def write_kernel(engine_dir: Path, schedule: Schedule, kernel: KernelBuild) -> KernelLayout:
+    """Write the compiled megakernel of ``schedule`` (source, cubin, ptxas report, launch layout)
+    into ``engine_dir``."""
+    (engine_dir / "megakernel.cu").write_text(kernel.source)
+    (engine_dir / "megakernel.cubin").write_bytes(kernel.cubin.read_bytes())
+    (engine_dir / "ptxas.txt").write_text(kernel.ptxas_text)
+    (engine_dir / "kernel.json").write_text(
+        json.dumps(kernel_json(schedule, kernel.layout, kernel.target, kernel.resources), indent=1) + "\n")
+    return kernel.layout
 
 
 def write_checkpoint_record(engine_dir: Path, checkpoint_dir: Path | None) -> None:

@@ -1,4 +1,5 @@
-"""Engine report: predicted latency, bandwidth use, shared memory, naive vs searched, search statistics.
+"""Engine report: predicted latency, bandwidth use, shared memory, naive vs searched, search statistics,
+and the compiled kernel's registers and spills (with the plans the build skipped for spilling).
 
 ``write_report`` writes into the engine directory:
   report.json  machine-readable (the numbers below, plus the search statistics verbatim)
@@ -46,9 +47,10 @@ def _stats_dict(stats) -> dict:
 
 
 def build_report(schedule: Schedule, stats=None, smem: SmemBreakdown | None = None, graph: StepGraph | None = None,
-                 gpu: GpuSpec | None = None, sim=None) -> dict:
+                 gpu: GpuSpec | None = None, sim=None, kernel: dict | None = None) -> dict:
     """The report as a dict (what report.json holds); ``sim`` is a recorded exact simulation of
-    ``schedule`` (computed when not given)."""
+    ``schedule`` (computed when not given); ``kernel``: the compiled kernel's resources as the builder
+    records them (registers, spill bytes, per function, plans skipped), when there is one."""
     gpu = gpu or get_gpu(schedule.gpu)
     graph = graph or schedule.graph()
     spec, plan, B = schedule.spec, schedule.plan, schedule.batch
@@ -82,6 +84,8 @@ def build_report(schedule: Schedule, stats=None, smem: SmemBreakdown | None = No
         "phase_spans_us": _phase_spans(sim, graph),
         "search": {k: v for k, v in st.items() if k != "ksplit"},
     }
+    if kernel is not None:
+        rep["kernel"] = kernel
     return rep
 
 
@@ -147,6 +151,7 @@ def render_markdown(rep: dict) -> str:
                   "| kind | start | end |", "|---|---|---|"]
         for k, (a, b) in sorted(spans.items(), key=lambda kv: kv[1][0]):
             lines.append(f"| {k} | {a:.1f} | {b:.1f} |")
+    lines += _kernel_section(rep.get("kernel"))
     lines += ["", "## Search", "", "| statistic | value |", "|---|---|"]
     for k in ("seed", "budget_s", "search_time_s", "plan_evals", "work_budget", "sweeps", "list_schedule_us",
               "improve_steps", "improve_accepted", "improved_us", "sim_layers", "calibration"):
@@ -155,6 +160,31 @@ def render_markdown(rep: dict) -> str:
             lines.append(f"| {k} | {v:.3f} |" if isinstance(v, float) else f"| {k} | {v} |")
     lines += ["", "![per-SM timeline](gantt.png)", ""]
     return "\n".join(lines)
+
+
+def _kernel_section(k: dict | None) -> list[str]:
+    """Registers and spills of the compiled kernel (ptxas), and the plans skipped for spilling."""
+    if not k:
+        return []
+    lines = ["", f"## Kernel ({k['target']}, ptxas)", ""]
+    if k.get("spills"):
+        lines += [f"**WARNING: the kernel spills registers: {k['spill_stores']} B of spill stores, "
+                  f"{k['spill_loads']} B of spill loads ({k['spills']}); shipped because megakernel.allow_spills "
+                  "is set. The step is slower than predicted.**", ""]
+    lines += [f"{k['registers']} registers per thread, {k['stack_frame']} B stack frame, "
+              f"{k['spill_stores']} B spill stores, {k['spill_loads']} B spill loads; "
+              f"plan {k['plan_rank']} of the search's ranking.", "",
+              "| function | stack frame | spill stores | spill loads | registers |", "|---|---|---|---|---|"]
+    for name, f in k["functions"].items():
+        regs = "" if f["registers"] is None else f["registers"]
+        lines.append(f"| {name} | {f['stack_frame']} B | {f['spill_stores']} B | {f['spill_loads']} B | {regs} |")
+    if k.get("plans_skipped"):
+        lines += ["", "Plans skipped because their kernels spill registers:", "",
+                  "| rank | predicted step | spill stores | spill loads | spilling functions |", "|---|---|---|---|---|"]
+        for s in k["plans_skipped"]:
+            lines.append(f"| {s['rank']} | {s['predicted_step_us'] / 1000:.3f} ms | {s['spill_stores']} B | "
+                         f"{s['spill_loads']} B | {s['spills']} |")
+    return lines
 
 
 FAMILY_TITLES = {"no_ksplit": "no task K-split (rows may stream in pieces)",
@@ -246,15 +276,16 @@ def plot_gantt(sim, graph: StepGraph, path: Path, title: str = "") -> None:
 
 
 def write_report(engine_dir: str | Path, schedule: Schedule, stats=None, smem: SmemBreakdown | None = None,
-                 graph: StepGraph | None = None, gpu: GpuSpec | None = None) -> dict:
+                 graph: StepGraph | None = None, gpu: GpuSpec | None = None, kernel: dict | None = None) -> dict:
     """Write report.json, report.md and gantt.png into ``engine_dir``; return the report dict.
-    ``stats`` (SearchStats or its dict) defaults to the statistics stored in ``schedule.meta``."""
+    ``stats`` (SearchStats or its dict) defaults to the statistics stored in ``schedule.meta``;
+    ``kernel`` as in ``build_report``."""
     out = Path(engine_dir)
     out.mkdir(parents=True, exist_ok=True)
     gpu = gpu or get_gpu(schedule.gpu)
     graph = graph or schedule.graph()
     sim = predict(schedule, gpu, record=True)
-    rep = build_report(schedule, stats, smem, graph, gpu, sim)
+    rep = build_report(schedule, stats, smem, graph, gpu, sim, kernel)
     (out / "report.json").write_text(json.dumps(rep, indent=1, sort_keys=True) + "\n")
     (out / "report.md").write_text(render_markdown(rep))
     title = (f"{rep['model']} b{rep['batch']} on {rep['gpu']}: predicted {rep['predicted_step_us'] / 1000:.3f} ms/step, "

@@ -65,6 +65,14 @@ def summary(out: Path, rep: dict) -> str:
         f"  naive schedule          {rep['naive_step_us'] / 1000:.3f} ms/token "
         f"(searched is {rep['improvement_pct']:.1f}% faster)",
         f"  search / compile        {b.get('search_s', 0):.1f} s / {b.get('compile_s', 0):.1f} s; {b.get('validation', '')}",
+    ]
+    k = rep.get("kernel")
+    if k:
+        skipped = len(k.get("plans_skipped") or [])
+        lines.append(f"  kernel                  {k['registers']} registers, " + (
+            f"SPILLS {k['spill_stores']} B stores / {k['spill_loads']} B loads (allowed by megakernel.allow_spills)"
+            if k.get("spills") else "no spills") + (f"; {skipped} spilling plan(s) skipped" if skipped else ""))
+    lines += [
         f"  report                  {out / 'report.md'}, {out / 'gantt.png'}",
     ]
     return "\n".join(lines)

@@ -1,7 +1,9 @@
 """Compile generated megakernel source to a cubin with nvcc, cached by content hash.
 
 The cache key covers the source, the target and the nvcc version, so a rebuild of the same engine
-costs nothing. Cache directory: $TRTLLM_MK_CACHE or ~/.cache/trtllm_mk/cubin.
+costs nothing. Cache directory: $TRTLLM_MK_CACHE or ~/.cache/trtllm_mk/cubin; ptxas's resource report
+(``-Xptxas -v``: registers, stack, spills; ptxas.py parses it) is kept beside each cubin as
+``KEY.ptxas.txt``, so a cache hit knows its spills too (a cubin without its report is compiled again).
 """
 from __future__ import annotations
 
@@ -105,7 +107,7 @@ def compile_cubin(source: str, arch: str, out_path: Path | None = None, debug: b
     key = hashlib.sha256("\0".join([source, arch, nvcc_version(nvcc), *flags]).encode()).hexdigest()[:24]
     cached = cache_dir() / f"{key}.cubin"
     report_path = cached.with_suffix(".ptxas.txt")
-    if not cached.exists():
+    if not (cached.exists() and report_path.exists()):
         with tempfile.TemporaryDirectory() as tmp:
             src = Path(tmp) / "megakernel.cu"
             src.write_text(source)
@@ -118,5 +120,4 @@ def compile_cubin(source: str, arch: str, out_path: Path | None = None, debug: b
             shutil.move(str(tmp_out), cached)
     if out_path is not None:
         shutil.copyfile(cached, out_path)
-    report = report_path.read_text() if report_path.exists() else ""
-    return (out_path or cached), report
+    return (out_path or cached), report_path.read_text()

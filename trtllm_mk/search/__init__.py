@@ -11,8 +11,8 @@
 """
 from .calibration import Calibration, load_calibration
 from .naive import naive_plan, naive_programs, naive_schedule
-from .search import SearchStats, predict, schedule_plan, search, search_deployment
+from .search import SearchStats, predict, schedule_plan, search, search_candidates, search_deployment
 from .simulate import SimResult, SimulationError, Simulator, simulate
 
 __all__ = ["Calibration", "load_calibration", "naive_plan", "naive_programs", "naive_schedule", "SearchStats",
-           "predict", "schedule_plan", "search", "search_deployment", "SimResult", "SimulationError", "Simulator", "simulate"]
+           "predict", "schedule_plan", "search", "search_candidates", "search_deployment", "SimResult", "SimulationError", "Simulator", "simulate"]

@@ -24,8 +24,8 @@ reported, not used. Small problems converge before their budget is spent.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Callable
+from dataclasses import asdict, dataclass, field, replace
+from typing import Callable, Iterator
 
 import numpy as np
 from tqdm import tqdm
@@ -91,6 +91,18 @@ def search(spec: ModelSpec, batch: int, gpu: GpuSpec, context_len: int = 512, bu
 
     ``progress(stage, done, total)`` is called after every plan evaluation and improvement step;
     ``show_progress`` draws a tqdm bar on stderr."""
+    return next(search_candidates(spec, batch, gpu, context_len, budget_s, seed, progress, calibration, num_sms,
+                                  show_progress))
+
+
+def search_candidates(spec: ModelSpec, batch: int, gpu: GpuSpec, context_len: int = 512, budget_s: float = 60.0,
+                      seed: int = 0, progress: Progress | None = None, calibration: Calibration | None = None,
+                      num_sms: int | None = None, show_progress: bool = False,
+                      max_plans: int | None = None) -> Iterator[tuple[Schedule, SearchStats]]:
+    """The schedules of the search's ranked plans, best first (at most ``max_plans``): the first is
+    ``search``'s; each later one is the next plan of the ranking (every plan the plan stages evaluated,
+    by predicted time, then shared memory) with a local improvement of its own, computed only when
+    asked for. The builder walks them until one compiles without register spills."""
     t_start = time.perf_counter()
     cal = (calibration or load_calibration(gpu)).resolved(gpu)
     nsm = num_sms or gpu.sm_count
@@ -147,29 +159,35 @@ def search(spec: ModelSpec, batch: int, gpu: GpuSpec, context_len: int = 512, bu
     stats.plan_evals = ev.evals
     stats.smem_chosen = chosen.peak_smem
     stats.ksplit = compare(ev, chosen, fastest, SMEM_TOLERANCE)
+    ranked = [chosen] + sorted((e for e in ev.cache.values() if e.plan != chosen.plan),
+                               key=lambda e: (e.step_us, e.peak_smem))
+    base_work = ev.work
 
-    # 4. local improvement of the chosen plan's assignment
-    graph = ev.graph(chosen.plan)
-    sim = Simulator(graph, gpu, cal, layers=SIM_LAYERS)
-    stats.list_schedule_us = chosen.step_us
-    step_work = 1.3 * sim.n                   # one simulation plus the bookkeeping of a move
-    steps = int(w_improve / step_work)
-    base = ev.work
-    programs, _, istats = improve(graph, sim, chosen.programs, nsm, steps, np.random.default_rng(seed),
-                                  progress=lambda i, n: report("improve", base + i * step_work))
-    stats.improve_steps, stats.improve_accepted, stats.improved_us = istats.steps, istats.accepted, istats.end_us
-    stats.work_spent = round(ev.work + steps * step_work)
-    bar.close()
+    for rank, pe in enumerate(ranked[:max_plans]):
+        st = stats if rank == 0 else replace(stats, smem_chosen=pe.peak_smem)
+        tick = (lambda i, n: report("improve", base_work + i * step_work)) if rank == 0 else None
+        # 4. local improvement of the plan's assignment
+        graph = ev.graph(pe.plan)
+        sim = Simulator(graph, gpu, cal, layers=SIM_LAYERS)
+        st.list_schedule_us = pe.step_us
+        step_work = 1.3 * sim.n                   # one simulation plus the bookkeeping of a move
+        steps = int(w_improve / step_work)
+        programs, _, istats = improve(graph, sim, pe.programs, nsm, steps, np.random.default_rng(seed),
+                                      progress=tick)
+        st.improve_steps, st.improve_accepted, st.improved_us = istats.steps, istats.accepted, istats.end_us
+        st.work_spent = round(base_work + steps * step_work)
+        if rank == 0:
+            bar.close()
 
-    # 5. exact prediction
-    final = Simulator(graph, gpu, cal).run(programs)
-    stats.predicted_us = final.step_us
-    stats.improvement_pct = 100.0 * (stats.naive_us - final.step_us) / stats.naive_us
-    stats.search_time_s = time.perf_counter() - t_start
-    sched = Schedule(spec=spec, batch=batch, plan=chosen.plan, num_sms=nsm, gpu=gpu.name, programs=programs,
-                     context_len=context_len, predicted_step_us=final.step_us,
-                     meta={"search": stats.meta()})
-    return sched, stats
+        # 5. exact prediction
+        final = Simulator(graph, gpu, cal).run(programs)
+        st.predicted_us = final.step_us
+        st.improvement_pct = 100.0 * (st.naive_us - final.step_us) / st.naive_us
+        st.search_time_s = time.perf_counter() - t_start
+        sched = Schedule(spec=spec, batch=batch, plan=pe.plan, num_sms=nsm, gpu=gpu.name, programs=programs,
+                         context_len=context_len, predicted_step_us=final.step_us,
+                         meta={"search": st.meta()})
+        yield sched, st
 
 
 def search_deployment(cfg, budget_s: float | None = None, progress: Progress | None = None,
