@@ -3,9 +3,10 @@ engine directory (see engine.py for its layout).
 
 Nothing is decided at run time: the schedule searched here is compiled into the kernel. A schedule
 that fails validation is never written; nor is a kernel that spills registers, unless the user allows
-it: the search's ranked plans are compiled best first (megakernel.max_plan_attempts of them at most)
-and the first whose kernel ptxas reports without spill stores or loads in any function is taken,
-each plan skipped named with its spills; when every plan tried spills, the build fails naming the
+it: the search's ranked plans are compiled best first (megakernel.max_plan_attempts of them at most,
+passing over plans expected to spill as one already compiled did: spill_policy.py) and the first
+whose kernel ptxas reports without spill stores or loads in any function is taken, each plan skipped
+named with its spills; when every plan tried spills, the build fails naming the
 spills of the best one, or, with megakernel.allow_spills, ships it with a warning. The report and
 kernel.json record the kernel's registers and spills per function, and the plans skipped. the directory is assembled beside its destination and
 moved into place only when complete, so an interrupted build never leaves a half engine behind, and it
@@ -22,7 +23,7 @@ from tqdm import tqdm
 
 from .codegen import find_nvcc, kernel_smem_bytes
 from .config import DeploymentConfig
-from .engine import KernelBuild, compile_kernel, write_checkpoint_record, write_kernel, write_manifest
+from .engine import KernelBuild, compile_kernel, kernel_function_name, write_checkpoint_record, write_kernel, write_manifest
 from .engine_target import EngineTarget
 from .graph.tasks import StepGraph
 from .errors import ConfigError, EngineError
@@ -30,6 +31,7 @@ from .report import write_report
 from .schedule import Schedule
 from .search import SearchStats, search_candidates
 from .smem import plan_smem
+from .spill_policy import SpilledPlans
 from .verify import ValidationReport, check
 
 
@@ -78,10 +80,11 @@ class ChosenPlan:
 
 
 def compile_without_spills(cfg: DeploymentConfig, candidates, show_progress: bool = True,
-                           log=print) -> ChosenPlan:
+                           log=print, spilled: SpilledPlans | None = None) -> ChosenPlan:
     """Compile the ranked ``candidates`` ((schedule, stats) pairs, best first) until one's kernel does
     not spill, and return it. When every candidate spills: SpillError, or with
-    megakernel.allow_spills the best candidate."""
+    megakernel.allow_spills the best candidate. ``spilled`` learns each spilling plan (the search
+    then passes over the plans expected to spill alike)."""
     gpu, mk = cfg.gpu_spec, cfg.megakernel
     skipped: list[dict] = []
     first = None
@@ -97,6 +100,8 @@ def compile_without_spills(cfg: DeploymentConfig, candidates, show_progress: boo
             if not kernel.spills:
                 return plan
             ptx = kernel.ptxas
+            if spilled is not None:
+                spilled.add(schedule.plan, ptx)
             skipped.append({"rank": rank + 1, "plan": schedule.plan.to_dict(),
                             "predicted_step_us": round(schedule.predicted_step_us, 2),
                             "spill_stores": ptx.spill_stores, "spill_loads": ptx.spill_loads,
@@ -135,9 +140,10 @@ def build_engine(cfg: DeploymentConfig, output_dir: str | Path | None = None, sh
     find_nvcc()                                # before the search: a missing compiler is no late surprise
     with EngineTarget(out) as target:          # likewise a folder the build may not write or replace
         t0 = time.perf_counter()
+        spilled = SpilledPlans(kernel_function_name)
         candidates = search_candidates(spec, cfg.max_batch_size, gpu, context_len=mk.context_len,
                                        budget_s=mk.search_budget_s, seed=mk.seed, show_progress=show_progress,
-                                       max_plans=mk.max_plan_attempts)
+                                       max_plans=mk.max_plan_attempts, skip=spilled.expected_to_spill)
         best = next(candidates)
         t_search = time.perf_counter() - t0
 
@@ -146,7 +152,7 @@ def build_engine(cfg: DeploymentConfig, output_dir: str | Path | None = None, sh
             yield from candidates
 
         t1 = time.perf_counter()
-        chosen = compile_without_spills(cfg, ranked(), show_progress, log)
+        chosen = compile_without_spills(cfg, ranked(), show_progress, log, spilled)
         t_compile = time.perf_counter() - t1
         schedule, kernel, graph = chosen.schedule, chosen.kernel, chosen.graph
         tmp = target.tmp
