@@ -203,7 +203,9 @@ def describe(cfg: "DeploymentConfig") -> str:
         ("Prefill and decode", [
             ("prefill backend", f"{prefill}  ({why})"),
             ("megakernel", f"{mk.mode} schedule, search budget {mk.search_budget_s:g} s, seed {mk.seed}, "
-                           f"optimised for context {mk.context_len}"),
+                           f"optimised for context {mk.context_len}; "
+                           + ("register spills allowed" if mk.allow_spills else
+                              f"no register spills (up to {mk.max_plan_attempts} ranked plans compiled)")),
             ("decode floor", f"{_duration(floor)} per token  ({_gb(decode_bytes)} of weights at "
                              f"{gpu.read_bandwidth / 1e9:.0f} GB/s)"),
         ]),

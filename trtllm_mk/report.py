@@ -171,7 +171,8 @@ def _kernel_section(k: dict | None) -> list[str]:
         lines += [f"**WARNING: the kernel spills registers: {k['spill_stores']} B of spill stores, "
                   f"{k['spill_loads']} B of spill loads ({k['spills']}); shipped because megakernel.allow_spills "
                   "is set. The step is slower than predicted.**", ""]
-    lines += [f"{k['registers']} registers per thread, {k['stack_frame']} B stack frame, "
+    regs = "unknown" if k["registers"] is None else k["registers"]
+    lines += [f"{regs} registers per thread, {k['stack_frame']} B stack frame, "
               f"{k['spill_stores']} B spill stores, {k['spill_loads']} B spill loads; "
               f"plan {k['plan_rank']} of the search's ranking.", "",
               "| function | stack frame | spill stores | spill loads | registers |", "|---|---|---|---|---|"]

@@ -10,7 +10,7 @@ same stream) are ignored.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 _ENTRY = re.compile(r"ptxas info\s*: Compiling entry function '([^']+)' for '([^']+)'")
 _PROPS = re.compile(r"ptxas info\s*: Function properties for (\S+)")
@@ -47,7 +47,6 @@ class PtxasReport:
     """Every function ptxas reported, in its order; ``arch`` is the target of the (last) entry."""
     functions: tuple[FunctionResources, ...] = ()
     arch: str = ""
-    text_found: bool = field(default=False, compare=False)   # the text held a ptxas report at all
 
     @property
     def entries(self) -> tuple[FunctionResources, ...]:
@@ -99,17 +98,16 @@ def parse_ptxas(text: str) -> PtxasReport:
     funcs: dict[str, dict] = {}
     entries: set[str] = set()
     arch, current_entry, pending = "", None, None
-    found = False
     for line in text.splitlines():
         m = _ENTRY.search(line)
         if m:
-            current_entry, arch, found = m.group(1), m.group(2), True
+            current_entry, arch = m.group(1), m.group(2)
             entries.add(current_entry)
             funcs.setdefault(current_entry, {})
             continue
         m = _PROPS.search(line)
         if m:
-            pending, found = m.group(1), True
+            pending = m.group(1)
             funcs.setdefault(pending, {})
             continue
         m = _FRAME.search(line)
@@ -121,9 +119,8 @@ def parse_ptxas(text: str) -> PtxasReport:
         m = _USED.search(line)
         if m and current_entry is not None:
             funcs[current_entry]["registers"] = int(m.group(1))
-            found = True
     out = tuple(FunctionResources(name=n, entry=n in entries, **v) for n, v in funcs.items())
-    return PtxasReport(functions=out, arch=arch, text_found=found)
+    return PtxasReport(functions=out, arch=arch)
 
 
 _LENGTH = re.compile(r"(\d+)")
