@@ -70,7 +70,8 @@ def cross_rank_argmax(shard_logits: Sequence[torch.Tensor]) -> torch.Tensor:
     best_val = best_idx = None
     offset = 0
     for logits in shard_logits:
-        vals = torch.nan_to_num(logits.float(), nan=float("-inf"))
+        vals = logits.float()
+        vals = torch.where(vals.isnan(), float("-inf"), vals)
         v, i = vals.max(-1)                     # the first maximum along the row
         i = i + offset
         if best_val is None:
