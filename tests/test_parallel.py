@@ -24,6 +24,7 @@ from trtllm_mk.model.random_weights import random_weights
 from trtllm_mk.model.registry import resolve_model
 from trtllm_mk.model.spec import spec_from_hf_config
 from trtllm_mk.model.tiny import tiny_config
+from trtllm_mk.parallel import allreduce_cost as arc
 from trtllm_mk.parallel import check_tensor_parallel, rank_layout, rank_spec, shard_all, shard_weights, unshard_weights
 from trtllm_mk.parallel.emulate import TensorParallelDecoder, all_reduce, cross_rank_argmax
 from trtllm_mk.reference import ReferenceDecoder
@@ -336,3 +337,59 @@ def test_building_a_tensor_parallel_deployment_stops_with_one_line(tmp_path):
     err = r.stderr.strip().splitlines()
     assert len(err) == 1 and "multi-GPU megakernel" in err[0] and "Traceback" not in r.stderr
     assert not (tmp_path / "engine").exists()
+
+
+# ------------------------------------------------------------------------------------ all-reduce cost model
+
+LINK = arc.LinkModel(sync_us=2.0, link_bandwidth=300e9, reduce_bandwidth=2e12)
+
+
+@pytest.mark.parametrize("link", [arc.UNMEASURED, LINK], ids=["defaults", "other"])
+@pytest.mark.parametrize("tp", [2, 4, 8])
+def test_all_reduce_costs_grow_with_the_message_and_cross_over_once(link, tp):
+    sizes = [0] + [2 ** k for k in range(4, 28)]
+    for f in (arc.one_shot_us, arc.two_shot_us):
+        costs = [f(n, tp, link) for n in sizes]
+        assert all(a < b for a, b in zip(costs, costs[1:]))
+    assert arc.one_shot_us(0, tp, link) == link.sync_us and arc.two_shot_us(0, tp, link) == 2 * link.sync_us
+    x = arc.crossover_bytes(tp, link)
+    assert x is not None and arc.one_shot_us(x, tp, link) == pytest.approx(arc.two_shot_us(x, tp, link))
+    assert arc.choose(x / 2, tp, link)[0] == arc.ONE_SHOT and arc.choose(2 * x, tp, link)[0] == arc.TWO_SHOT
+    winners = [arc.choose(n, tp, link)[0] for n in sizes]
+    assert winners == sorted(winners, key=[arc.ONE_SHOT, arc.TWO_SHOT].index)   # one switch, never back
+
+
+def test_more_ranks_move_the_crossover_down_and_one_rank_costs_nothing():
+    xs = [arc.crossover_bytes(tp, LINK) for tp in (2, 4, 8)]
+    assert xs[0] > xs[1] > xs[2]
+    assert arc.crossover_bytes(1, LINK) is None and arc.choose(1 << 20, 1, LINK)[1] == 0.0
+    # a slower link makes the bytes dearer, so two-shot pays off at smaller messages
+    slow = arc.LinkModel(sync_us=LINK.sync_us, link_bandwidth=LINK.link_bandwidth / 4,
+                         reduce_bandwidth=LINK.reduce_bandwidth)
+    assert arc.crossover_bytes(8, slow) < arc.crossover_bytes(8, LINK)
+    with pytest.raises(ValueError):
+        arc.LinkModel(sync_us=1.0, link_bandwidth=0.0, reduce_bandwidth=1e12)
+
+
+def test_the_defaults_are_marked_unmeasured_and_a_fit_recovers_a_link():
+    assert arc.UNMEASURED.measured is False
+    sizes = [1 << k for k in range(10, 24, 2)]
+    fitted = arc.fit_one_shot([(n, arc.one_shot_us(n, 4, LINK)) for n in sizes], 4,
+                              reduce_bandwidth=LINK.reduce_bandwidth)
+    assert fitted.measured
+    assert fitted.sync_us == pytest.approx(LINK.sync_us) and fitted.link_bandwidth == pytest.approx(LINK.link_bandwidth)
+    with pytest.raises(ValueError, match="two message sizes"):
+        arc.fit_one_shot([(1024, 3.0), (1024, 3.1)], 4)
+    with pytest.raises(ValueError, match="do not fit"):
+        arc.fit_one_shot([(1024, 9.0), (1 << 20, 3.0)], 4)            # larger messages faster
+
+
+def test_decode_step_communication_adds_up():
+    spec = resolve_model("llama-3.1-70b").spec
+    for tp in (2, 4, 8):
+        parts = arc.decode_step_comm_us(spec, 1, tp, LINK)
+        msg = spec.hidden_size * 4
+        assert parts["layers"] == pytest.approx(2 * spec.num_layers * arc.choose(msg, tp, LINK)[1])
+        assert parts["total"] == pytest.approx(parts["layers"] + parts["embedding"] + parts["argmax"])
+        assert arc.decode_step_comm_us(spec, 8, tp, LINK)["total"] > parts["total"]
+    assert arc.decode_step_comm_us(spec, 1, 1, LINK)["total"] == 0.0

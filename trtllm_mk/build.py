@@ -30,8 +30,9 @@ def check_buildable(cfg: DeploymentConfig) -> None:
     if cfg.tensor_parallel_size > 1:
         where = cfg.source or cfg.name
         raise ConfigError(f"{where}: tensor_parallel_size: {cfg.tensor_parallel_size} GPUs cannot be built into an "
-                          "engine yet: the multi-GPU megakernel (all-reduce tasks) is not implemented (trtllm_mk.parallel "
-                          "shards the weights and emulates the ranks on the CPU); use tensor_parallel_size: 1")
+                          "engine yet: the multi-GPU megakernel (all-reduce tasks) is not implemented "
+                          "(trtllm_mk.parallel shards the weights and emulates the ranks on the CPU); "
+                          "use tensor_parallel_size: 1")
     q = cfg.quantization
     if q is not None:
         where = cfg.source or cfg.name

@@ -548,13 +548,15 @@ def _check_memory(cfg: DeploymentConfig, where: str) -> None:
     need += per_gpu
     if not mem.weights_fit:
         raise ConfigError(f"{where}: model: weights {mem.weights / GB:.2f} GB + activations "
-                          f"{mem.activations / GB:.2f} GB{per_gpu} exceed {gpu.name}'s {gpu.hbm_bytes / GB:.0f} GB; the "
-                          f"weights (and prefill activations) alone do not fit: use {other_gpu} or a smaller model{split}")
+                          f"{mem.activations / GB:.2f} GB{per_gpu} exceed {gpu.name}'s {gpu.hbm_bytes / GB:.0f} GB; "
+                          f"the weights (and prefill activations) alone do not fit: use {other_gpu} or a smaller "
+                          f"model{split}")
     # Whole KV blocks of every sequence that fit in the KV cache's share.
     block_bytes = kv.tokens_per_block * cfg.rank_spec.kv_bytes_per_token()
     blocks_per_seq = mem.available // (cfg.max_batch_size * block_bytes)
     if blocks_per_seq * kv.tokens_per_block < cfg.max_input_len:
-        raise ConfigError(f"{where}: max_batch_size: {need}; lower max_batch_size or max_seq_len, or use {other_gpu}{split}")
+        raise ConfigError(f"{where}: max_batch_size: {need}; lower max_batch_size or max_seq_len, or use "
+                          f"{other_gpu}{split}")
     raise ConfigError(f"{where}: max_seq_len: {need}; lower max_seq_len to at most "
                       f"{blocks_per_seq * kv.tokens_per_block} (or max_batch_size), or use {other_gpu}{split}")
 

@@ -164,7 +164,8 @@ class TensorParallelDecoder:
         return [torch.cat([p[r] for p in per_prompt]) for r in range(self.tp)]
 
     @torch.inference_mode()
-    def decode_shards(self, tokens: torch.Tensor, pos: torch.Tensor, caches: Sequence[PagedKVCache]) -> list[torch.Tensor]:
+    def decode_shards(self, tokens: torch.Tensor, pos: torch.Tensor,
+                      caches: Sequence[PagedKVCache]) -> list[torch.Tensor]:
         """One step for a batch (token b at position pos[b] of cache row b); each rank's logits."""
         tokens = torch.as_tensor(tokens, device=self.device).long().reshape(-1)
         pos = torch.as_tensor(pos, device=self.device).long().reshape(-1)
