@@ -12,6 +12,9 @@ Megatron-style tensor parallelism over ``tp`` ranks, with TensorRT-LLM's choices
 * vocabulary: the LM head's rows, and the embedding's (TensorRT-LLM's ``use_parallel_embedding``
   with ``embedding_sharding_dim=0``), split into equal ranges of the vocabulary. A tied model stays
   tied: its one vocabulary shard is both. The vocabulary is not padded: it must divide by ``tp``.
+  Splitting the embedding costs one more exchange per step (``batch x hidden`` values, exact: one
+  rank holds each token's row); replicating it instead (TensorRT-LLM's default) would avoid that at
+  ``vocab x hidden`` bf16 values more per GPU, and a rank would no longer be a model of its own.
 * norms (input, post-attention, final, Qwen3's q/k norms) and RoPE are replicated.
 
 So a rank computes exactly a smaller model of the same family, ``rank_spec(spec, tp)``: every shard
