@@ -4,7 +4,9 @@
 The memory budget follows TensorRT-LLM's accounting: weights and activations (the largest live set
 of one prefill pass) must fit in the GPU's memory, and ``kv_cache_config.free_gpu_memory_fraction``
 is TensorRT-LLM's share of the memory left free after them that the KV cache may take; the paged KV
-cache for every sequence at full length must fit in that share.
+cache for every sequence at full length must fit in that share. With tensor parallelism the budget
+is per GPU: the callers pass the spec of one rank's share (``parallel.rank_spec``: its weight shard,
+its KV heads, its prefill activations).
 """
 from __future__ import annotations
 
@@ -137,15 +139,24 @@ def _quantization(cfg: "DeploymentConfig") -> str:
     return f"{q['quant_algo']} (group_size {q['group_size']}, zero points {'yes' if q['has_zero_point'] else 'no'})"
 
 
+def _tensor_parallel(cfg: "DeploymentConfig") -> str:
+    spec, share, tp = cfg.model_spec, cfg.rank_spec, cfg.tensor_parallel_size
+    kv = (f"{share.num_kv_heads} KV head" + ("s" if share.num_kv_heads > 1 else "")
+          + (f" (each on {tp // spec.num_kv_heads} GPUs)" if spec.num_kv_heads < tp else ""))
+    return (f"{tp} GPUs, each with {share.num_heads} heads, {kv}, intermediate {share.intermediate_size}, "
+            f"vocab {share.vocab_size}")
+
+
 def describe(cfg: "DeploymentConfig") -> str:
     """A readable summary of the resolved deployment: model, GPU, limits, memory, prefill, floor."""
     spec, gpu, kv, mk = cfg.model_spec, cfg.gpu_spec, cfg.kv_cache_config, cfg.megakernel
     mem = cfg.memory_budget()
-    floor = decode_floor_s(spec, gpu)
-    decode_bytes = spec.decode_weight_bytes()
+    tp, share = cfg.tensor_parallel_size, cfg.rank_spec
+    floor = decode_floor_s(share, gpu)
+    decode_bytes = share.decode_weight_bytes()
     if cfg.quant_scheme is not None:
         from .quant.scheme import quantized_weight_bytes
-        decode_bytes = quantized_weight_bytes(spec, cfg.quant_scheme, decode=True)
+        decode_bytes = quantized_weight_bytes(share, cfg.quant_scheme, decode=True)
         floor = decode_bytes / gpu.read_bandwidth
     prefill, why = resolve_prefill_backend(cfg.prefill.backend)
     variant = {"qwen2": "q/k/v bias", "qwen3": "QK-norm"}.get(spec.family)
@@ -159,6 +170,7 @@ def describe(cfg: "DeploymentConfig") -> str:
         (f"Deployment {cfg.name}" + (f"  ({cfg.source})" if cfg.source else ""), [
             ("engine dir", str(mk.output_dir)),
             ("dtype", cfg.dtype),
+            *([("tensor parallel", _tensor_parallel(cfg))] if tp > 1 else []),
         ]),
         (f"Model {spec.name}  ({cfg.model_source})", [
             ("family", spec.family + (f" ({variant})" if variant else "")),
@@ -190,7 +202,7 @@ def describe(cfg: "DeploymentConfig") -> str:
             ("kv cache dtype", kv.dtype),
             ("cuda_graph_config", cuda_graphs),
         ]),
-        ("Memory budget", [
+        ("Memory budget" + (f" per GPU (of {tp})" if tp > 1 else ""), [
             ("weights", _gb(mem.weights)),
             ("KV cache", f"{_gb(mem.kv_cache)}  ({mem.kv_tokens} tokens x {spec.kv_bytes_per_token()} B)"),
             ("activations", f"{_gb(mem.activations)}  (estimate: prefill of {cfg.max_num_tokens} tokens + logits)"),
@@ -204,7 +216,8 @@ def describe(cfg: "DeploymentConfig") -> str:
             ("prefill backend", f"{prefill}  ({why})"),
             ("megakernel", f"{mk.mode} schedule, search budget {mk.search_budget_s:g} s, seed {mk.seed}, "
                            f"optimised for context {mk.context_len}"),
-            ("decode floor", f"{_duration(floor)} per token  ({_gb(decode_bytes)} of weights at "
-                             f"{gpu.read_bandwidth / 1e9:.0f} GB/s)"),
+            ("decode floor", f"{_duration(floor)} per token  ({_gb(decode_bytes)} of weights"
+                             f"{' per GPU' if tp > 1 else ''} at {gpu.read_bandwidth / 1e9:.0f} GB/s"
+                             f"{'; all-reduces not counted' if tp > 1 else ''})"),
         ]),
     ])

@@ -154,6 +154,15 @@ class DecoderBlock(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention: Attention,
                 stage: Stage | None = None) -> torch.Tensor:
         """``x [N, T, hidden]`` -> the same, for tokens whose RoPE tables are ``cos, sin [N, T, 1, d]``."""
+        x = x + self.attention_delta(x, cos, sin, attention, stage)
+        return x + self.mlp_delta(x, stage)
+
+    # The two residual updates are separate so that a tensor-parallel rank (``trtllm_mk.parallel``) can
+    # all-reduce its partial o_proj / down_proj output before it is added to the residual.
+
+    def attention_delta(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention: Attention,
+                        stage: Stage | None = None) -> torch.Tensor:
+        """What the attention half adds to the residual ``x [N, T, hidden]``: o_proj of the attention."""
         s = self.spec
         N, T, _ = x.shape
         h = rms_norm(x, self.attention_norm, s.rms_norm_eps)
@@ -170,15 +179,18 @@ class DecoderBlock(nn.Module):
         o = attention(self.layer, q, k, v).reshape(N, T, s.q_size)
         if stage is not None:
             o = stage(o)
-        x = x + F.linear(o, self.wo)
-        h = rms_norm(x, self.ffn_norm, s.rms_norm_eps)
+        return F.linear(o, self.wo)
+
+    def mlp_delta(self, x: torch.Tensor, stage: Stage | None = None) -> torch.Tensor:
+        """What the MLP half adds to the residual ``x``: down_proj of silu(gate) * up."""
+        h = rms_norm(x, self.ffn_norm, self.spec.rms_norm_eps)
         if stage is not None:
             h = stage(h)
         gate, up = F.linear(h, self.w_gate_up).chunk(2, dim=-1)
         act = F.silu(gate) * up
         if stage is not None:
             act = stage(act)
-        return x + F.linear(act, self.w_down)
+        return F.linear(act, self.w_down)
 
 
 class Decoder(nn.Module):
