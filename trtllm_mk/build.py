@@ -25,7 +25,9 @@ from .verify import check
 
 def check_buildable(cfg: DeploymentConfig) -> None:
     """Refuse what the megakernel cannot compute yet, before any work: quantized weights are never
-    dequantized into a bf16 engine behind the user's back."""
+    dequantized into a bf16 engine behind the user's back, nor is a mixture-of-experts model built dense."""
+    from .model.moe import check_buildable_moe
+    check_buildable_moe(cfg.model_spec, cfg.source or cfg.name)
     q = cfg.quantization
     if q is not None:
         where = cfg.source or cfg.name

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import ConfigError
 from .families import FAMILIES
 from .spec import ModelSpec
 
@@ -98,3 +99,13 @@ class MoeMlp(nn.Module):
             act = self._act(F.linear(x[tok], self.w_gate_up[e]), stage)
             y[tok, slot] = F.linear(act, self.w_down[e])
         return y
+
+
+def check_buildable_moe(spec: ModelSpec, where) -> None:
+    """Refuse building an engine of a mixture-of-experts model: the megakernel has no expert kinds
+    yet, and its dense step would silently compute a different model."""
+    if spec.is_moe:
+        raise ConfigError(f"{where}: model: {spec.name} is a mixture-of-experts model ({spec.family}, "
+                          f"{spec.num_experts} experts, {spec.num_experts_per_tok} per token); the megakernel's "
+                          "expert kinds (router, expert GEMV) are not implemented yet, so it cannot be built into "
+                          "an engine (the reference decoder and the torch prefill run it)")
