@@ -419,3 +419,27 @@ def test_no_dense_step_is_lowered_for_moe():
     from trtllm_mk.build import check_buildable
     with pytest.raises(ConfigError, match="expert kinds"):
         check_buildable(load_config(ROOT / "configs" / "tiny_moe_cpu.yaml"))
+
+
+def test_fused_expert_checkpoint_is_refused_in_one_line(tmp_path):
+    from safetensors.torch import load_file, save_file
+    write_tiny_checkpoint(tmp_path, family="qwen3_moe")
+    spec = load_spec(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    _, experts = spec.moe_names(0)
+    tensors["model.layers.0.mlp.experts.gate_up_proj"] = torch.stack(
+        [torch.cat([tensors.pop(g), tensors.pop(u)]) for g, u, _ in experts])
+    tensors["model.layers.0.mlp.experts.down_proj"] = torch.stack([tensors.pop(d) for _, _, d in experts])
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ModelError, match="experts fused into 3-D tensors") as e:
+        load_checkpoint(tmp_path, spec)
+    assert "\n" not in str(e.value)
+
+
+def test_a_checkpoint_routed_differently_is_not_the_engine_model(tmp_path):
+    from trtllm_mk.model.consistency import check_matches
+    write_tiny_checkpoint(tmp_path / "a", family="qwen3_moe")
+    write_tiny_checkpoint(tmp_path / "b", family="qwen3_moe", num_experts_per_tok=3)
+    check_matches(load_spec(tmp_path / "a"), tmp_path / "a")
+    with pytest.raises(ModelError, match="num_experts_per_tok is 3 in the checkpoint but 2 in the engine"):
+        check_matches(load_spec(tmp_path / "a"), tmp_path / "b")

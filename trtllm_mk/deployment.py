@@ -219,7 +219,7 @@ def describe(cfg: "DeploymentConfig") -> str:
             ("decode floor", f"{_duration(floor)} per token  ({_gb(decode_bytes)} of weights at "
                              f"{gpu.read_bandwidth / 1e9:.0f} GB/s"
                              + (f"; {spec.num_experts_per_tok} of {spec.num_experts} experts per layer)"
-                                if spec.is_moe else ")")),
+                                if spec.is_moe and cfg.quant_scheme is None else ")")),
             *(_moe_floor_rows(spec, gpu, cfg.max_batch_size) if spec.is_moe and cfg.quant_scheme is None else []),
         ]),
     ])
