@@ -25,14 +25,16 @@ from .verify import check
 
 def check_buildable(cfg: DeploymentConfig) -> None:
     """Refuse what the megakernel cannot compute yet, before any work: quantized weights are never
-    dequantized into a bf16 engine behind the user's back, and a tensor-parallel deployment is never
-    built as one GPU's engine."""
+    dequantized into a bf16 engine behind the user's back, a tensor-parallel deployment is never
+    built as one GPU's engine, nor is a mixture-of-experts model built dense."""
     if cfg.tensor_parallel_size > 1:
         where = cfg.source or cfg.name
         raise ConfigError(f"{where}: tensor_parallel_size: {cfg.tensor_parallel_size} GPUs cannot be built into an "
                           "engine yet: the multi-GPU megakernel (all-reduce tasks) is not implemented "
                           "(trtllm_mk.parallel shards the weights and emulates the ranks on the CPU); "
                           "use tensor_parallel_size: 1")
+    from .model.moe import check_buildable_moe
+    check_buildable_moe(cfg.model_spec, cfg.source or cfg.name)
     q = cfg.quantization
     if q is not None:
         where = cfg.source or cfg.name
