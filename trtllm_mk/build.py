@@ -2,15 +2,17 @@
 engine directory (see engine.py for its layout).
 
 Nothing is decided at run time: the schedule searched here is compiled into the kernel. A schedule
-that fails validation is never written; nor is a kernel that spills registers, unless the user allows
-it: the search's ranked plans are compiled best first (megakernel.max_plan_attempts of them at most,
-passing over plans expected to spill as one already compiled did: spill_policy.py) and the first
-whose kernel ptxas reports without spill stores or loads in any function is taken, each plan skipped
-named with its spills; when every plan tried spills, the build fails naming the
-spills of the best one, or, with megakernel.allow_spills, ships it with a warning. The report and
-kernel.json record the kernel's registers and spills per function, and the plans skipped. the directory is assembled beside its destination and
+that fails validation is never written; the directory is assembled beside its destination and
 moved into place only when complete, so an interrupted build never leaves a half engine behind, and it
 replaces only an engine (engine_target.py).
+
+Nor is a kernel that spills registers shipped unless the user allows it: the search's ranked plans
+are compiled best first (megakernel.max_plan_attempts of them at most, passing over plans expected
+to spill as one already compiled did: spill_policy.py), and the first whose kernel ptxas reports
+without spill stores or loads in any function is taken, each plan skipped named with its spills.
+When every plan tried spills, the build fails naming the spills of the best one, or, with
+megakernel.allow_spills, ships it with a warning. The report and kernel.json record the kernel's
+registers and spills per function, and the plans skipped.
 """
 from __future__ import annotations
 
@@ -41,7 +43,16 @@ class SpillError(EngineError):
 
 def check_buildable(cfg: DeploymentConfig) -> None:
     """Refuse what the megakernel cannot compute yet, before any work: quantized weights are never
-    dequantized into a bf16 engine behind the user's back."""
+    dequantized into a bf16 engine behind the user's back, a tensor-parallel deployment is never
+    built as one GPU's engine, nor is a mixture-of-experts model built dense."""
+    if cfg.tensor_parallel_size > 1:
+        where = cfg.source or cfg.name
+        raise ConfigError(f"{where}: tensor_parallel_size: {cfg.tensor_parallel_size} GPUs cannot be built into an "
+                          "engine yet: the multi-GPU megakernel (all-reduce tasks) is not implemented "
+                          "(trtllm_mk.parallel shards the weights and emulates the ranks on the CPU); "
+                          "use tensor_parallel_size: 1")
+    from .model.moe import check_buildable_moe
+    check_buildable_moe(cfg.model_spec, cfg.source or cfg.name)
     q = cfg.quantization
     if q is not None:
         where = cfg.source or cfg.name

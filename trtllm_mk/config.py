@@ -3,7 +3,8 @@ engine, read strictly and resolved (model spec, GPU spec) at load time.
 
 Keys mirror TensorRT-LLM's LLM API where the meaning is the same (``max_batch_size``, ``max_seq_len``,
 ``max_input_len``, ``max_num_tokens``, ``kv_cache_config``, ``cuda_graph_config``); our own sections
-are ``prefill`` and ``megakernel``; ``quantization`` uses the names of TensorRT-LLM's ``QuantConfig``
+are ``prefill`` and ``megakernel``; ``tensor_parallel_size`` is TensorRT-LLM's (the GPUs of one host
+that share each layer; the memory budget is per GPU); ``quantization`` uses the names of TensorRT-LLM's ``QuantConfig``
 (``quant_algo``, ``group_size``, ``has_zero_point``, ``exclude_modules``) and is filled from, and checked
 against, the checkpoint's ``quantization_config``. TensorRT-LLM rejects unknown keys, so ``trtllm_llm_kwargs`` hands
 it only its own. Every mistake is one ConfigError of the form ``<file>: <dotted.key>: <what and fix>``.
@@ -11,6 +12,7 @@ it only its own. Every mistake is one ConfigError of the form ``<file>: <dotted.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import difflib
 import math
 import os
@@ -27,6 +29,7 @@ from .gpus import CATALOG, GB, GpuSpec, get_gpu
 from .graph import MAX_BATCH, check_model_supported
 from .model.registry import REPO_CONFIG_DIR, resolve_model
 from .model.spec import ModelSpec
+from .parallel.layout import TP_SIZES, check_tensor_parallel, rank_spec
 from .quant.scheme import PER_CHANNEL, PER_TENSOR, QUANT_ALGOS, QuantScheme
 
 DEFAULT_CONFIG = REPO_CONFIG_DIR / "l20_bs1.yaml"
@@ -39,7 +42,7 @@ KV_CACHE_DTYPES = ("bfloat16", "auto")   # TensorRT-LLM's "auto" = the model dty
 # Allowed keys per section; also the index for "did you mean <section>.<key>?" across sections.
 SCHEMA: dict[str, tuple[str, ...]] = {
     "": ("name", "model", "gpu", "dtype", "max_batch_size", "max_seq_len", "max_input_len", "max_num_tokens",
-         "kv_cache_config", "cuda_graph_config", "prefill", "megakernel", "quantization"),
+         "kv_cache_config", "cuda_graph_config", "prefill", "megakernel", "quantization", "tensor_parallel_size"),
     "kv_cache_config": ("tokens_per_block", "dtype", "free_gpu_memory_fraction"),
     "prefill": ("backend",),
     "megakernel": ("mode", "search_budget_s", "seed", "output_dir", "context_len", "allow_spills",
@@ -96,11 +99,18 @@ class DeploymentConfig:
     quantization: dict | None = None  # the quantization section in YAML form; None: bf16 weights
     # what the checkpoint declares (or, for a shapes-only model, the section): None for bf16 weights
     quant_scheme: QuantScheme | None = field(default=None, repr=False)
+    tensor_parallel_size: int = 1    # GPUs of one host sharing every layer (trtllm_mk.parallel)
     source: Path | None = field(default=None, compare=False)       # the YAML file, if any
 
+    @property
+    def rank_spec(self) -> ModelSpec:
+        """The part of the model one GPU holds (the whole model without tensor parallelism)."""
+        return rank_spec(self.model_spec, self.tensor_parallel_size)
+
     def memory_budget(self) -> MemoryBudget:
+        """What one GPU holds: its weight shard, its KV heads' cache, its prefill activations."""
         kv = self.kv_cache_config
-        return memory_budget(self.model_spec, self.gpu_spec, max_batch_size=self.max_batch_size,
+        return memory_budget(self.rank_spec, self.gpu_spec, max_batch_size=self.max_batch_size,
                              max_seq_len=self.max_seq_len, max_num_tokens=self.max_num_tokens,
                              tokens_per_block=kv.tokens_per_block,
                              free_gpu_memory_fraction=kv.free_gpu_memory_fraction,
@@ -111,7 +121,7 @@ class DeploymentConfig:
         if self.quant_scheme is None:
             return None
         from .quant.scheme import quantized_weight_bytes
-        return quantized_weight_bytes(self.model_spec, self.quant_scheme)
+        return quantized_weight_bytes(self.rank_spec, self.quant_scheme)
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved config in YAML form; ``parse_config(cfg.to_dict())`` gives an equal config."""
@@ -128,6 +138,7 @@ class DeploymentConfig:
                            "output_dir": str(mk.output_dir), "context_len": mk.context_len,
                            "allow_spills": mk.allow_spills, "max_plan_attempts": mk.max_plan_attempts},
             **({"quantization": copy.deepcopy(self.quantization)} if self.quantization is not None else {}),
+            **({"tensor_parallel_size": self.tensor_parallel_size} if self.tensor_parallel_size != 1 else {}),
         }
 
     def trtllm_llm_kwargs(self) -> dict[str, Any]:
@@ -143,6 +154,8 @@ class DeploymentConfig:
         # Absent means TensorRT-LLM's default CUDA graph config; an explicit null turns graphs off there.
         if self.cuda_graph_config is None or self.cuda_graph_config:
             kw["cuda_graph_config"] = copy.deepcopy(self.cuda_graph_config)
+        if self.tensor_parallel_size != 1:
+            kw["tensor_parallel_size"] = self.tensor_parallel_size
         return kw
 
 
@@ -334,6 +347,10 @@ def parse_config(data: Any, where: str = "<config>", base_dir: str | Path | None
         top.fail("max_input_len", f"{max_input_len} exceeds max_seq_len {max_seq_len} (a prompt must leave room "
                                   f"to generate; lower max_input_len or raise max_seq_len)")
     max_num_tokens = top.integer("max_num_tokens", max_batch_size * max_input_len)
+    tp = top.integer("tensor_parallel_size", 1)
+    if tp not in TP_SIZES:
+        top.fail("tensor_parallel_size", f"{tp} is not one of {', '.join(map(str, TP_SIZES))} (the GPUs of one host "
+                                         f"that share each layer)")
     if max_num_tokens < max_input_len:
         top.fail("max_num_tokens", f"{max_num_tokens} is below max_input_len {max_input_len}: prefill runs a "
                                    f"whole prompt in one pass (raise max_num_tokens to at least {max_input_len})")
@@ -385,6 +402,8 @@ def parse_config(data: Any, where: str = "<config>", base_dir: str | Path | None
     except UserError as e:
         raise ConfigError(f"{where}: model: {e}") from None
 
+    _check_tensor_parallel(spec, tp, where)
+
     if max_seq_len > spec.max_position_embeddings:
         top.fail("max_seq_len", f"{max_seq_len} exceeds the model's max_position_embeddings "
                                 f"{spec.max_position_embeddings} (use at most {spec.max_position_embeddings})")
@@ -402,7 +421,8 @@ def parse_config(data: Any, where: str = "<config>", base_dir: str | Path | None
         max_seq_len=max_seq_len, max_input_len=max_input_len, max_num_tokens=max_num_tokens,
         kv_cache_config=kv_cache, cuda_graph_config=cuda_graph_config, prefill=prefill, megakernel=megakernel,
         model_spec=spec, gpu_spec=gpu_spec, checkpoint_dir=resolved.checkpoint_dir,
-        model_source=resolved.source, quantization=quantization, quant_scheme=scheme, source=source)
+        model_source=resolved.source, quantization=quantization, quant_scheme=scheme, tensor_parallel_size=tp,
+        source=source)
     _check_memory(cfg, where)
     return cfg
 
@@ -417,6 +437,21 @@ def with_overrides(cfg: DeploymentConfig, changes: dict[str, Any], where: str = 
         else:
             data[key] = value
     return parse_config(data, where=where, source=cfg.source)
+
+
+def _check_tensor_parallel(spec: ModelSpec, tp: int, where: str) -> None:
+    """The model splits over ``tp`` GPUs, and each GPU's share meets the megakernel's shape constraints."""
+    try:
+        check_tensor_parallel(spec, tp)
+    except UserError as e:
+        raise ConfigError(f"{where}: tensor_parallel_size: {e}") from None
+    if tp == 1:
+        return
+    try:
+        check_model_supported(rank_spec(spec, tp))
+    except UserError as e:
+        raise ConfigError(f"{where}: tensor_parallel_size: {tp} leaves each GPU a share the megakernel cannot compute "
+                          f"({e}); use a smaller tensor_parallel_size") from None
 
 
 def _resolve_gpu(name: str, where: str) -> GpuSpec:
@@ -520,18 +555,39 @@ def _check_memory(cfg: DeploymentConfig, where: str) -> None:
             f"{mem.available / GB:.2f} GB (free_gpu_memory_fraction {kv.free_gpu_memory_fraction:g}), but it needs "
             f"{mem.kv_cache / GB:.2f} GB ({cfg.max_batch_size} x {cfg.max_seq_len} tokens)")
     bigger = [g.name for g in CATALOG.values() if g.hbm_bytes > gpu.hbm_bytes and
-              memory_budget(cfg.model_spec, g, max_batch_size=cfg.max_batch_size, max_seq_len=cfg.max_seq_len,
+              memory_budget(cfg.rank_spec, g, max_batch_size=cfg.max_batch_size, max_seq_len=cfg.max_seq_len,
                             max_num_tokens=cfg.max_num_tokens, tokens_per_block=kv.tokens_per_block,
                             free_gpu_memory_fraction=kv.free_gpu_memory_fraction).fits]
     other_gpu = f"a GPU with more memory ({', '.join(bigger)})" if bigger else "a GPU with more memory"
+    more = _fitting_tensor_parallel_size(cfg)
+    split = f" (or split it over GPUs: tensor_parallel_size: {more} fits)" if more is not None else ""
+    per_gpu = f" per GPU (tensor_parallel_size {cfg.tensor_parallel_size})" if cfg.tensor_parallel_size > 1 else ""
+    need += per_gpu
     if not mem.weights_fit:
         raise ConfigError(f"{where}: model: weights {mem.weights / GB:.2f} GB + activations "
-                          f"{mem.activations / GB:.2f} GB exceed {gpu.name}'s {gpu.hbm_bytes / GB:.0f} GB; the weights "
-                          f"(and prefill activations) alone do not fit: use {other_gpu} or a smaller model")
+                          f"{mem.activations / GB:.2f} GB{per_gpu} exceed {gpu.name}'s {gpu.hbm_bytes / GB:.0f} GB; "
+                          f"the weights (and prefill activations) alone do not fit: use {other_gpu} or a smaller "
+                          f"model{split}")
     # Whole KV blocks of every sequence that fit in the KV cache's share.
-    block_bytes = kv.tokens_per_block * cfg.model_spec.kv_bytes_per_token()
+    block_bytes = kv.tokens_per_block * cfg.rank_spec.kv_bytes_per_token()
     blocks_per_seq = mem.available // (cfg.max_batch_size * block_bytes)
     if blocks_per_seq * kv.tokens_per_block < cfg.max_input_len:
-        raise ConfigError(f"{where}: max_batch_size: {need}; lower max_batch_size or max_seq_len, or use {other_gpu}")
+        raise ConfigError(f"{where}: max_batch_size: {need}; lower max_batch_size or max_seq_len, or use "
+                          f"{other_gpu}{split}")
     raise ConfigError(f"{where}: max_seq_len: {need}; lower max_seq_len to at most "
-                      f"{blocks_per_seq * kv.tokens_per_block} (or max_batch_size), or use {other_gpu}")
+                      f"{blocks_per_seq * kv.tokens_per_block} (or max_batch_size), or use {other_gpu}{split}")
+
+
+def _fitting_tensor_parallel_size(cfg: DeploymentConfig) -> int | None:
+    """The smallest tensor_parallel_size above the configured one that the model splits into and whose
+    per-GPU budget fits on the configured GPU; None if there is none."""
+    for tp in TP_SIZES:
+        if tp <= cfg.tensor_parallel_size:
+            continue
+        try:
+            _check_tensor_parallel(cfg.model_spec, tp, "")
+        except UserError:
+            continue
+        if dataclasses.replace(cfg, tensor_parallel_size=tp).memory_budget().fits:
+            return tp
+    return None

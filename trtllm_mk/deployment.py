@@ -4,7 +4,14 @@
 The memory budget follows TensorRT-LLM's accounting: weights and activations (the largest live set
 of one prefill pass) must fit in the GPU's memory, and ``kv_cache_config.free_gpu_memory_fraction``
 is TensorRT-LLM's share of the memory left free after them that the KV cache may take; the paged KV
-cache for every sequence at full length must fit in that share.
+cache for every sequence at full length must fit in that share. With tensor parallelism the budget
+is per GPU: the callers pass the spec of one rank's share (``parallel.rank_spec``: its weight shard,
+its KV heads, its prefill activations).
+
+A mixture-of-experts model keeps every expert resident (the memory budget counts them all), but a
+decode step reads only the experts its rows select: the bandwidth floor counts the active bytes
+(``ModelSpec.decode_weight_bytes``: batch 1 reads k experts per sparse layer; batch b the expected
+number of distinct experts, and at worst min(E, b*k)).
 """
 from __future__ import annotations
 
@@ -60,8 +67,12 @@ def prefill_activation_bytes(spec: ModelSpec, max_num_tokens: int, max_batch_siz
     Live at once inside a layer (bf16): residual + normed input (2H), q/k/v, attention output (H),
     gate, up and their product (3I); SDPA runs flash/memory-efficient kernels, so no T x T scores.
     Then the fp32 logits of the last token of every sequence. Decode scratch is negligible.
+    A sparse layer holds, per token, the router's logits and the gate, up and product of its k experts.
     """
-    per_token = 3 * spec.hidden_size + spec.q_size + 2 * spec.kv_size + 3 * spec.intermediate_size
+    mlp = 3 * spec.intermediate_size if len(spec.moe_layers) < spec.num_layers else 0
+    if spec.is_moe:
+        mlp = max(mlp, 3 * spec.num_experts_per_tok * spec.moe_intermediate_size + spec.num_experts)
+    per_token = 3 * spec.hidden_size + spec.q_size + 2 * spec.kv_size + mlp
     return max_num_tokens * per_token * spec.dtype_bytes + max_batch_size * spec.vocab_size * FP32_BYTES
 
 
@@ -82,9 +93,10 @@ def memory_budget(spec: ModelSpec, gpu: GpuSpec, *, max_batch_size: int, max_seq
     )
 
 
-def decode_floor_s(spec: ModelSpec, gpu: GpuSpec) -> float:
-    """Lower bound of one decode step: every weight read once at the GPU's streaming read bandwidth."""
-    return spec.decode_weight_bytes() / gpu.read_bandwidth
+def decode_floor_s(spec: ModelSpec, gpu: GpuSpec, batch: int = 1, worst_case: bool = False) -> float:
+    """Lower bound of one decode step of ``batch`` rows: every weight it reads (a sparse layer: the
+    selected experts only, expected or ``worst_case``) read once at the GPU's streaming read bandwidth."""
+    return spec.decode_weight_bytes(batch, worst_case) / gpu.read_bandwidth
 
 
 def resolve_prefill_backend(name: str) -> tuple[str, str]:
@@ -137,18 +149,28 @@ def _quantization(cfg: "DeploymentConfig") -> str:
     return f"{q['quant_algo']} (group_size {q['group_size']}, zero points {'yes' if q['has_zero_point'] else 'no'})"
 
 
+def _tensor_parallel(cfg: "DeploymentConfig") -> str:
+    spec, share, tp = cfg.model_spec, cfg.rank_spec, cfg.tensor_parallel_size
+    kv = (f"{share.num_kv_heads} KV head" + ("s" if share.num_kv_heads > 1 else "")
+          + (f" (each on {tp // spec.num_kv_heads} GPUs)" if spec.num_kv_heads < tp else ""))
+    return (f"{tp} GPUs, each with {share.num_heads} heads, {kv}, intermediate {share.intermediate_size}, "
+            f"vocab {share.vocab_size}")
+
+
 def describe(cfg: "DeploymentConfig") -> str:
     """A readable summary of the resolved deployment: model, GPU, limits, memory, prefill, floor."""
     spec, gpu, kv, mk = cfg.model_spec, cfg.gpu_spec, cfg.kv_cache_config, cfg.megakernel
     mem = cfg.memory_budget()
-    floor = decode_floor_s(spec, gpu)
-    decode_bytes = spec.decode_weight_bytes()
+    tp, share = cfg.tensor_parallel_size, cfg.rank_spec
+    floor = decode_floor_s(share, gpu)
+    decode_bytes = share.decode_weight_bytes()
     if cfg.quant_scheme is not None:
         from .quant.scheme import quantized_weight_bytes
-        decode_bytes = quantized_weight_bytes(spec, cfg.quant_scheme, decode=True)
+        decode_bytes = quantized_weight_bytes(share, cfg.quant_scheme, decode=True)
         floor = decode_bytes / gpu.read_bandwidth
     prefill, why = resolve_prefill_backend(cfg.prefill.backend)
-    variant = {"qwen2": "q/k/v bias", "qwen3": "QK-norm"}.get(spec.family)
+    variant = {"qwen2": "q/k/v bias", "qwen3": "QK-norm", "qwen3_moe": "QK-norm, routed experts",
+               "mixtral": "routed experts"}.get(spec.family)
     lm_head = "tied to the embedding" if spec.tie_word_embeddings else "separate LM head"
     if cfg.cuda_graph_config is None:
         cuda_graphs = "disabled (null)"
@@ -159,6 +181,7 @@ def describe(cfg: "DeploymentConfig") -> str:
         (f"Deployment {cfg.name}" + (f"  ({cfg.source})" if cfg.source else ""), [
             ("engine dir", str(mk.output_dir)),
             ("dtype", cfg.dtype),
+            *([("tensor parallel", _tensor_parallel(cfg))] if tp > 1 else []),
         ]),
         (f"Model {spec.name}  ({cfg.model_source})", [
             ("family", spec.family + (f" ({variant})" if variant else "")),
@@ -167,6 +190,7 @@ def describe(cfg: "DeploymentConfig") -> str:
             ("heads / kv heads", f"{spec.num_heads} / {spec.num_kv_heads} (GQA group {spec.group_size})"),
             ("head_dim", str(spec.head_dim)),
             ("vocab", f"{spec.vocab_size} ({lm_head})"),
+            *(_experts_rows(spec) if spec.is_moe else []),
             ("parameters", f"{_count(spec.num_params())} ({spec.num_params()})"),
             ("weights", f"{_gb(spec.weight_bytes())} {spec.dtype}"),
             *([("quantization", _quantization(cfg))] if cfg.quantization else []),
@@ -190,7 +214,7 @@ def describe(cfg: "DeploymentConfig") -> str:
             ("kv cache dtype", kv.dtype),
             ("cuda_graph_config", cuda_graphs),
         ]),
-        ("Memory budget", [
+        ("Memory budget" + (f" per GPU (of {tp})" if tp > 1 else ""), [
             ("weights", _gb(mem.weights)),
             ("KV cache", f"{_gb(mem.kv_cache)}  ({mem.kv_tokens} tokens x {spec.kv_bytes_per_token()} B)"),
             ("activations", f"{_gb(mem.activations)}  (estimate: prefill of {cfg.max_num_tokens} tokens + logits)"),
@@ -206,7 +230,36 @@ def describe(cfg: "DeploymentConfig") -> str:
                            f"optimised for context {mk.context_len}; "
                            + ("register spills allowed" if mk.allow_spills else
                               f"no register spills (up to {mk.max_plan_attempts} ranked plans compiled)")),
-            ("decode floor", f"{_duration(floor)} per token  ({_gb(decode_bytes)} of weights at "
-                             f"{gpu.read_bandwidth / 1e9:.0f} GB/s)"),
+            ("decode floor", f"{_duration(floor)} per token  ({_gb(decode_bytes)} of weights"
+                             f"{' per GPU' if tp > 1 else ''} at {gpu.read_bandwidth / 1e9:.0f} GB/s"
+                             f"{'; all-reduces not counted' if tp > 1 else ''}"
+                             + (f"; {spec.num_experts_per_tok} of {spec.num_experts} experts per layer)"
+                                if spec.is_moe and cfg.quant_scheme is None else ")")),
+            *(_moe_floor_rows(spec, gpu, cfg.max_batch_size) if spec.is_moe and cfg.quant_scheme is None else []),
         ]),
     ])
+
+
+def _experts_rows(spec: ModelSpec) -> list[tuple[str, str]]:
+    sparse = len(spec.moe_layers)
+    return [
+        ("experts", f"{spec.num_experts}, {spec.num_experts_per_tok} per token, intermediate "
+                    f"{spec.moe_intermediate_size}; top-k weights {'renormalised' if spec.norm_topk_prob else 'as routed'}"),
+        ("sparse layers", f"{sparse} of {spec.num_layers}"
+                          + (f" (dense MLP of {spec.intermediate_size} elsewhere)" if sparse < spec.num_layers else "")),
+        ("active weights", f"{_gb(spec.decode_weight_bytes())} per token at batch 1 "
+                           f"(of {_gb(spec.weight_bytes())} resident)"),
+    ]
+
+
+def _moe_floor_rows(spec: ModelSpec, gpu: GpuSpec, batch: int) -> list[tuple[str, str]]:
+    """The floor at the deployment's batch: the expected distinct experts (uniform routing) and the worst case."""
+    if batch == 1:
+        return []
+    rows = []
+    for label, worst in (("expected", False), ("worst case", True)):
+        n = spec.active_experts(batch, worst)
+        rows.append((f"decode floor, batch {batch}, {label}",
+                     f"{_duration(decode_floor_s(spec, gpu, batch, worst))} per step  ({n:.1f} distinct experts "
+                     f"per layer, {_gb(spec.decode_weight_bytes(batch, worst))})"))
+    return rows

@@ -5,6 +5,9 @@ itself checked against HuggingFace transformers (tests/test_reference.py). It is
 reading, not for speed: the layer is the shared decoder block (``model.decoder_block``), and the
 attention it plugs in, below, writes each token's K/V into the paged cache, reads the sequence back
 through the block table and applies HF's eager attention.
+A mixture-of-experts model's sparse layers route each token to its k experts (``model.moe``:
+softmax, top-k with the lowest expert index winning ties, optional renormalisation, the experts'
+outputs summed in ascending index order), as HF's eager Qwen3-MoE and Mixtral modules do.
 
 Numerics. ``compute_dtype=None`` computes in the weights' dtype and rounds where HF's eager
 implementation rounds in that dtype (RMSNorm in fp32 then cast back, RoPE cos/sin cast to the

@@ -6,6 +6,8 @@ the weights' dtype (bf16): RMSNorm in fp32, RoPE in fp32, GEMMs in bf16.
 
 The decoder fuses each layer's q/k/v and gate/up matrices; given weights laid out by
 ``model.decoder_block.share_fused_storage`` (as the hybrid engine does) that costs no memory.
+Mixture-of-experts layers run through the same block: one GEMM per selected expert over the
+tokens that chose it (``model.moe``).
 """
 from __future__ import annotations
 

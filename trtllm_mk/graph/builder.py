@@ -110,6 +110,9 @@ def build_step_graph(spec: ModelSpec, batch: int, plan: TilePlan, context_len: i
     """The task graph of one decode step: each kind of the family's step lowers itself into tasks
     (trtllm_mk.kinds, model.families); the event tensors follow from the tasks' signals. ``context_len`` only feeds
     the cost estimates of ATTN."""
+    if spec.is_moe:   # the step template would lower the dense MLP in place of the experts
+        raise ModelError(f"{spec.name}: a mixture-of-experts model ({spec.family}) has no decode step yet: the "
+                         "megakernel's expert kinds (router, expert GEMV) are not implemented")
     check_model_supported(spec)
     check_plan(spec, plan)
     if not 1 <= batch <= MAX_BATCH:

@@ -1,5 +1,9 @@
 """Load an HF safetensors checkpoint (one file or sharded with an index) and check it against a ModelSpec.
 
+A mixture-of-experts checkpoint holds each expert's matrices as separate tensors under HF's names
+(``ModelSpec.expected_tensors``: ``mlp.experts.N.gate_proj.weight``, Mixtral's
+``block_sparse_moe.experts.N.w1.weight``), as transformers' ``save_pretrained`` writes them.
+
 Every file's header is read and checked first (names, shapes, dtypes), so a wrong checkpoint fails in
 well under a second with a message naming the tensors at fault, before gigabytes are read. Tensors
 are then read through ``safe_open`` (memory-mapped) one at a time, straight onto ``device``.
@@ -106,6 +110,10 @@ def load_checkpoint(ckpt_dir: str | Path, spec: ModelSpec, device: str | torch.d
         if missing and packed:
             raise ModelError(f"{d}: holds packed quantized tensors ({_listing(packed)}) but its config.json has no "
                              "quantization_config; restore the checkpoint's config.json")
+        fused = sorted(n for n in where if n.endswith((".experts.gate_up_proj", ".experts.down_proj")))
+        if missing and fused:
+            raise ModelError(f"{d}: holds the experts fused into 3-D tensors ({_listing(fused)}); per-expert "
+                             "tensors (experts.N.gate_proj.weight, ...) are expected, as save_pretrained writes them")
         if missing:
             raise ModelError(f"{d}: checkpoint lacks {len(missing)} tensor(s) the config requires: "
                              f"{_listing(missing)}; the config.json does not match these weights")

@@ -20,7 +20,8 @@ from .spec import ModelSpec, load_spec
 # What must agree between an engine's model and a checkpoint (the name and EOS ids need not).
 COMPARED = ("family", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
             "vocab_size", "tie_word_embeddings", "rope_theta", "rope_scaling", "rms_norm_eps", "sliding_window",
-            "max_position_embeddings", "dtype")
+            "max_position_embeddings", "dtype", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+            "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers")
 
 
 def fingerprint(ckpt_dir: str | Path) -> dict:

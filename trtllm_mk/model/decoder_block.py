@@ -9,6 +9,8 @@ torch prefill backend (``trtllm_mk/backends/torch_prefill.py``) and the benchmar
 
 ``qkv_proj`` and ``gate_up_proj`` are single matrices, the checkpoint's q/k/v (and Qwen2's biases)
 and gate/up rows concatenated once when the decoder is built, so each is one GEMM per layer.
+A mixture-of-experts model's sparse layers replace the dense MLP by the routed experts
+(``model.moe.MoeMlp``, each expert's gate/up rows and the down matrices stacked the same way).
 Qwen3's per-head q/k RMSNorm runs before RoPE. RoPE's inverse frequencies (llama3 scaling included)
 come from ``model.rope``.
 
@@ -34,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ModelError
+from .moe import MoeMlp
 from .spec import ModelSpec
 
 # attention(layer, q [N, T, heads, d], k [N, T, kv_heads, d], v [N, T, kv_heads, d]) -> [N, T, heads, d]
@@ -87,7 +90,12 @@ def concat_rows(parts: Sequence[torch.Tensor]) -> torch.Tensor:
 def _fused_groups(spec: ModelSpec, layer: int) -> list[list[str]]:
     """Checkpoint names of the tensors that are fused into one, per group, in row order."""
     a, m = f"model.layers.{layer}.self_attn.", f"model.layers.{layer}.mlp."
-    groups = [[a + n + ".weight" for n in QKV], [m + n + ".weight" for n in GATE_UP]]
+    groups = [[a + n + ".weight" for n in QKV]]
+    if spec.is_moe_layer(layer):   # experts stacked in index order: gate_0, up_0, gate_1, ... and down_0, ...
+        _, experts = spec.moe_names(layer)
+        groups += [[n for g, u, _ in experts for n in (g, u)], [d for _, _, d in experts]]
+    else:
+        groups.append([m + n + ".weight" for n in GATE_UP])
     if spec.qkv_bias:
         groups.append([a + n + ".bias" for n in QKV])
     return groups
@@ -148,12 +156,26 @@ class DecoderBlock(nn.Module):
         self.k_norm = _param(weights[a + "k_norm.weight"].to(dtype)) if spec.qk_norm else None
         self.wo = _param(weights[a + "o_proj.weight"].to(dtype))
         self.ffn_norm = _param(weights[p + "post_attention_layernorm.weight"].to(dtype))
-        self.w_gate_up = _param(concat_rows([weights[m + n + ".weight"] for n in GATE_UP]).to(dtype))
-        self.w_down = _param(weights[m + "down_proj.weight"].to(dtype))
+        if spec.is_moe_layer(layer):
+            self.moe = MoeMlp(spec, weights, layer, dtype)
+            self.w_gate_up = self.w_down = None
+        else:
+            self.moe = None
+            self.w_gate_up = _param(concat_rows([weights[m + n + ".weight"] for n in GATE_UP]).to(dtype))
+            self.w_down = _param(weights[m + "down_proj.weight"].to(dtype))
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention: Attention,
                 stage: Stage | None = None) -> torch.Tensor:
         """``x [N, T, hidden]`` -> the same, for tokens whose RoPE tables are ``cos, sin [N, T, 1, d]``."""
+        x = x + self.attention_delta(x, cos, sin, attention, stage)
+        return x + self.mlp_delta(x, stage)
+
+    # The two residual updates are separate so that a tensor-parallel rank (``trtllm_mk.parallel``) can
+    # all-reduce its partial o_proj / down_proj output before it is added to the residual.
+
+    def attention_delta(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention: Attention,
+                        stage: Stage | None = None) -> torch.Tensor:
+        """What the attention half adds to the residual ``x [N, T, hidden]``: o_proj of the attention."""
         s = self.spec
         N, T, _ = x.shape
         h = rms_norm(x, self.attention_norm, s.rms_norm_eps)
@@ -170,15 +192,20 @@ class DecoderBlock(nn.Module):
         o = attention(self.layer, q, k, v).reshape(N, T, s.q_size)
         if stage is not None:
             o = stage(o)
-        x = x + F.linear(o, self.wo)
-        h = rms_norm(x, self.ffn_norm, s.rms_norm_eps)
+        return F.linear(o, self.wo)
+
+    def mlp_delta(self, x: torch.Tensor, stage: Stage | None = None) -> torch.Tensor:
+        """What the MLP half adds to the residual ``x``: down_proj of silu(gate) * up."""
+        h = rms_norm(x, self.ffn_norm, self.spec.rms_norm_eps)
         if stage is not None:
             h = stage(h)
+        if self.moe is not None:
+            return x + self.moe(h, stage)
         gate, up = F.linear(h, self.w_gate_up).chunk(2, dim=-1)
         act = F.silu(gate) * up
         if stage is not None:
             act = stage(act)
-        return x + F.linear(act, self.w_down)
+        return F.linear(act, self.w_down)
 
 
 class Decoder(nn.Module):

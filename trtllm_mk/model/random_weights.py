@@ -2,7 +2,8 @@
 
 Used for benchmarks on real shapes (no checkpoint needed) and, through ``tiny.py``, for the tiny test
 checkpoints, so both follow one initialisation policy:
-  - linears and embeddings: N(0, std), like HF's ``initializer_range``;
+  - linears and embeddings: N(0, std), like HF's ``initializer_range``; a mixture-of-experts model's
+    routers and every expert's matrices included (``ModelSpec.expected_tensors`` names them);
   - RMSNorm gains (incl. Qwen3's q/k norms): 1 + N(0, norm_noise), so a kernel that skips or
     misapplies a norm changes the output instead of multiplying by exactly 1;
   - biases (Qwen2 q/k/v): N(0, bias_std), large enough against the projection outputs (~std*sqrt(H))

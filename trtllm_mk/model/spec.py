@@ -5,6 +5,12 @@ Supported families (all share the Llama block: RMSNorm, GQA attention with RoPE,
   mistral - MistralForCausalLM (sliding window must cover max_seq_len; checked by the config)
   qwen2   - Qwen2ForCausalLM: bias on q/k/v projections
   qwen3   - Qwen3ForCausalLM: RMSNorm on each q and k head before RoPE (QK-norm), explicit head_dim
+  qwen3_moe - Qwen3MoeForCausalLM: Qwen3 whose sparse layers route each token to k of E experts
+  mixtral - MixtralForCausalLM: Mistral whose every layer routes each token to k of E experts
+A mixture-of-experts spec has ``num_experts > 0``; its sparse layers (``is_moe_layer``) hold a router
+(``gate``, [E, hidden]) and E SwiGLU experts of ``moe_intermediate_size``; the other layers keep the
+dense MLP of ``intermediate_size``. Dense specs leave these fields at their defaults, and their
+``to_dict`` omits them, so the dense schedule format is unchanged.
 Weights are named exactly as in HF checkpoints (see ``expected_tensors``).
 """
 from __future__ import annotations
@@ -26,7 +32,7 @@ _DTYPES = {"bfloat16": 2, "float16": 2, "float32": 4}
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
-    family: str                      # llama | mistral | qwen2 | qwen3
+    family: str                      # llama | mistral | qwen2 | qwen3 | qwen3_moe | mixtral
     hidden_size: int
     intermediate_size: int
     num_layers: int
@@ -42,6 +48,13 @@ class ModelSpec:
     sliding_window: int | None = None
     dtype: str = "bfloat16"          # checkpoint dtype
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    # mixture of experts (HF names); 0 experts: a dense model
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False     # renormalise the k selected routing weights to sum to 1
+    decoder_sparse_step: int = 1     # layer i is sparse when (i + 1) % step == 0 ...
+    mlp_only_layers: tuple[int, ...] = ()   # ... and i is not listed here
 
     # ---- derived shapes -------------------------------------------------------------------
     @property
@@ -51,6 +64,43 @@ class ModelSpec:
     @property
     def qk_norm(self) -> bool:
         return FAMILIES[self.family].qk_norm
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether ``layer``'s MLP is the routed experts (HF's rule for Qwen3-MoE; every layer of Mixtral)."""
+        return (self.is_moe and layer not in self.mlp_only_layers
+                and (layer + 1) % self.decoder_sparse_step == 0)
+
+    @property
+    def moe_layers(self) -> tuple[int, ...]:
+        return tuple(i for i in range(self.num_layers) if self.is_moe_layer(i))
+
+    def moe_names(self, layer: int) -> tuple[str, list[tuple[str, str, str]]]:
+        """Checkpoint names of a sparse layer's router weight and of each expert's (gate, up, down)."""
+        fam = FAMILIES[self.family]
+        blk = f"model.layers.{layer}.{fam.moe_block}."
+        g, u, d = fam.expert_linears
+        return blk + "gate.weight", [tuple(f"{blk}experts.{e}.{n}.weight" for n in (g, u, d))
+                                     for e in range(self.num_experts)]
+
+    def expert_bytes(self) -> int:
+        """Bytes of one expert's three matrices."""
+        return 3 * self.hidden_size * self.moe_intermediate_size * self.dtype_bytes
+
+    def active_experts(self, batch: int = 1, worst_case: bool = False) -> float:
+        """Distinct experts one sparse layer reads in a decode step of ``batch`` rows, each routed to
+        k of E. Batch 1: k. Worst case: min(E, batch * k). Expected: E * (1 - (1 - k/E)^batch), each
+        row choosing its k experts uniformly and independently of the others (real routers are
+        skewed, which makes the expected count an upper estimate)."""
+        E, k = self.num_experts, self.num_experts_per_tok
+        if not self.is_moe:
+            return 0.0
+        if worst_case:
+            return float(min(E, batch * k))
+        return float(k) if batch == 1 else E * (1.0 - (1.0 - k / E) ** batch)
 
     @property
     def q_size(self) -> int:
@@ -88,6 +138,15 @@ class ModelSpec:
             if self.qk_norm:
                 t[p + "self_attn.q_norm.weight"] = (self.head_dim,)
                 t[p + "self_attn.k_norm.weight"] = (self.head_dim,)
+            if self.is_moe_layer(i):
+                router, experts = self.moe_names(i)
+                Im = self.moe_intermediate_size
+                t[router] = (self.num_experts, H)
+                for gate, up, down in experts:
+                    t[gate] = (Im, H)
+                    t[up] = (Im, H)
+                    t[down] = (H, Im)
+                continue
             t[p + "mlp.gate_proj.weight"] = (I, H)
             t[p + "mlp.up_proj.weight"] = (I, H)
             t[p + "mlp.down_proj.weight"] = (H, I)
@@ -107,12 +166,16 @@ class ModelSpec:
     def weight_bytes(self) -> int:
         return self.num_params() * self.dtype_bytes
 
-    def decode_weight_bytes(self) -> int:
-        """Bytes one decode step must read: every weight once; the embedding table contributes only
-        its B looked-up rows (negligible) unless it is tied to the LM head."""
+    def decode_weight_bytes(self, batch: int = 1, worst_case: bool = False) -> int:
+        """Bytes one decode step of ``batch`` rows must read: every weight once; the embedding table
+        contributes only its B looked-up rows (negligible) unless it is tied to the LM head; a sparse
+        layer only its router and the experts its rows select (``active_experts``)."""
         total = self.weight_bytes()
         if not self.tie_word_embeddings:
             total -= self.vocab_size * self.hidden_size * self.dtype_bytes
+        if self.is_moe:
+            idle = self.num_experts - self.active_experts(batch, worst_case)
+            total -= round(len(self.moe_layers) * idle * self.expert_bytes())
         return total
 
     def kv_bytes_per_token(self, kv_dtype_bytes: int = 2) -> int:
@@ -121,13 +184,24 @@ class ModelSpec:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["eos_token_ids"] = list(self.eos_token_ids)
+        if self.is_moe:
+            d["mlp_only_layers"] = list(self.mlp_only_layers)
+        else:   # a dense spec writes what it always wrote (schedules and their checksums stay the same)
+            for f in _MOE_FIELDS:
+                del d[f]
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ModelSpec":
         d = dict(d)
         d["eos_token_ids"] = tuple(d.get("eos_token_ids", ()))
+        if "mlp_only_layers" in d:
+            d["mlp_only_layers"] = tuple(d["mlp_only_layers"])
         return cls(**d)
+
+
+_MOE_FIELDS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
+               "decoder_sparse_step", "mlp_only_layers")
 
 
 _MISSING = object()
@@ -177,6 +251,53 @@ def _refuse_unimplemented(cfg: dict, family: str, where: str) -> None:
                          "whole head)")
     if cfg.get("pretraining_tp", 1) not in (1, None):
         raise ModelError(f"{where}: pretraining_tp={cfg.get('pretraining_tp')!r} is not implemented (use 1)")
+
+
+def _bool(cfg: dict, key: str, where: str, default: bool) -> bool:
+    v = cfg.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise ModelError(f"{where}: '{key}' must be true or false, got {v!r}")
+    return v
+
+
+def _moe_fields(cfg: dict, family: str, num_layers: int, where: str) -> dict[str, Any]:
+    """The ModelSpec fields of a mixture-of-experts family's config; routing the engine does not
+    compute (shared experts, a scoring function other than softmax) is refused by name."""
+    fam = FAMILIES[family]
+    for key in ("shared_expert_intermediate_size", "n_shared_experts", "num_shared_experts"):
+        if cfg.get(key):
+            raise ModelError(f"{where}: {key}={cfg[key]!r}: shared experts are not implemented (only routed experts)")
+    scoring = cfg.get("scoring_func", "softmax")
+    if scoring != "softmax":
+        raise ModelError(f"{where}: scoring_func '{scoring}' is not implemented (the router is a softmax over "
+                         "the experts, then top-k)")
+    # The published Qwen3-MoE configs say num_experts; transformers >= 5 writes num_local_experts (Mixtral's name).
+    given = {k: cfg[k] for k in ("num_experts", "num_local_experts") if cfg.get(k) is not None}
+    if len(given) == 2 and given["num_experts"] != given["num_local_experts"]:
+        raise ModelError(f"{where}: num_experts={given['num_experts']!r} and num_local_experts="
+                         f"{given['num_local_experts']!r} disagree; keep one")
+    if not given:
+        raise ModelError(f"{where}: config.json has no 'num_experts' (or 'num_local_experts')")
+    key = next(iter(given))
+    E = _int(cfg, key, where)
+    k = _int(cfg, "num_experts_per_tok", where)
+    if k > E:
+        raise ModelError(f"{where}: num_experts_per_tok={k} exceeds the {E} experts")
+    if family == "mixtral":   # Mixtral's experts are its intermediate_size; every layer is sparse
+        return dict(num_experts=E, num_experts_per_tok=k, moe_intermediate_size=_int(cfg, "intermediate_size", where),
+                    norm_topk_prob=True)
+    only = cfg.get("mlp_only_layers") or []
+    if (not isinstance(only, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in only)
+            or not all(0 <= i < num_layers for i in only)):
+        raise ModelError(f"{where}: 'mlp_only_layers' must be a list of layer indices in 0..{num_layers - 1}, "
+                         f"got {only!r}")
+    return dict(num_experts=E, num_experts_per_tok=k,
+                moe_intermediate_size=_int(cfg, "moe_intermediate_size", where),
+                norm_topk_prob=fam.always_norm_topk or _bool(cfg, "norm_topk_prob", where, False),
+                decoder_sparse_step=_int(cfg, "decoder_sparse_step", where, default=1),
+                mlp_only_layers=tuple(sorted(set(only))))
 
 
 def spec_from_hf_config(cfg: dict, name: str = "model", where: str = "config.json") -> ModelSpec:
@@ -238,12 +359,14 @@ def spec_from_hf_config(cfg: dict, name: str = "model", where: str = "config.jso
     tie = cfg.get("tie_word_embeddings", False)
     if not isinstance(tie, bool):
         raise ModelError(f"{where}: 'tie_word_embeddings' must be true or false, got {tie!r}")
+    num_layers = _int(cfg, "num_hidden_layers", where)
+    moe = _moe_fields(cfg, family, num_layers, where) if FAMILIES[family].moe_block else {}
     return ModelSpec(
         name=name,
         family=family,
         hidden_size=H,
         intermediate_size=_int(cfg, "intermediate_size", where),
-        num_layers=_int(cfg, "num_hidden_layers", where),
+        num_layers=num_layers,
         num_heads=nh,
         num_kv_heads=nkv,
         head_dim=head_dim,
@@ -256,6 +379,7 @@ def spec_from_hf_config(cfg: dict, name: str = "model", where: str = "config.jso
         sliding_window=sw or None,
         dtype=dtype,
         eos_token_ids=eos_ids,
+        **moe,
     )
 
 

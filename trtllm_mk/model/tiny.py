@@ -20,7 +20,7 @@ from ..errors import ModelError, run_cli
 from .random_weights import random_weights
 from .spec import spec_from_hf_config
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral")
 
 _COMMON = {
     "hidden_act": "silu",
@@ -65,6 +65,22 @@ _FAMILY = {
         "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
         "attention_bias": False, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "use_sliding_window": False,
         "sliding_window": None, "max_window_layers": 2, "tie_word_embeddings": False,
+    },
+    # 8 experts of 64 (2 per token, renormalised, as Qwen3-30B-A3B) on 3 layers, the middle one dense
+    # (mlp_only_layers), so a checkpoint holds both kinds of MLP.
+    "qwen3_moe": {
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_hidden_layers": 3,
+        "attention_bias": False, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "use_sliding_window": False,
+        "sliding_window": None, "max_window_layers": 3, "tie_word_embeddings": False,
+        "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64, "norm_topk_prob": True,
+        "decoder_sparse_step": 1, "mlp_only_layers": [1], "router_aux_loss_coef": 0.001,
+        "output_router_logits": False,
+    },
+    "mixtral": {
+        "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "intermediate_size": 64,
+        "rms_norm_eps": 1e-5, "rope_theta": 1000000.0, "sliding_window": None, "tie_word_embeddings": False,
+        "num_local_experts": 8, "num_experts_per_tok": 2, "router_aux_loss_coef": 0.001,
+        "output_router_logits": False,
     },
 }
 

@@ -21,10 +21,19 @@ class Family:
     qk_norm: bool = False          # per-head RMSNorm of q and k before RoPE (applied by ATTN)
     reads_sliding_window: bool = False    # the config's sliding_window applies (Mistral)
     rejects_use_sliding_window: bool = False   # use_sliding_window=true is unsupported (Qwen)
+    # Mixture of experts: the checkpoint module of a sparse layer's MLP ("mlp" for Qwen3-MoE,
+    # "block_sparse_moe" for Mixtral; None: a dense family), the names of one expert's gate, up and
+    # down projections under it, whether the top-k routing weights are always renormalised (else the
+    # config's norm_topk_prob says), and whether the expert outputs are scaled by the fp32 routing
+    # weights before rounding (Mixtral) rather than by the weights rounded to the activation dtype.
+    moe_block: str | None = None
+    expert_linears: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+    always_norm_topk: bool = False
+    expert_weights_fp32: bool = False
     step: tuple[tuple[str, tuple[str, ...]], ...] = tuple(DECODER_STEP.items())   # (phase, kind names)
 
 
-_MODULES = ("llama", "mistral", "qwen2", "qwen3")
+_MODULES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral")
 FAMILIES: dict[str, Family] = {f.name: f for f in (import_module(f".{m}", __name__).FAMILY for m in _MODULES)}
 
 
