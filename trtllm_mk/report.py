@@ -174,7 +174,8 @@ def _kernel_section(k: dict | None) -> list[str]:
     regs = "unknown" if k["registers"] is None else k["registers"]
     lines += [f"{regs} registers per thread, {k['stack_frame']} B stack frame, "
               f"{k['spill_stores']} B spill stores, {k['spill_loads']} B spill loads; "
-              f"plan {k['plan_rank']} of the search's ranking.", "",
+              f"plan {k['plan_rank']} compiled of the search's ranked plans (best first; plans expected to "
+              "spill as a compiled one did are passed over).", "",
               "| function | stack frame | spill stores | spill loads | registers |", "|---|---|---|---|---|"]
     for name, f in k["functions"].items():
         regs = "" if f["registers"] is None else f["registers"]
