@@ -119,8 +119,12 @@ def compile_without_spills(cfg: DeploymentConfig, candidates, show_progress: boo
                             "spills": kernel.describe_spills()})
             first = first or plan
             more = rank + 1 < mk.max_plan_attempts
+            if bar is not None:
+                bar.clear()                   # the line goes above the bar, not into it
             log(f"{_plan_line(rank, schedule)} skipped: its kernel spills registers ({kernel.describe_spills()})"
                 + ("; compiling the next ranked plan" if more else ""))
+            if bar is not None:
+                bar.refresh()
             if bar is None and more:
                 bar = tqdm(total=mk.max_plan_attempts, initial=rank + 1, desc="compiling ranked plans",
                            unit="plan", disable=not show_progress, leave=False)
