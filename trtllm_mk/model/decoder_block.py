@@ -195,12 +195,12 @@ class DecoderBlock(nn.Module):
         return F.linear(o, self.wo)
 
     def mlp_delta(self, x: torch.Tensor, stage: Stage | None = None) -> torch.Tensor:
-        """What the MLP half adds to the residual ``x``: down_proj of silu(gate) * up."""
+        """What the MLP half adds to the residual ``x``: down_proj of silu(gate) * up (or the routed experts' sum)."""
         h = rms_norm(x, self.ffn_norm, self.spec.rms_norm_eps)
         if stage is not None:
             h = stage(h)
         if self.moe is not None:
-            return x + self.moe(h, stage)
+            return self.moe(h, stage)
         gate, up = F.linear(h, self.w_gate_up).chunk(2, dim=-1)
         act = F.silu(gate) * up
         if stage is not None:
