@@ -58,7 +58,8 @@ struct Geometry {
 //   epilogue(p, a, r, b, v, v_up) stores one finished output value (row r, batch row b)
 //   Tally, tally_begin(c, a), tally(t, r, b, v), tally_reduce(c, a, t), tally_publish(c, a, t)
 //                                 a per-thread running reduction over the task's outputs (LMHEAD's
-//                                 argmax); NoTally is the empty one
+//                                 argmax and log-sum-exp); NoTally is the empty one. tally_reduce may
+//                                 use red()'s buffer of parity (groups & 1), which no thread reads then
 template <int KIND> struct GemvKind;
 template <int KIND> using GemvGeometry = Geometry<GemvKind<KIND>::KT, GemvKind<KIND>::PAIR>;
 

@@ -56,7 +56,7 @@ __device__ __forceinline__ float key_logit(uint64_t key) {
 template <class F>
 __device__ __forceinline__ void for_each_key(const float* l, F&& f) {
   if constexpr (cfg::V % 4 == 0) {
-    constexpr int V4 = cfg::V / 4, U = 2;
+    constexpr int V4 = cfg::V / 4, U = 8;
     for (int base = threadIdx.x; base < V4; base += CTHREADS * U) {
       float4 v[U];
 #pragma unroll
@@ -142,7 +142,7 @@ __device__ void sort_candidates(CandidateScratch& cs) {
 
 // The K largest candidate keys of row l (K <= CANDIDATES), sorted descending into cs.key[0, K).
 // ghist: the row's cand_hist, zeroed again here for the next step.
-__device__ __noinline__ void select_candidates(Ctx& c, const float* l, uint32_t* ghist, int K, CandidateScratch& cs) {
+__device__ void select_candidates(Ctx& c, const float* l, uint32_t* ghist, int K, CandidateScratch& cs) {
   const int tid = threadIdx.x;
   uint64_t* pool = reinterpret_cast<uint64_t*>(c.ring() + POOL_AT);
   // the LM-head tiles' bin counts, staged in the pool region (4096 words), zeroed in global memory
@@ -211,7 +211,7 @@ __device__ __noinline__ void select_candidates(Ctx& c, const float* l, uint32_t*
 
 // The row's log-sum-exp from its LM-head tiles' partials (word w = 0: of l; 2: of l / T), merged by
 // every consumer thread at once (one L2 round trip, not one per tile); valid in every thread.
-__device__ __noinline__ float tiles_lse(Ctx& c, const Params& p, int b, int w) {
+__device__ float tiles_lse(Ctx& c, const Params& p, int b, int w) {
   float m = -INFINITY, sum = 0.f;
   for (int t = threadIdx.x; t < cfg::N_LM_TILES; t += CTHREADS) {
     const float2 q = __ldcg(reinterpret_cast<const float2*>(p.lm_lse + ((size_t)b * cfg::N_LM_TILES + t) * LSE_WORDS + w));
@@ -232,7 +232,7 @@ __device__ __noinline__ float tiles_lse(Ctx& c, const Params& p, int b, int w) {
 // A filtered row's token: the kept prefix of the candidates (top-k, then top-p on their fp32
 // probabilities, accumulated in candidate order as trtllm_mk/sampling.py does), then the first argmax of
 // z + g over it. Valid in consumer thread 0.
-__device__ __noinline__ int sample_filtered(Ctx& c, const Params& p, int b, const SamplingSlot& s, CandidateScratch& cs) {
+__device__ int sample_filtered(Ctx& c, const Params& p, int b, const SamplingSlot& s, CandidateScratch& cs) {
   const float lse_z = needs_lse_z(s) ? tiles_lse(c, p, b, 2) : 0.f;
   if (threadIdx.x == 0) {
     const int K = (int)cs.count;
