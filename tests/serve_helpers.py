@@ -2,6 +2,8 @@
 generation, scheduler and server tests: everything built here, in seconds, on the CPU."""
 from pathlib import Path
 
+import pytest
+
 from trtllm_mk.config import load_config, with_overrides
 from trtllm_mk.model.tiny import write_tiny_checkpoint
 from trtllm_mk.model.tiny_tokenizer import write_tiny_tokenizer
@@ -23,3 +25,18 @@ def tiny_engine(out: Path, checkpoint: Path, batch: int) -> Path:
         "megakernel": {"search_budget_s": 0.5, "context_len": 128}})
     build_engine(cfg, out, show_progress=False)
     return out
+
+
+SERVED_MODEL = "tiny"
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A tiny checkpoint with a tokenizer, for the server tests (import the fixture by name)."""
+    return tiny_checkpoint(tmp_path_factory.mktemp("ckpt"))
+
+
+@pytest.fixture(scope="module")
+def engine_dir(tmp_path_factory, checkpoint):
+    """Its 2-slot engine, named as the server tests serve it."""
+    return tiny_engine(tmp_path_factory.mktemp("eng") / SERVED_MODEL, checkpoint, batch=2)

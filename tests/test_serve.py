@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from serve_helpers import tiny_checkpoint, tiny_engine
+from serve_helpers import checkpoint, engine_dir  # noqa: F401  (module fixtures)
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
@@ -34,16 +34,6 @@ def wait_until(cond, timeout=20.0, what="condition"):
             return
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return tiny_checkpoint(tmp_path_factory.mktemp("ckpt"))
-
-
-@pytest.fixture(scope="module")
-def engine_dir(tmp_path_factory, checkpoint):
-    return tiny_engine(tmp_path_factory.mktemp("eng") / MODEL, checkpoint, batch=2)
 
 
 @pytest.fixture(scope="module")

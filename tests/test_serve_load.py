@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from serve_helpers import ROOT, tiny_checkpoint, tiny_engine
+from serve_helpers import ROOT, checkpoint, engine_dir  # noqa: F401  (module fixtures)
 
 pytest.importorskip("openai")
 pytest.importorskip("fastapi")
@@ -25,16 +25,6 @@ from trtllm_mk.errors import UserError  # noqa: E402
 
 MODEL = "tiny"
 STATS_ORDER = ("min", "p50", "p90", "p95", "p99", "max")
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return tiny_checkpoint(tmp_path_factory.mktemp("ckpt"))
-
-
-@pytest.fixture(scope="module")
-def engine_dir(tmp_path_factory, checkpoint):
-    return tiny_engine(tmp_path_factory.mktemp("eng") / MODEL, checkpoint, batch=2)
 
 
 @pytest.fixture(scope="module")
