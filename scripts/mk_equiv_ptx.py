@@ -47,7 +47,7 @@ print(cfg.gpu_spec.nvcc_arch)
 
 # Packs Params with fake pointers: every tensor's data_ptr() is a distinct integer, no CUDA needed.
 _PACK = r"""
-import sys, types
+import dataclasses, sys, types
 from trtllm_mk.config import load_config
 from trtllm_mk.schedule import Schedule
 from trtllm_mk.codegen import generate_source
@@ -68,10 +68,7 @@ d.spec, d.schedule, d.layout, d.batch = spec, schedule, layout, schedule.batch
 d.weights = weights
 d.cache = types.SimpleNamespace(pool=Fake(next(n), (spec.num_layers, 77, 2, 1, 1, 1)), block_table=Fake(next(n), (1, 129)))
 d.inv_freq = Fake(next(n))
-d.buf = types.SimpleNamespace(**{f: Fake(next(n)) for f in ("x", "qkv", "part_o", "part_ml", "attn_out", "act", "logits",
-                                                            "lm_val", "lm_idx", "tokens", "pos", "history", "counters",
-                                                            "control", "error", "sampling", "lm_lse", "logprobs",
-                                                            "top_ids", "cand_hist")})
+d.buf = types.SimpleNamespace(**{f.name: Fake(next(n)) for f in dataclasses.fields(mkm.DecodeBuffers)})
 d._layer_table = Fake(next(n))
 for trace in (None, Fake(next(n))):
     d._trace = trace

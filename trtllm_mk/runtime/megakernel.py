@@ -6,7 +6,7 @@ it can be captured in a CUDA graph, called from a torch custom op or from the Te
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
@@ -156,9 +156,7 @@ class MegakernelDecoder:
         lm = w["lm_head.weight"] if "lm_head.weight" in w else w["model.embed_tokens.weight"]
         ptrs = dict(layers=self._layer_table, embed=w["model.embed_tokens.weight"], final_norm=w["model.norm.weight"],
                     lm_head=lm, inv_freq=self.inv_freq, kv_pool=self.cache.pool, block_table=self.cache.block_table)
-        for f in ("x", "qkv", "part_o", "part_ml", "attn_out", "act", "logits", "lm_val", "lm_idx", "tokens", "pos",
-                  "history", "counters", "control", "error", "sampling", "lm_lse", "logprobs", "top_ids", "cand_hist"):
-            ptrs[f] = getattr(b, f)
+        ptrs.update((f.name, getattr(b, f.name)) for f in fields(DecodeBuffers))   # every engine-owned buffer
         values = {f: t.data_ptr() for f, t in ptrs.items()}
         values.update(num_blocks=self.cache.pool.shape[1], block_table_stride=self.cache.block_table.shape[1],
                       trace=self._trace.data_ptr() if self._trace is not None else 0)
