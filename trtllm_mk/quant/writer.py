@@ -9,8 +9,8 @@ complete; an existing ``out`` is replaced only when an earlier run of this comma
 from __future__ import annotations
 
 import json
-import os
 import shutil
+import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
@@ -149,10 +149,7 @@ def quantize_checkpoint(src: str | Path, out: str | Path, scheme: QuantScheme, m
     ordered = dict(sorted(result.items()))
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.quantizing-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.quantizing-", dir=out.parent))   # new, so ours to remove
     try:
         _save(ordered, tmp, max_shard_bytes)
         cfg = json.loads((src / "config.json").read_text())
@@ -171,6 +168,7 @@ def quantize_checkpoint(src: str | Path, out: str | Path, scheme: QuantScheme, m
                 "quant_algo": scheme.quant_algo, "method": "round-to-nearest"}
         (tmp / MARK_FILE).write_text(json.dumps(mark, indent=2) + "\n")
         if out.exists():
+            _check_out(src, out)      # again: minutes passed since the first check
             shutil.rmtree(out)        # ours (MARK_FILE) or empty: _check_out refused anything else
         tmp.rename(out)
     except BaseException:
