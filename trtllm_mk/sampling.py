@@ -74,6 +74,11 @@ class SamplingParams:
         return self.temperature == 0
 
     @property
+    def plain_greedy(self) -> bool:
+        """Greedy without log-probabilities: the step's argmax alone decides (no sampling slot needed)."""
+        return self.greedy and self.logprobs is None
+
+    @property
     def filtered(self) -> bool:
         return self.top_k > 0 or self.top_p < 1
 

@@ -28,7 +28,7 @@ def execute(ex, t, layer: int) -> None:
         raise NonFiniteLogits(f"the logits of batch row {bad[0]} are all NaN or -inf (the weights or the KV cache "
                               "hold non-finite values)")
     for b, p in enumerate(ex.sampling):   # rows that sample or want log-probabilities (device/mk_sampling.cuh)
-        if p is None or (p.greedy and p.logprobs is None):
+        if p is None or p.plain_greedy:
             continue
         n = int(ex.pos[b]) + 1   # the position of the token being chosen
         c = with_logprobs(ex.logits[b], int(tok[b]), p.logprobs) if p.greedy else sample(ex.logits[b], p, n)

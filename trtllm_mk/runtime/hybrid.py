@@ -206,7 +206,7 @@ class HybridEngine:
         self._set_sampling(slot, None)
 
     def _set_sampling(self, slot: int, params: SamplingParams | None) -> None:
-        if params is not None and params.greedy and params.logprobs is None:
+        if params is not None and params.plain_greedy:
             params = None
         if self._params[slot] != params:
             self.decoder.set_sampling(slot, params)
