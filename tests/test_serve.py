@@ -1,7 +1,6 @@
 """The OpenAI-compatible server on a tiny ``--simulate`` engine, driven by the official ``openai``
 client: completions, chat, streaming, seeds, logprobs, errors (400/404/429/503), dropped clients
 and concurrent clients. The server binds 127.0.0.1 on a free port and stops with the module."""
-import socket
 import subprocess
 import sys
 import threading
@@ -17,14 +16,10 @@ pytest.importorskip("fastapi")
 uvicorn = pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
+from benchmarks.serve_load import free_port  # noqa: E402
+
 MODEL = "tiny"
 MAX_QUEUE = 2
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_until(cond, timeout=20.0, what="condition"):
