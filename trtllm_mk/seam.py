@@ -65,6 +65,13 @@ LAYER_WEIGHTS = (
     LayerWeight("v_bias", "self_attn.v_proj.bias", True),
 )
 LAYER_FIELD_NAMES = tuple(w.field for w in LAYER_WEIGHTS)
+
+# mk::LayerScales: the scale words of one layer's quantized linear weights (trtllm_mk/quant/kernel_layout.py),
+# bound under the weight's name with this suffix; all null in a bf16 kernel.
+SCALE_SUFFIX = "_sz"
+LAYER_SCALES = tuple(LayerWeight(w.field, w.hf_suffix + SCALE_SUFFIX, False)
+                     for w in LAYER_WEIGHTS if w.field in ("q", "k", "v", "o", "gate", "up", "down"))
+LAYER_SCALE_NAMES = tuple(w.field for w in LAYER_SCALES)
 OPTIONAL_LAYER_FIELDS = frozenset(w.field for w in LAYER_WEIGHTS if w.optional)
 
 PARAMS = (
@@ -98,6 +105,7 @@ PARAMS = (
     ParamField("logprobs", "float*", BUFFER, "[B, 1 + MAX_TOP_LOGPROBS] chosen token's log-probability, top ones'"),
     ParamField("top_ids", "int*", BUFFER, "[B, MAX_TOP_LOGPROBS] the most likely tokens (logprobs > 1)"),
     ParamField("cand_hist", "uint32_t*", BUFFER, "[B, CAND_HIST_BINS] logits per key bin (zero between steps)"),
+    ParamField("layer_scales", "const LayerScales*", WEIGHT, "[L] quantized weights' scale words (null: bf16 weights)"),
 )
 
 TASK_ARGS = (
@@ -213,7 +221,7 @@ def params_layout_json() -> dict:
     return {"size": size,
             "fields": [{"name": f.name, "ctype": f.ctype, "role": f.role, "offset": off, "size": n}
                        for f, off, n in layout],
-            "layer_fields": list(LAYER_FIELD_NAMES),
+            "layer_fields": list(LAYER_FIELD_NAMES), "layer_scale_fields": list(LAYER_SCALE_NAMES),
             "error_fields": [f for f, _ in ERROR_FIELDS], "error_codes": dict(ERROR_CODES),
             "sampling_slot_bytes": SAMPLING_SLOT_BYTES, "max_top_logprobs": MAX_TOP_LOGPROBS,
             "cand_hist_bins": CAND_HIST_BINS}
@@ -240,6 +248,9 @@ def emit_cuda() -> str:
              "struct LayerWeights {"]
     lines += [f"  const bf16* {w.field};  // {w.hf_suffix}{' (optional: null when absent)' if w.optional else ''}"
               for w in LAYER_WEIGHTS]
+    lines += ["};", "", "// Scale words of one layer's 4-bit weights (trtllm_mk/quant/kernel_layout.py), [out/16][in/QGROUP][16].",
+              "struct LayerScales {"]
+    lines += [f"  const uint32_t* {w.field};  // {w.hf_suffix}" for w in LAYER_SCALES]
     lines += ["};", "", "// How a batch row chooses its token (trtllm_mk/sampling.py).", "struct SamplingSlot {"]
     lines += [f"  {t} {n};" + (f"  // {doc}" if doc else "") for n, t, doc in SAMPLING_FIELDS]
     lines += ["};", f"static_assert(sizeof(SamplingSlot) == {SAMPLING_SLOT_BYTES}, \"SamplingSlot layout (trtllm_mk/seam.py)\");"]

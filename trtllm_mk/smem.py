@@ -51,13 +51,16 @@ SCRATCH_BYTES = 256 * 4   # norm / argmax scratch: values [0, 128) and indices [
 
 @dataclass(frozen=True)
 class SlotGeometry:
-    """How one GEMV kind uses a ring slot (``Geometry<KT, PAIR>`` of the device; the generated kernel
-    checks the two agree)."""
+    """How one GEMV kind uses a ring slot (``Geometry<KT, PAIR, WBITS>`` of the device; the generated
+    kernel checks the two agree). Quantized weights (``bits`` 4: quant/kernel_layout.py) fill a slot
+    with rows of ``KC / 2`` code bytes and, after them, the rows' scale words (4 bytes per group)."""
     k_range: int        # KT: columns a task of this kind reduces over (after K-split)
     pair: int           # 2 for GATEUP: gate and up rows of one output row travel together
     pieces: int         # NKC: slots one row group takes
     k_chunk: int        # KC: columns per slot
     rows_per_slot: int  # RS: weight rows per slot (gate + up rows for GATEUP), 16 x blocks
+    bits: int = 16      # weight bits: 16 (bf16) or 4
+    group: int = 0      # columns per scale word (quantized weights)
 
     @property
     def out_rows(self) -> int:
@@ -67,7 +70,7 @@ class SlotGeometry:
     @property
     def fill_bytes(self) -> int:
         """Weight bytes of a full slot (<= slot_bytes)."""
-        return self.rows_per_slot * self.k_chunk * 2
+        return self.rows_per_slot * row_bytes(self.k_chunk, self.bits, self.group)
 
     def slots_for(self, rows: int) -> int:
         """Ring slots a task with ``rows`` output rows streams."""
@@ -75,21 +78,30 @@ class SlotGeometry:
 
     def bytes_for(self, rows: int) -> int:
         """Weight bytes a task with ``rows`` output rows streams (partial last groups load only their rows)."""
-        return rows * self.pair * self.k_range * 2
+        return rows * self.pair * row_bytes(self.k_range, self.bits, self.group)
 
 
-def slot_geometry(k_range: int, pair: int, slot_bytes: int, consumer_warps: int) -> SlotGeometry:
-    """Pieces: the smallest n with n | KT, (KT/n) % 16 == 0 and 16*pair*(KT/n)*2 <= slot_bytes; then as
-    many 16-row blocks as fit (1, 2 or 4, at most the consumer warps, at least ``pair``)."""
-    if k_range % MMA_ROWS or MMA_ROWS * pair * MMA_ROWS * 2 > slot_bytes:
-        raise ValueError(f"K range {k_range} (pair {pair}) cannot use {slot_bytes}-byte slots")
+def row_bytes(k: int, bits: int, group: int) -> int:
+    """Bytes of ``k`` columns of one weight row: bf16 values, or 4-bit codes and a scale word per group."""
+    return 2 * k if bits == 16 else k * bits // 8 + 4 * (k // group)
+
+
+def slot_geometry(k_range: int, pair: int, slot_bytes: int, consumer_warps: int, bits: int = 16,
+                  group: int = 0) -> SlotGeometry:
+    """Pieces: the smallest n with n | KT, KT/n a multiple of the column unit (16 for bf16; for 4-bit
+    weights 64 and the group size) and 16*pair rows of KT/n columns within slot_bytes; then as many 16-row
+    blocks as fit (1, 2 or 4, at most the consumer warps, at least ``pair``)."""
+    unit = MMA_ROWS if bits == 16 else max(64, group)
+    if k_range % unit or MMA_ROWS * pair * row_bytes(unit, bits, group) > slot_bytes:
+        raise ValueError(f"K range {k_range} (pair {pair}, {bits}-bit weights) cannot use {slot_bytes}-byte slots")
     n = 1
-    while not (k_range % n == 0 and (k_range // n) % 16 == 0 and MMA_ROWS * pair * (k_range // n) * 2 <= slot_bytes):
+    while not (k_range % n == 0 and (k_range // n) % unit == 0
+               and MMA_ROWS * pair * row_bytes(k_range // n, bits, group) <= slot_bytes):
         n += 1
     kc = k_range // n
-    nb = slot_bytes // (MMA_ROWS * kc * 2)
+    nb = slot_bytes // (MMA_ROWS * row_bytes(kc, bits, group))
     nb = min(MAX_BLOCKS if nb >= MAX_BLOCKS else 2 if nb >= 2 else 1, consumer_warps)
-    return SlotGeometry(k_range, pair, n, kc, MMA_ROWS * max(nb, pair))
+    return SlotGeometry(k_range, pair, n, kc, MMA_ROWS * max(nb, pair), bits, group if bits != 16 else 0)
 
 
 def gemv_k_ranges(spec: ModelSpec, plan: TilePlan) -> dict[Kind, tuple[int, int]]:
@@ -100,8 +112,13 @@ def gemv_k_ranges(spec: ModelSpec, plan: TilePlan) -> dict[Kind, tuple[int, int]
 
 
 def geometries(spec: ModelSpec, plan: TilePlan) -> dict[Kind, SlotGeometry]:
-    return {k: slot_geometry(kt, pair, plan.slot_bytes, plan.consumer_warps)
-            for k, (kt, pair) in gemv_k_ranges(spec, plan).items()}
+    """The decoder layers' GEMV kinds stream the spec's weight format; the LM head stays bf16."""
+    out = {}
+    for k, (kt, pair) in gemv_k_ranges(spec, plan).items():
+        q = spec.quantized and k != Kind.LMHEAD
+        out[k] = slot_geometry(kt, pair, plan.slot_bytes, plan.consumer_warps,
+                               spec.weight_bits if q else 16, spec.weight_group if q else 0)
+    return out
 
 
 def attention_scratch_bytes(group_size: int, head_dim: int, consumer_warps: int, batch: int) -> int:

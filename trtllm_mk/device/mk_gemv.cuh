@@ -36,14 +36,15 @@ constexpr int blocks_for(int kc, int pair) {
   nb = min_i(nb, cfg::CWARPS);
   return nb < pair ? pair : nb;
 }
-template <int KT, int PAIR>
+template <int KT, int PAIR, int WBITS = 16>
 struct Geometry {
   static constexpr int NKC = pieces_for(KT, PAIR);
   static constexpr int KC = KT / NKC;
   static constexpr int NB = blocks_for(KC, PAIR);      // 16-row mma blocks per slot
   static constexpr int RS = 16 * NB;                   // weight rows per slot
   static constexpr int OUT_ROWS = RS / PAIR;           // output rows per slot group
-  static constexpr int ROW_STRIDE = KC * 2 + ROW_PAD;  // bytes between rows in a slot
+  static constexpr int ROW_COPY = KC * 2;              // bytes copied per row and slot
+  static constexpr int ROW_STRIDE = ROW_COPY + ROW_PAD;  // bytes between rows in a slot
   static constexpr int NK16 = KC / 16;                 // mma k-steps per slot
   static constexpr int WPB = cfg::CWARPS / NB;         // warps per block: they split the k-steps
   static_assert(KT % 16 == 0, "K range must be a multiple of 16");
@@ -51,9 +52,61 @@ struct Geometry {
   static_assert(RS * ROW_STRIDE <= SLOT_STRIDE, "slot overflow");
 };
 
+// 4-bit weights (trtllm_mk/quant/kernel_layout.py; mirror: smem.py slot_geometry with bits 4): a slot
+// holds RS rows of KC / 2 code bytes, 32 columns per 16 bytes in mma fragment order, then at SZ_AT the
+// scale words of its 16-row blocks, [NB][NGS groups][16 rows]. KC is a multiple of the group and of 64
+// columns, so a row's 16-byte skew puts the 8 rows a load phase reads in 8 different bank groups.
+constexpr int Q4_UNIT = cfg::QGROUP > 64 ? cfg::QGROUP : 64;
+constexpr int q4_row_bytes(int kc) { return kc / 2 + 4 * (kc / (cfg::QGROUP > 0 ? cfg::QGROUP : 1)); }
+constexpr int q4_pieces_for(int kt, int pair) {
+  int n = 1;
+  while (!(kt % n == 0 && (kt / n) % Q4_UNIT == 0 && 16 * pair * q4_row_bytes(kt / n) <= cfg::SLOT_BYTES)) ++n;
+  return n;
+}
+constexpr int q4_blocks_for(int kc, int pair) {
+  int nb = cfg::SLOT_BYTES / (16 * q4_row_bytes(kc));
+  nb = nb >= MAX_BLOCKS ? MAX_BLOCKS : nb >= 2 ? 2 : 1;
+  nb = min_i(nb, cfg::CWARPS);
+  return nb < pair ? pair : nb;
+}
+template <int KT, int PAIR>
+struct Geometry<KT, PAIR, 4> {
+  static constexpr int NKC = q4_pieces_for(KT, PAIR);
+  static constexpr int KC = KT / NKC;
+  static constexpr int NB = q4_blocks_for(KC, PAIR);
+  static constexpr int RS = 16 * NB;
+  static constexpr int OUT_ROWS = RS / PAIR;
+  static constexpr int ROW_COPY = KC / 2;
+  static constexpr int ROW_STRIDE = ROW_COPY + ROW_PAD;
+  static constexpr int NGS = KC / cfg::QGROUP;         // scale groups per row and slot
+  static constexpr int SZ_BLOCK = NGS * 16 * 4;        // scale bytes of one 16-row block per slot
+  static constexpr int SZ_AT = RS * ROW_STRIDE;        // where the slot's scale words start
+  static constexpr int NK32 = KC / 32;                 // 32-column blocks (two k-steps) per slot
+  static constexpr int WPB = cfg::CWARPS / NB;
+  static_assert(cfg::QGROUP % 32 == 0 && KT % Q4_UNIT == 0, "K range must hold whole groups of 64 columns");
+  static_assert(cfg::CWARPS % NB == 0, "blocks per slot must divide the consumer warps");
+  static_assert(SZ_AT + NB * SZ_BLOCK <= SLOT_STRIDE, "slot overflow");
+};
+
+// Where weight row j of a slot group comes from: row `row` of a row-major [*, ld] matrix `w`, from
+// column `col` on; `sz` is that matrix's scale words when its weights are 4-bit (else unused).
+struct WeightRef {
+  const bf16* w;
+  const uint32_t* sz;
+  int row, ld, col;
+};
+
+// A layer's scale table: the real one in a 4-bit kernel; in a bf16 kernel an all-null one (never read).
+__device__ const LayerScales NO_SCALES{};
+__device__ __forceinline__ const LayerScales& layer_scales(const Params& p, int layer) {
+  if constexpr (cfg::WBITS == 4) return p.layer_scales[layer];
+  else return NO_SCALES;
+}
+
 // A GEMV kind's device file specializes GemvKind<KIND> with:
 //   KT, PAIR                      the K range of one task; weight matrices interleaved per slot (2: gate+up)
-//   weight_row(p, a, grp, j)      source of weight row j (0 <= j < RS) of slot group grp of a task
+//   WBITS                         16 (bf16 weights) or 4 (cfg::WBITS of a quantized kernel's layer kinds)
+//   weight_ref(p, a, grp, j)      source of weight row j (0 <= j < RS) of slot group grp of a task
 //   stage(c, a)                   the activation staging into act[] (stage_normed / stage_rows below)
 //   epilogue(p, a, r, b, v, v_up) stores one finished output value (row r, batch row b)
 //   Tally, tally_begin(c, a), tally(t, r, b, v), tally_reduce(c, a, t), tally_publish(c, a, t)
@@ -61,7 +114,23 @@ struct Geometry {
 //                                 argmax and log-sum-exp); NoTally is the empty one. tally_reduce may
 //                                 use red()'s buffer of parity (groups & 1), which no thread reads then
 template <int KIND> struct GemvKind;
-template <int KIND> using GemvGeometry = Geometry<GemvKind<KIND>::KT, GemvKind<KIND>::PAIR>;
+template <int KIND> using GemvGeometry = Geometry<GemvKind<KIND>::KT, GemvKind<KIND>::PAIR, GemvKind<KIND>::WBITS>;
+
+// The global address of a slot piece: row j's KC columns of piece kc, and (4-bit weights) the scale
+// words of the 16-row block that row j starts.
+template <int KIND>
+__device__ __forceinline__ const void* row_src(const WeightRef& r, int kc) {
+  using G = GemvGeometry<KIND>;
+  if constexpr (GemvKind<KIND>::WBITS == 4)
+    return reinterpret_cast<const unsigned char*>(r.w) + (size_t)r.row * (r.ld / 2) + (r.col + kc * G::KC) / 2;
+  else
+    return r.w + (size_t)r.row * r.ld + r.col + kc * G::KC;
+}
+template <int KIND>
+__device__ __forceinline__ const uint32_t* scale_src(const WeightRef& r, int kc) {
+  using G = GemvGeometry<KIND>;
+  return r.sz + ((size_t)(r.row / 16) * (r.ld / cfg::QGROUP) + (r.col + kc * G::KC) / cfg::QGROUP) * 16;
+}
 
 // The epilogue of the kinds whose K-split partials add into the residual stream (OPROJ, DOWN): in
 // fixed point, so the sum is the same in every arrival order.
@@ -83,6 +152,7 @@ struct NoTally {
 template <int KIND>
 __device__ void gemv_load(Ctx& c, const TaskArgs& a) {
   using G = GemvGeometry<KIND>;
+  constexpr bool Q4 = GemvKind<KIND>::WBITS == 4;
   const int groups = (a.r1 - a.r0 + G::OUT_ROWS - 1) / G::OUT_ROWS;
 #if defined(MK_USE_BULK_COPY)
   const uint64_t evict_first = evict_first_policy();
@@ -95,20 +165,39 @@ __device__ void gemv_load(Ctx& c, const TaskArgs& a) {
       c.loader_wait(&c.empty()[slot], (use & 1) ^ 1);  // first use of a slot passes at once
       unsigned char* dst = c.ring() + (size_t)slot * SLOT_STRIDE;
 #if defined(MK_USE_BULK_COPY)
-      // lane 0 announces the bytes, then the lanes issue one bulk copy per weight row each
-      if (c.lane() == 0) mbar_expect_tx(&c.full()[slot], valid * GemvKind<KIND>::PAIR * G::KC * 2);
+      // lane 0 announces the bytes, then the lanes issue one bulk copy per weight row each (and, for
+      // 4-bit weights, one per 16-row block for its scale words)
+      if (c.lane() == 0) {
+        uint32_t bytes = valid * GemvKind<KIND>::PAIR * G::ROW_COPY;
+        if constexpr (Q4) bytes += GemvKind<KIND>::PAIR * ((valid + 15) / 16) * G::SZ_BLOCK;
+        mbar_expect_tx(&c.full()[slot], bytes);
+      }
       __syncwarp();
       for (int j = c.lane(); j < G::RS; j += 32) {
-        if (j % G::OUT_ROWS < valid)
-          bulk_copy_g2s(dst + j * G::ROW_STRIDE, GemvKind<KIND>::weight_row(*c.p, a, grp, j) + kc * G::KC, G::KC * 2,
-                        &c.full()[slot], evict_first);
+        if (j % G::OUT_ROWS < valid) {
+          const WeightRef r = GemvKind<KIND>::weight_ref(*c.p, a, grp, j);
+          bulk_copy_g2s(dst + j * G::ROW_STRIDE, row_src<KIND>(r, kc), G::ROW_COPY, &c.full()[slot], evict_first);
+          if constexpr (Q4) {
+            if (j % 16 == 0)
+              bulk_copy_g2s(dst + G::SZ_AT + (j / 16) * G::SZ_BLOCK, scale_src<KIND>(r, kc), G::SZ_BLOCK, &c.full()[slot],
+                            evict_first);
+          }
+        }
       }
 #else
       for (int j = 0; j < G::RS; ++j) {
         if (j % G::OUT_ROWS >= valid) continue;
-        const bf16x8* src = reinterpret_cast<const bf16x8*>(GemvKind<KIND>::weight_row(*c.p, a, grp, j) + kc * G::KC);
-        bf16x8* d = reinterpret_cast<bf16x8*>(dst + j * G::ROW_STRIDE);
-        for (int v = c.lane(); v < G::KC / 8; v += 32) cp_async16(d + v, src + v);
+        const WeightRef r = GemvKind<KIND>::weight_ref(*c.p, a, grp, j);
+        const uint4* src = reinterpret_cast<const uint4*>(row_src<KIND>(r, kc));
+        uint4* d = reinterpret_cast<uint4*>(dst + j * G::ROW_STRIDE);
+        for (int v = c.lane(); v < G::ROW_COPY / 16; v += 32) cp_async16(d + v, src + v);
+        if constexpr (Q4) {
+          if (j % 16 == 0) {
+            const uint4* ssrc = reinterpret_cast<const uint4*>(scale_src<KIND>(r, kc));
+            uint4* sd = reinterpret_cast<uint4*>(dst + G::SZ_AT + (j / 16) * G::SZ_BLOCK);
+            for (int v = c.lane(); v < G::SZ_BLOCK / 16; v += 32) cp_async16(sd + v, ssrc + v);
+          }
+        }
       }
       cp_async_arrive(&c.full()[slot]);
 #endif
@@ -132,7 +221,8 @@ __device__ __noinline__ Ctx prefetch_next_step(Ctx c, TaskArgs a) {
       const int valid = min_i(G::OUT_ROWS, a.r1 - a.r0 - grp * G::OUT_ROWS);
       for (int kc = 0; kc < G::NKC && n < cfg::STAGES; ++kc, ++n)
         for (int j = c.lane(); j < G::RS; j += 32)
-          if (j % G::OUT_ROWS < valid) bulk_prefetch_l2(GemvKind<KIND>::weight_row(*c.p, a, grp, j) + kc * G::KC, G::KC * 2);
+          if (j % G::OUT_ROWS < valid)
+            bulk_prefetch_l2(row_src<KIND>(GemvKind<KIND>::weight_ref(*c.p, a, grp, j), kc), G::ROW_COPY);
     }
   }
 #endif
@@ -271,6 +361,71 @@ __device__ void stage_rows(Ctx& c, const TaskArgs& a, const float* src) {
   consumer_sync(CTHREADS);
 }
 
+// 4-bit weights to mma A fragments. A lane's word of one row and 32-column block holds its eight
+// codes (quant/kernel_layout.py BLOCK_ORDER); nibbles j and j + 4 go into one bf16x2 under the exponent
+// of 128 (lop3: (q >> 4j) & 0x000f000f | 0x43004300 = 128 + code, exact), minus 128 + zero (exact),
+// times the scale (one rounding): out[0], out[1] are a0 / a2 of the first k-step, out[2], out[3] of the
+// second. sz: the row's scale word (bf16 scale low, bf16 128 + zero high).
+__device__ __forceinline__ uint32_t lop3_and_or(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(b), "r"(c));   // (a & b) | c
+  return d;
+}
+__device__ __forceinline__ void dequant_q4(uint32_t q, uint32_t sz, uint32_t (&out)[4]) {
+  const uint32_t s2 = __byte_perm(sz, 0, 0x1010), z2 = __byte_perm(sz, 0, 0x3232);
+  const __nv_bfloat162 s = *reinterpret_cast<const __nv_bfloat162*>(&s2), z = *reinterpret_cast<const __nv_bfloat162*>(&z2);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t v = lop3_and_or(q >> (4 * j), 0x000f000fu, 0x43004300u);
+    const __nv_bfloat162 w = __hmul2(__hsub2(*reinterpret_cast<const __nv_bfloat162*>(&v), z), s);
+    out[j] = *reinterpret_cast<const uint32_t*>(&w);
+  }
+}
+
+// One ring slot of 4-bit weights against the staged activation: warp (blk, kw) takes the 32-column
+// blocks kw, kw + WPB, ... of its 16-row block; per block a lane reads one code word and one scale word
+// for each of its rows g and g + 8, and two k-steps of activation, and issues two mma.
+template <int KIND, int STEPS, int NACC>
+__device__ __forceinline__ void q4_slot_mma(float (&acc)[NACC][4], uint32_t slot0, uint32_t ak, int blk, int kw, int g,
+                                            int t, bool bvalid) {
+  using G = GemvGeometry<KIND>;
+  const uint32_t w0 = slot0 + (blk * 16 + g) * G::ROW_STRIDE + t * 4;    // row g; row g + 8 is 8 strides on
+  const uint32_t z0 = slot0 + G::SZ_AT + blk * G::SZ_BLOCK + g * 4;      // row g's scale word of group 0
+#pragma unroll
+  for (int j0 = 0; j0 < STEPS; j0 += NACC) {
+    uint32_t q[NACC][2], sz[NACC][2], fb[NACC][4];
+#pragma unroll
+    for (int j = 0; j < NACC; ++j) {
+      const int s = kw + (j0 + j) * G::WPB;
+      if (j0 + j < STEPS && (G::NK32 % G::WPB == 0 || s < G::NK32)) {
+        const int grp = s * 32 / cfg::QGROUP;
+        q[j][0] = lds32(w0 + s * 16);
+        q[j][1] = lds32(w0 + 8 * G::ROW_STRIDE + s * 16);
+        sz[j][0] = lds32(z0 + grp * 64);
+        sz[j][1] = lds32(z0 + grp * 64 + 32);
+        fb[j][0] = fb[j][1] = fb[j][2] = fb[j][3] = 0u;
+        if (bvalid) {
+          fb[j][0] = lds32(ak + s * 64);
+          fb[j][1] = lds32(ak + s * 64 + 16);
+          fb[j][2] = lds32(ak + s * 64 + 32);
+          fb[j][3] = lds32(ak + s * 64 + 48);
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < NACC; ++j) {
+      const int s = kw + (j0 + j) * G::WPB;
+      if (j0 + j < STEPS && (G::NK32 % G::WPB == 0 || s < G::NK32)) {
+        uint32_t r0[4], r1[4];
+        dequant_q4(q[j][0], sz[j][0], r0);
+        dequant_q4(q[j][1], sz[j][1], r1);
+        mma_bf16_16816(acc[j], r0[0], r1[0], r0[1], r1[1], fb[j][0], fb[j][1]);
+        mma_bf16_16816(acc[j], r0[2], r1[2], r0[3], r1[3], fb[j][2], fb[j][3]);
+      }
+    }
+  }
+}
+
 // GEMV consumer. Per slot, warp w takes 16-row block w % NB and every WPB-th k-step from w / NB:
 // one ldmatrix (weights) + two 32-bit loads (activation) + one mma per 16x16 weight tile. A group's
 // partial sums meet in red[] ([warp][16][B], double-buffered by group) behind one consumer barrier;
@@ -282,6 +437,7 @@ __device__ void gemv_compute(Ctx& c, const TaskArgs& a) {
   using G = GemvGeometry<KIND>;
   constexpr int AS = GemvKind<KIND>::KT + ACT_PAD;
   constexpr int B = cfg::B;
+  constexpr bool Q4 = GemvKind<KIND>::WBITS == 4;
   const Params& p = *c.p;
   // a.stage == 0: the previous task on this SM staged the same input (codegen proves it), so the
   // activation is still resident in act[]
@@ -303,7 +459,7 @@ __device__ void gemv_compute(Ctx& c, const TaskArgs& a) {
     // NACC independent accumulators: a warp's k-steps of a slot go round-robin over them, loads first,
     // so NACC mma run in flight instead of one dependent chain (the consumer was mma-latency bound at
     // ~65 GB/s per SM with one accumulator; benchmarks/micro/ring_stream.cu)
-    constexpr int STEPS = (G::NK16 + G::WPB - 1) / G::WPB;   // k-steps per warp per slot
+    constexpr int STEPS = (G::KC / (Q4 ? 32 : 16) + G::WPB - 1) / G::WPB;   // k-steps (Q4: k-step pairs) per warp per slot
     constexpr int NACC = STEPS >= 4 ? 4 : STEPS;
     float acc[NACC][4];
 #pragma unroll
@@ -313,6 +469,9 @@ __device__ void gemv_compute(Ctx& c, const TaskArgs& a) {
       c.consumer_wait(&c.full()[slot], use & 1);
       const uint32_t wbase = ring0 + slot * SLOT_STRIDE + a_lane;
       const uint32_t ak = act_lane + kc * G::KC * 2;
+      if constexpr (Q4) {
+        q4_slot_mma<KIND, STEPS, NACC>(acc, ring0 + slot * SLOT_STRIDE, ak, blk, kw, g, t, bvalid);
+      } else {
 #pragma unroll
       for (int j0 = 0; j0 < STEPS; j0 += NACC) {
         uint32_t fa[NACC][4], fb[NACC][2];
@@ -334,6 +493,7 @@ __device__ void gemv_compute(Ctx& c, const TaskArgs& a) {
           if (j0 + j < STEPS && (G::NK16 % G::WPB == 0 || s < G::NK16))
             mma_bf16_16816(acc[j], fa[j][0], fa[j][1], fa[j][2], fa[j][3], fb[j][0], fb[j][1]);
         }
+      }
       }
       if constexpr (diag::ALL_LANES_RELEASE) {
         mbar_arrive(&c.empty()[slot]);   // every lane releases its own reads (sanitizer builds, see EMPTY_ARRIVALS)

@@ -49,6 +49,16 @@ def check_plan(spec: ModelSpec, plan: TilePlan) -> None:
                          f"{spec.intermediate_size} must split into multiples of 64 columns")
     if plan.attn_splits < 1:
         raise ValueError("TilePlan.attn_splits must be >= 1")
+    if spec.quantized:
+        # scale words travel per 16-row block, and a task's K range holds whole groups
+        for f in ("qkv_rows", "o_rows", "gateup_rows", "down_rows"):
+            if getattr(plan, f) % 16:
+                raise ValueError(f"TilePlan.{f}={getattr(plan, f)} must be a multiple of 16 for quantized weights")
+        g = spec.weight_group
+        for what, k in (("hidden_size", spec.hidden_size), ("q_size / o_ksplit", spec.q_size // plan.o_ksplit),
+                        ("intermediate_size / down_ksplit", spec.intermediate_size // plan.down_ksplit)):
+            if k % g or k % 64:
+                raise ValueError(f"TilePlan: {what} = {k} is not a whole number of {g}-column weight groups")
     if not 1 <= plan.inflight_chain <= plan.inflight_slots:
         raise ValueError(f"TilePlan: need 1 <= inflight_chain ({plan.inflight_chain}) <= inflight_slots "
                          f"({plan.inflight_slots})")
@@ -64,6 +74,7 @@ class Lowering:
         self.nh, self.nkv, self.d, self.G = spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.group_size
         self.S = plan.attn_splits
         self.wb = spec.dtype_bytes
+        self.linear_bytes = spec.linear_bytes   # a decoder layer's weight tile as streamed (quantized or not)
         self.GR = (self.G + 2) * self.d      # qkv rows per KV group
         self.QKVR = self.nkv * self.GR
         self.QD = self.nh * self.d
@@ -129,6 +140,7 @@ def build_step_graph(spec: ModelSpec, batch: int, plan: TilePlan, context_len: i
     events = derive_events(head, layer, tail, c.L)
     dims = Dims(batch=c.B, layers=c.L, hidden=c.H, intermediate=c.I, vocab=c.V, heads=c.nh, kv_heads=c.nkv,
                 head_dim=c.d, group=c.G, splits=c.S, group_rows=c.GR, qkv_rows=c.QKVR, q_dim=c.QD,
-                n_lm_tiles=len(c.lm_tiles), context_len=context_len)
+                n_lm_tiles=len(c.lm_tiles), context_len=context_len, weight_bits=spec.weight_bits,
+                weight_group=spec.weight_group)
     return StepGraph(num_layers=c.L, batch=c.B, plan=plan, head=head, layer=layer, tail=tail,
                      events=events, dims=dims)

@@ -172,6 +172,8 @@ class Dims:
     q_dim: int           # heads * head_dim
     n_lm_tiles: int      # LM-head tiles (argmax partials per row)
     context_len: int     # context the ATTN cost estimates assume
+    weight_bits: int = 16   # the decoder layers' GEMV weights: 16 (bf16) or 4 (ModelSpec.weight_bits)
+    weight_group: int = 0   # columns per scale word of 4-bit weights
 
 
 @dataclass

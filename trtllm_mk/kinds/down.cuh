@@ -8,10 +8,11 @@ template <>
 struct GemvKind<DOWN> : NoTally, AddsToResidual {
   static constexpr int KT = cfg::I / cfg::DOWN_KSPLIT;
   static constexpr int PAIR = 1;
-  using G = Geometry<KT, PAIR>;
+  static constexpr int WBITS = cfg::WBITS;
+  using G = Geometry<KT, PAIR, WBITS>;
 
-  static __device__ __forceinline__ const bf16* weight_row(const Params& p, const TaskArgs& a, int grp, int j) {
-    return p.layers[a.layer].down + (size_t)(a.r0 + grp * G::OUT_ROWS + j) * cfg::I + a.k0;
+  static __device__ __forceinline__ WeightRef weight_ref(const Params& p, const TaskArgs& a, int grp, int j) {
+    return {p.layers[a.layer].down, layer_scales(p, a.layer).down, a.r0 + grp * G::OUT_ROWS + j, cfg::I, a.k0};
   }
 
   static __device__ __forceinline__ void stage(Ctx& c, const TaskArgs& a) {

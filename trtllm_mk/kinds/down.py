@@ -35,6 +35,6 @@ def lower(c) -> list[dict]:
                             waits=(EventRef("gateup_done", 0, 0),), signals=(EventRef("resid_ready", 1, 0),),
                             reads=(Access("act", k0, k1),) + (() if split else (Access("x", a, b),)),
                             writes=(Access("x", a, b, add=split),),
-                            weight_bytes=(b - a) * (k1 - k0) * c.wb, act_bytes=B * ((k1 - k0) * 4 + (b - a) * 8),
+                            weight_bytes=c.linear_bytes(b - a, k1 - k0), act_bytes=B * ((k1 - k0) * 4 + (b - a) * 8),
                             flops=2 * B * (b - a) * (k1 - k0)))
     return out

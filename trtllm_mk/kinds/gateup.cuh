@@ -11,13 +11,15 @@ template <>
 struct GemvKind<GATEUP> : NoTally {
   static constexpr int KT = cfg::H;
   static constexpr int PAIR = 2;
-  using G = Geometry<KT, PAIR>;
+  static constexpr int WBITS = cfg::WBITS;
+  using G = Geometry<KT, PAIR, WBITS>;
 
-  static __device__ __forceinline__ const bf16* weight_row(const Params& p, const TaskArgs& a, int grp, int j) {
+  static __device__ __forceinline__ WeightRef weight_ref(const Params& p, const TaskArgs& a, int grp, int j) {
     const LayerWeights& w = p.layers[a.layer];
+    const LayerScales& s = layer_scales(p, a.layer);
     int half = G::OUT_ROWS;
     int r = a.r0 + grp * half + (j % half);
-    return (j < half ? w.gate : w.up) + (size_t)r * cfg::H;
+    return j < half ? WeightRef{w.gate, s.gate, r, cfg::H, 0} : WeightRef{w.up, s.up, r, cfg::H, 0};
   }
 
   static __device__ __forceinline__ void stage(Ctx& c, const TaskArgs& a) {

@@ -28,5 +28,5 @@ def lower(c) -> list[dict]:
     return [dict(r0=a, r1=b, k0=0, k1=H, waits=(EventRef("oproj_done", 0, 0),),
                  signals=(EventRef("gateup_done", 0, 0),),
                  reads=(Access("x", 0, H),), writes=(Access("act", a, b),),
-                 weight_bytes=2 * (b - a) * H * c.wb, act_bytes=B * (H * 4 + (b - a) * 4), flops=4 * B * (b - a) * H)
+                 weight_bytes=2 * c.linear_bytes(b - a, H), act_bytes=B * (H * 4 + (b - a) * 4), flops=4 * B * (b - a) * H)
             for a, b in c.tiles(c.I, c.plan.gateup_rows)]

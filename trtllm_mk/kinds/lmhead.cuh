@@ -9,10 +9,11 @@ template <>
 struct GemvKind<LMHEAD> {
   static constexpr int KT = cfg::H;
   static constexpr int PAIR = 1;
-  using G = Geometry<KT, PAIR>;
+  static constexpr int WBITS = 16;
+  using G = Geometry<KT, PAIR, WBITS>;
 
-  static __device__ __forceinline__ const bf16* weight_row(const Params& p, const TaskArgs& a, int grp, int j) {
-    return p.lm_head + (size_t)(a.r0 + grp * G::OUT_ROWS + j) * cfg::H;
+  static __device__ __forceinline__ WeightRef weight_ref(const Params& p, const TaskArgs& a, int grp, int j) {
+    return {p.lm_head, nullptr, a.r0 + grp * G::OUT_ROWS + j, cfg::H, 0};
   }
 
   static __device__ __forceinline__ void stage(Ctx& c, const TaskArgs&) { stage_normed<LMHEAD>(c, c.p->final_norm); }

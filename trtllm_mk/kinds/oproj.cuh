@@ -9,10 +9,11 @@ template <>
 struct GemvKind<OPROJ> : NoTally, AddsToResidual {
   static constexpr int KT = cfg::QD / cfg::O_KSPLIT;
   static constexpr int PAIR = 1;
-  using G = Geometry<KT, PAIR>;
+  static constexpr int WBITS = cfg::WBITS;
+  using G = Geometry<KT, PAIR, WBITS>;
 
-  static __device__ __forceinline__ const bf16* weight_row(const Params& p, const TaskArgs& a, int grp, int j) {
-    return p.layers[a.layer].o + (size_t)(a.r0 + grp * G::OUT_ROWS + j) * cfg::QD + a.k0;
+  static __device__ __forceinline__ WeightRef weight_ref(const Params& p, const TaskArgs& a, int grp, int j) {
+    return {p.layers[a.layer].o, layer_scales(p, a.layer).o, a.r0 + grp * G::OUT_ROWS + j, cfg::QD, a.k0};
   }
 
   static __device__ __forceinline__ void stage(Ctx& c, const TaskArgs& a) {

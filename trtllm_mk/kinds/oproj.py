@@ -56,6 +56,6 @@ def lower(c) -> list[dict]:
                             signals=(EventRef("oproj_done", 0, 0),),
                             reads=source + (() if split else (Access("x", a, b),)),
                             writes=(Access("x", a, b, add=split),),
-                            weight_bytes=(b - a) * (k1 - k0) * c.wb, act_bytes=B * (staged + (b - a) * 8),
+                            weight_bytes=c.linear_bytes(b - a, k1 - k0), act_bytes=B * (staged + (b - a) * 8),
                             flops=2 * B * (b - a) * (k1 - k0)))
     return out

@@ -8,16 +8,18 @@ template <>
 struct GemvKind<QKV> : NoTally {
   static constexpr int KT = cfg::H;
   static constexpr int PAIR = 1;
-  using G = Geometry<KT, PAIR>;
+  static constexpr int WBITS = cfg::WBITS;
+  using G = Geometry<KT, PAIR, WBITS>;
 
   // Grouped row order: [q heads of KV group g, k_g, v_g] for g = 0 .. NKV-1.
-  static __device__ __forceinline__ const bf16* weight_row(const Params& p, const TaskArgs& a, int grp, int j) {
+  static __device__ __forceinline__ WeightRef weight_ref(const Params& p, const TaskArgs& a, int grp, int j) {
     const LayerWeights& w = p.layers[a.layer];
+    const LayerScales& s = layer_scales(p, a.layer);
     int r = a.r0 + grp * G::OUT_ROWS + j;
     int g = r / cfg::GR, within = r % cfg::GR, h = within / cfg::D, i = within % cfg::D;
-    if (h < cfg::G) return w.q + (size_t)((g * cfg::G + h) * cfg::D + i) * cfg::H;
-    if (h == cfg::G) return w.k + (size_t)(g * cfg::D + i) * cfg::H;
-    return w.v + (size_t)(g * cfg::D + i) * cfg::H;
+    if (h < cfg::G) return {w.q, s.q, (g * cfg::G + h) * cfg::D + i, cfg::H, 0};
+    if (h == cfg::G) return {w.k, s.k, g * cfg::D + i, cfg::H, 0};
+    return {w.v, s.v, g * cfg::D + i, cfg::H, 0};
   }
 
   static __device__ __forceinline__ void stage(Ctx& c, const TaskArgs& a) {

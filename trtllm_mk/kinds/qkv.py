@@ -34,6 +34,6 @@ def lower(c) -> list[dict]:
         out.append(dict(r0=a, r1=b, k0=0, k1=c.H, waits=(EventRef("resid_ready", 0, 0),),
                         signals=tuple(EventRef("qkv_done", 0, g) for g in groups) + all_sig,
                         reads=(Access("x", 0, c.H),), writes=(Access("qkv", a, b),),
-                        weight_bytes=(b - a) * c.H * c.wb, act_bytes=c.B * (c.H * 4 + (b - a) * 4),
+                        weight_bytes=c.linear_bytes(b - a, c.H), act_bytes=c.B * (c.H * 4 + (b - a) * 4),
                         flops=2 * c.B * (b - a) * c.H))
     return out

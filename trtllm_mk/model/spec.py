@@ -55,6 +55,11 @@ class ModelSpec:
     norm_topk_prob: bool = False     # renormalise the k selected routing weights to sum to 1
     decoder_sparse_step: int = 1     # layer i is sparse when (i + 1) % step == 0 ...
     mlp_only_layers: tuple[int, ...] = ()   # ... and i is not listed here
+    # the decoder layers' linear weights as the megakernel streams them: 16 (bf16) or 4 (W4A16 in
+    # quant/kernel_layout.py, ``weight_group`` input columns per scale); embeddings, norms and the LM
+    # head stay in ``dtype``
+    weight_bits: int = 16
+    weight_group: int = 0
 
     # ---- derived shapes -------------------------------------------------------------------
     @property
@@ -88,7 +93,8 @@ class ModelSpec:
 
     def expert_bytes(self) -> int:
         """Bytes of one expert's three matrices."""
-        return 3 * self.hidden_size * self.moe_intermediate_size * self.dtype_bytes
+        H, Im = self.hidden_size, self.moe_intermediate_size
+        return 2 * self.linear_bytes(Im, H) + self.linear_bytes(H, Im)
 
     def active_experts(self, batch: int = 1, worst_case: bool = False) -> float:
         """Distinct experts one sparse layer reads in a decode step of ``batch`` rows, each routed to
@@ -163,8 +169,28 @@ class ModelSpec:
             n += k
         return n
 
+    @property
+    def quantized(self) -> bool:
+        return self.weight_bits != 16
+
+    def linear_bytes(self, out: int, k: int) -> int:
+        """Bytes of one decoder-layer linear weight ``[out, k]`` as the kernel streams it (codes and
+        scale words when quantized)."""
+        if not self.quantized:
+            return out * k * self.dtype_bytes
+        return out * k * self.weight_bits // 8 + 4 * (-(-out // 16) * 16) * (k // self.weight_group)
+
     def weight_bytes(self) -> int:
-        return self.num_params() * self.dtype_bytes
+        if not self.quantized:
+            return self.num_params() * self.dtype_bytes
+        total = 0
+        for name, shape in self.expected_tensors().items():
+            n = 1
+            for s in shape:
+                n *= s
+            linear = len(shape) == 2 and name.startswith("model.layers.") and not name.endswith("mlp.gate.weight")
+            total += self.linear_bytes(*shape) if linear else n * self.dtype_bytes
+        return total
 
     def decode_weight_bytes(self, batch: int = 1, worst_case: bool = False) -> int:
         """Bytes one decode step of ``batch`` rows must read: every weight once; the embedding table
@@ -189,6 +215,8 @@ class ModelSpec:
         else:   # a dense spec writes what it always wrote (schedules and their checksums stay the same)
             for f in _MOE_FIELDS:
                 del d[f]
+        if not self.quantized:
+            del d["weight_bits"], d["weight_group"]
         return d
 
     @classmethod

@@ -16,6 +16,7 @@ from ..codegen import KERNEL_NAME, KernelLayout
 from ..errors import EngineError
 from ..kv_cache import PagedKVCache
 from ..model.spec import ModelSpec
+from ..quant.kernel_layout import kernel_tensors
 from ..schedule import Schedule
 from ..sampling import MAX_TOP_LOGPROBS
 from ..seam import (CAND_HIST_BINS, ERROR_CODES, ERROR_FIELDS, ERROR_WORDS, SAMPLING_SLOT_BYTES, TRACE_SM_WORDS, TRACE_WORDS,
@@ -24,6 +25,7 @@ from ..seam import (CAND_HIST_BINS, ERROR_CODES, ERROR_FIELDS, ERROR_WORDS, SAMP
 # mk::Params and mk::LayerWeights are described once, in trtllm_mk/seam.py.
 PARAM_FIELDS = [f.name for f in seam.PARAMS]
 LAYER_FIELDS = [(w.field, w.hf_suffix) for w in seam.LAYER_WEIGHTS]
+SCALE_FIELDS = [(w.field, w.hf_suffix) for w in seam.LAYER_SCALES]
 
 
 def load_runtime():
@@ -117,7 +119,8 @@ class MegakernelDecoder:
         self.inv_freq = inv_freq.to(device=dev, dtype=torch.float32).contiguous()
         self.buf = DecodeBuffers.allocate(spec, B, schedule, layout, dev)
         self._trace: torch.Tensor | None = None
-        self._layer_table = self._pack_layer_table(weights)
+        self._layer_table = self._pack_layer_table(weights, LAYER_FIELDS)
+        self._scale_table = self._pack_layer_table(weights, SCALE_FIELDS) if spec.quantized else None
         self._params = self._pack_params()
         mkrt = load_runtime()
         with torch.cuda.device(dev):
@@ -127,10 +130,10 @@ class MegakernelDecoder:
     # ------------------------------------------------------------------ binding
     def _check_bindings(self, weights: dict[str, torch.Tensor], cache: PagedKVCache) -> None:
         spec, dev = self.spec, cache.pool.device
-        for name, shape in spec.expected_tensors().items():
+        for name, (shape, dtype) in kernel_tensors(spec).items():
             if name not in weights:
                 raise EngineError(f"weights: missing {name}")
-            _check_tensor(f"weights[{name}]", weights[name], shape, torch.bfloat16, dev)
+            _check_tensor(f"weights[{name}]", weights[name], shape, dtype, dev)
         L, NKV, D = spec.num_layers, spec.num_kv_heads, spec.head_dim
         pool = cache.pool
         if pool.dim() != 6 or (pool.shape[0], pool.shape[2], pool.shape[3], pool.shape[4], pool.shape[5]) != (
@@ -144,11 +147,11 @@ class MegakernelDecoder:
             raise EngineError(f"block table: shape {tuple(bt.shape)} but the engine needs [{self.batch}, >= {need}]")
         _check_tensor("block table", bt, tuple(bt.shape), torch.int32, dev)
 
-    def _pack_layer_table(self, weights: dict[str, torch.Tensor]) -> torch.Tensor:
+    def _pack_layer_table(self, weights: dict[str, torch.Tensor], table: list[tuple[str, str]]) -> torch.Tensor:
         rows = []
         for i in range(self.spec.num_layers):
             p = f"model.layers.{i}."
-            rows.append([weights[p + hf].data_ptr() if (p + hf) in weights else 0 for _, hf in LAYER_FIELDS])
+            rows.append([weights[p + hf].data_ptr() if (p + hf) in weights else 0 for _, hf in table])
         return torch.tensor(rows, dtype=torch.int64, device=self.device)
 
     def _pack_params(self) -> bytes:
@@ -156,8 +159,11 @@ class MegakernelDecoder:
         lm = w["lm_head.weight"] if "lm_head.weight" in w else w["model.embed_tokens.weight"]
         ptrs = dict(layers=self._layer_table, embed=w["model.embed_tokens.weight"], final_norm=w["model.norm.weight"],
                     lm_head=lm, inv_freq=self.inv_freq, kv_pool=self.cache.pool, block_table=self.cache.block_table)
+        if self._scale_table is not None:
+            ptrs["layer_scales"] = self._scale_table
         ptrs.update((f.name, getattr(b, f.name)) for f in fields(DecodeBuffers))   # every engine-owned buffer
         values = {f: t.data_ptr() for f, t in ptrs.items()}
+        values.setdefault("layer_scales", 0)
         values.update(num_blocks=self.cache.pool.shape[1], block_table_stride=self.cache.block_table.shape[1],
                       trace=self._trace.data_ptr() if self._trace is not None else 0)
         return seam.pack_params(values)

@@ -34,7 +34,7 @@ from ..gpus import GpuSpec
 from ..graph.tasks import HEAD, LAYER, TAIL, Kind, StepGraph, Task
 from ..kinds.attn import ATTN_TILE_TOKENS
 from ..kinds.combine import merge_cost, merge_units
-from ..smem import SlotGeometry, slot_geometry
+from ..smem import SlotGeometry, row_bytes, slot_geometry
 from .calibration import Calibration, load_calibration
 
 __all__ = ["Calibration", "load_calibration", "Rates", "sm_rates", "TaskCost", "CostTable", "task_cost", "staging_passes",
@@ -103,21 +103,24 @@ def task_cost(task: Task, graph: StepGraph, rates: Rates, cal: Calibration,
               geo: SlotGeometry | None = None) -> TaskCost:
     plan, d = graph.plan, graph.dims
     if task.kind.streams_weights:
+        q4 = d.weight_bits == 4 and task.kind != Kind.LMHEAD
         if geo is None:
             geo = slot_geometry(task.k1 - task.k0, task.kind.module.MATRICES, plan.slot_bytes,
-                                plan.consumer_warps)
+                                plan.consumer_warps, d.weight_bits if q4 else 16, d.weight_group if q4 else 0)
         nslots = geo.slots_for(task.rows)
         ngroups = -(-task.rows // geo.out_rows)
         # the consumers reduce whole slots (every 16-row block, valid rows or not), while the loader
         # copies only a partial last group's rows: a task whose rows are not a multiple of the slot
         # group's streams fewer bytes per slot through the same ring (fill) at the same consumer cost
-        comp = nslots * geo.fill_bytes / rates.gemv + nslots * cal.slot_overhead_us + ngroups * cal.group_overhead_us
+        # the consumer's work is per weight: a 4-bit slot costs its bf16-equivalent bytes, dequantized
+        work = geo.rows_per_slot * geo.k_chunk * 2 * cal.q4_consumer_cost if q4 else geo.fill_bytes
+        comp = nslots * work / rates.gemv + nslots * cal.slot_overhead_us + ngroups * cal.group_overhead_us
         slot_t = comp / nslots
         fill = task.weight_bytes / nslots
         ring = plan.stages * fill
         bw = rates.stream_rate(task.kind)
         turnover = cal.mem_latency_us + fill / bw + slot_t
-        issue = geo.k_chunk * 2 / cal.copy_issue_us        # one bulk copy per weight row piece
+        issue = row_bytes(geo.k_chunk, geo.bits, geo.group) / cal.copy_issue_us   # one bulk copy per weight row piece
         rate = min(bw, ring / turnover, task.weight_bytes / comp, issue)
         stage = staging_passes(task.kind, d.hidden, d.batch, plan.consumer_warps) * cal.l2_latency_us + task.act_bytes / rates.l2
         stage += task.kind.module.staging_extra_us(task, graph, cal)

@@ -29,34 +29,52 @@ CONSUMER_WARPS = (4, 8)
 MIN_ATTN_CHUNK = 16      # tokens per KV split at the deployment context
 
 
-def _ceil8(x: int) -> int:
-    return max(8, -(-x // 8) * 8)
+def _ceil(x: int, unit: int) -> int:
+    return max(unit, -(-x // unit) * unit)
 
 
-def wave_rows(n: int, ksplit: int, num_sms: int, max_waves: int = MAX_WAVES, cap: int | None = None) -> list[int]:
+def row_unit(spec: ModelSpec) -> int:
+    """Row granularity of the decoder layers' GEMV tiles: 8, or 16 for quantized weights (their scale
+    words travel per 16-row block)."""
+    return 16 if spec.quantized else 8
+
+
+def wave_rows(n: int, ksplit: int, num_sms: int, max_waves: int = MAX_WAVES, cap: int | None = None,
+              unit: int = 8) -> list[int]:
     """Rows per task for 1..max_waves waves of tasks over num_sms SMs (deduplicated, descending)."""
     out: list[int] = []
     for m in range(1, max_waves + 1):
-        rows = _ceil8(-(-n * ksplit // (m * num_sms)))
-        rows = min(rows, _ceil8(n))
+        rows = _ceil(-(-n * ksplit // (m * num_sms)), unit)
+        rows = min(rows, _ceil(n, unit))
         if cap is not None:
-            rows = min(rows, cap // 8 * 8)
+            rows = min(rows, cap // unit * unit)
         if rows not in out:
             out.append(rows)
     return out
 
 
+def _k_unit(spec: ModelSpec) -> int:
+    """Columns a K-split chunk must be a multiple of: 64, and whole weight groups when quantized."""
+    return max(64, spec.weight_group) if spec.quantized else 64
+
+
+def _o_splits(spec: ModelSpec, most: int) -> list[int]:
+    return [k for k in range(1, min(spec.num_kv_heads, most) + 1) if spec.num_kv_heads % k == 0
+            and (spec.q_size // k) % _k_unit(spec) == 0]
+
+
+def _down_splits(spec: ModelSpec, most: int) -> list[int]:
+    return [k for k in range(1, most + 1) if spec.intermediate_size % (_k_unit(spec) * k) == 0]
+
+
 def ksplit_candidates(spec: ModelSpec) -> tuple[list[int], list[int]]:
-    o = [k for k in range(1, spec.num_kv_heads + 1) if spec.num_kv_heads % k == 0 and k <= 8]
-    d = [k for k in range(1, 9) if spec.intermediate_size % (64 * k) == 0]
-    return o, d
+    return _o_splits(spec, 8), _down_splits(spec, 8)
 
 
 def smallest_fitting_ksplit(spec: ModelSpec, batch: int, gpu: GpuSpec) -> tuple[int, int]:
     """(o_ksplit, down_ksplit) with the smallest product that fits with the smallest ring; (1, 1)
     unless the whole-K activations alone overflow (large batch on a 99 KB GPU)."""
-    o_ks = [k for k in range(1, spec.num_kv_heads + 1) if spec.num_kv_heads % k == 0]
-    d_ks = [k for k in range(1, 17) if spec.intermediate_size % (64 * k) == 0]
+    o_ks, d_ks = _o_splits(spec, spec.num_kv_heads), _down_splits(spec, 16)
     for o, d in sorted(((o, d) for o in o_ks for d in d_ks), key=lambda od: (od[0] * od[1], od)):
         if fits(gpu, spec, batch, TilePlan(o_ksplit=o, down_ksplit=d, stages=2, slot_bytes=4096)):
             return o, d
@@ -76,14 +94,15 @@ def field_candidates(field: str, plan: TilePlan, spec: ModelSpec, num_sms: int, 
     """Values the coordinate search tries for one field, given the rest of ``plan``."""
     H, I, V = spec.hidden_size, spec.intermediate_size, spec.vocab_size
     gr = (spec.group_size + 2) * spec.head_dim
+    u = row_unit(spec)
     if field == "qkv_rows":
-        return wave_rows(spec.num_kv_heads * gr, 1, num_sms, cap=gr)
+        return wave_rows(spec.num_kv_heads * gr, 1, num_sms, cap=gr, unit=u)
     if field == "o_rows":
-        return wave_rows(H, plan.o_ksplit, num_sms)
+        return wave_rows(H, plan.o_ksplit, num_sms, unit=u)
     if field == "gateup_rows":
-        return wave_rows(I, 1, num_sms)
+        return wave_rows(I, 1, num_sms, unit=u)
     if field == "down_rows":
-        return wave_rows(H, plan.down_ksplit, num_sms)
+        return wave_rows(H, plan.down_ksplit, num_sms, unit=u)
     if field == "lm_rows":
         return wave_rows(V, 1, num_sms, max_waves=LM_MAX_WAVES)
     if field == "attn_splits":
@@ -152,10 +171,10 @@ def with_ksplit(plan: TilePlan, field: str, k: int, spec: ModelSpec, num_sms: in
     H = spec.hidden_size
     if field == "o_ksplit":
         waves = max(1, round(-(-H // plan.o_rows) * plan.o_ksplit / num_sms))
-        rows = min(wave_rows(H, k, num_sms), key=lambda r: abs(-(-H // r) * k / num_sms - waves))
+        rows = min(wave_rows(H, k, num_sms, unit=row_unit(spec)), key=lambda r: abs(-(-H // r) * k / num_sms - waves))
         return replace(plan, o_ksplit=k, o_rows=rows)
     waves = max(1, round(-(-H // plan.down_rows) * plan.down_ksplit / num_sms))
-    rows = min(wave_rows(H, k, num_sms), key=lambda r: abs(-(-H // r) * k / num_sms - waves))
+    rows = min(wave_rows(H, k, num_sms, unit=row_unit(spec)), key=lambda r: abs(-(-H // r) * k / num_sms - waves))
     return replace(plan, down_ksplit=k, down_rows=rows)
 
 
@@ -182,10 +201,11 @@ def initial_plan(spec: ModelSpec, batch: int, gpu: GpuSpec, num_sms: int, contex
     splits = attn_split_candidates(spec, num_sms, context_len)
     s = next((x for x in splits if spec.num_kv_heads * x >= num_sms // 2), splits[-1])
     o_ks, d_ks = smallest_fitting_ksplit(spec, batch, gpu)
-    plan = TilePlan(qkv_rows=pick(wave_rows(spec.num_kv_heads * gr, 1, num_sms, cap=gr), 4),
-                    o_rows=pick(wave_rows(spec.hidden_size, o_ks, num_sms), 4), o_ksplit=o_ks,
-                    gateup_rows=pick(wave_rows(spec.intermediate_size, 1, num_sms), 4),
-                    down_rows=pick(wave_rows(spec.hidden_size, d_ks, num_sms), 4), down_ksplit=d_ks,
+    u = row_unit(spec)
+    plan = TilePlan(qkv_rows=pick(wave_rows(spec.num_kv_heads * gr, 1, num_sms, cap=gr, unit=u), 4),
+                    o_rows=pick(wave_rows(spec.hidden_size, o_ks, num_sms, unit=u), 4), o_ksplit=o_ks,
+                    gateup_rows=pick(wave_rows(spec.intermediate_size, 1, num_sms, unit=u), 4),
+                    down_rows=pick(wave_rows(spec.hidden_size, d_ks, num_sms, unit=u), 4), down_ksplit=d_ks,
                     lm_rows=pick(wave_rows(spec.vocab_size, 1, num_sms, max_waves=LM_MAX_WAVES), 8),
                     attn_splits=s, stages=2, slot_bytes=4096, consumer_warps=8)
     rings = ring_candidates(plan, spec, batch, gpu, slot_sizes)
