@@ -61,6 +61,7 @@ class SlotGeometry:
     rows_per_slot: int  # RS: weight rows per slot (gate + up rows for GATEUP), 16 x blocks
     bits: int = 16      # weight bits: 16 (bf16) or 4
     group: int = 0      # columns per scale word (quantized weights)
+    tile: int = 0       # columns per 16-row tile, one bulk copy each (quantized weights)
 
     @property
     def out_rows(self) -> int:
@@ -80,6 +81,14 @@ class SlotGeometry:
         """Weight bytes a task with ``rows`` output rows streams (partial last groups load only their rows)."""
         return rows * self.pair * row_bytes(self.k_range, self.bits, self.group)
 
+    @property
+    def copy_bytes(self) -> float:
+        """Bytes per copy the loader issues: a row piece (bf16), or per 16-row block its tiles and its
+        scale words (4-bit)."""
+        if self.bits == 16:
+            return 2.0 * self.k_chunk
+        return MMA_ROWS * row_bytes(self.k_chunk, self.bits, self.group) / (self.k_chunk // self.tile + 1)
+
 
 def row_bytes(k: int, bits: int, group: int) -> int:
     """Bytes of ``k`` columns of one weight row: bf16 values, or 4-bit codes and a scale word per group."""
@@ -87,11 +96,11 @@ def row_bytes(k: int, bits: int, group: int) -> int:
 
 
 def slot_geometry(k_range: int, pair: int, slot_bytes: int, consumer_warps: int, bits: int = 16,
-                  group: int = 0) -> SlotGeometry:
+                  group: int = 0, tile: int = 0) -> SlotGeometry:
     """Pieces: the smallest n with n | KT, KT/n a multiple of the column unit (16 for bf16; for 4-bit
-    weights 64 and the group size) and 16*pair rows of KT/n columns within slot_bytes; then as many 16-row
+    weights the tile and the group) and 16*pair rows of KT/n columns within slot_bytes; then as many 16-row
     blocks as fit (1, 2 or 4, at most the consumer warps, at least ``pair``)."""
-    unit = MMA_ROWS if bits == 16 else max(64, group)
+    unit = MMA_ROWS if bits == 16 else max(tile, group)
     if k_range % unit or MMA_ROWS * pair * row_bytes(unit, bits, group) > slot_bytes:
         raise ValueError(f"K range {k_range} (pair {pair}, {bits}-bit weights) cannot use {slot_bytes}-byte slots")
     n = 1
@@ -101,7 +110,8 @@ def slot_geometry(k_range: int, pair: int, slot_bytes: int, consumer_warps: int,
     kc = k_range // n
     nb = slot_bytes // (MMA_ROWS * row_bytes(kc, bits, group))
     nb = min(MAX_BLOCKS if nb >= MAX_BLOCKS else 2 if nb >= 2 else 1, consumer_warps)
-    return SlotGeometry(k_range, pair, n, kc, MMA_ROWS * max(nb, pair), bits, group if bits != 16 else 0)
+    q = bits != 16
+    return SlotGeometry(k_range, pair, n, kc, MMA_ROWS * max(nb, pair), bits, group if q else 0, tile if q else 0)
 
 
 def gemv_k_ranges(spec: ModelSpec, plan: TilePlan) -> dict[Kind, tuple[int, int]]:
@@ -113,11 +123,13 @@ def gemv_k_ranges(spec: ModelSpec, plan: TilePlan) -> dict[Kind, tuple[int, int]
 
 def geometries(spec: ModelSpec, plan: TilePlan) -> dict[Kind, SlotGeometry]:
     """The decoder layers' GEMV kinds stream the spec's weight format; the LM head stays bf16."""
+    from .quant.kernel_layout import tile_cols
     out = {}
+    tile = tile_cols(spec) if spec.quantized else 0
     for k, (kt, pair) in gemv_k_ranges(spec, plan).items():
         q = spec.quantized and k != Kind.LMHEAD
         out[k] = slot_geometry(kt, pair, plan.slot_bytes, plan.consumer_warps,
-                               spec.weight_bits if q else 16, spec.weight_group if q else 0)
+                               spec.weight_bits if q else 16, spec.weight_group if q else 0, tile if q else 0)
     return out
 
 

@@ -181,7 +181,8 @@ def generate_source(schedule: Schedule, tokens_per_block: int, max_seq_len: int,
                   ACT_SMEM_BYTES=act_smem_bytes(graph), NUM_COUNTERS=len(counts), SLOT_PAD=SLOT_PAD,
                   TRACE_TASKS=max(1, trace_tasks), KV_SLOTS=kv_slots, KV_CAP=kv_cap,
                   INFLIGHT=p.inflight_slots, INFLIGHT_CHAIN=p.inflight_chain, MAX_REFS=MAX_REFS,
-                  RESID_FRAC_BITS=RESID_FRAC_BITS, WBITS=spec.weight_bits, QGROUP=spec.weight_group)
+                  RESID_FRAC_BITS=RESID_FRAC_BITS, WBITS=spec.weight_bits, QGROUP=spec.weight_group,
+                  QTILE=graph.dims.weight_tile)
     for k, v in consts.items():
         lines.append(f"constexpr int {k} = {v};")
     lines.append(f"constexpr bool QK_NORM = {'true' if spec.qk_norm else 'false'};")

@@ -43,8 +43,7 @@ struct Geometry {
   static constexpr int NB = blocks_for(KC, PAIR);      // 16-row mma blocks per slot
   static constexpr int RS = 16 * NB;                   // weight rows per slot
   static constexpr int OUT_ROWS = RS / PAIR;           // output rows per slot group
-  static constexpr int ROW_COPY = KC * 2;              // bytes copied per row and slot
-  static constexpr int ROW_STRIDE = ROW_COPY + ROW_PAD;  // bytes between rows in a slot
+  static constexpr int ROW_STRIDE = KC * 2 + ROW_PAD;  // bytes between rows in a slot
   static constexpr int NK16 = KC / 16;                 // mma k-steps per slot
   static constexpr int WPB = cfg::CWARPS / NB;         // warps per block: they split the k-steps
   static_assert(KT % 16 == 0, "K range must be a multiple of 16");
@@ -53,10 +52,10 @@ struct Geometry {
 };
 
 // 4-bit weights (trtllm_mk/quant/kernel_layout.py; mirror: smem.py slot_geometry with bits 4): a slot
-// holds RS rows of KC / 2 code bytes, 32 columns per 16 bytes in mma fragment order, then at SZ_AT the
-// scale words of its 16-row blocks, [NB][NGS groups][16 rows]. KC is a multiple of the group and of 64
-// columns, so a row's 16-byte skew puts the 8 rows a load phase reads in 8 different bank groups.
-constexpr int Q4_UNIT = cfg::QGROUP > 64 ? cfg::QGROUP : 64;
+// holds, per 16-row block, KC / QTILE tiles of 16 rows x QTILE columns as the layout stores them (one
+// bulk copy each; 16-byte chunks swizzled by row, so no row padding), then at SZ_AT the scale words of
+// its blocks, [NB][NGS groups][16 rows]. KC is a multiple of the tile and of the group.
+constexpr int Q4_UNIT = cfg::QGROUP > cfg::QTILE ? cfg::QGROUP : cfg::QTILE;
 constexpr int q4_row_bytes(int kc) { return kc / 2 + 4 * (kc / (cfg::QGROUP > 0 ? cfg::QGROUP : 1)); }
 constexpr int q4_pieces_for(int kt, int pair) {
   int n = 1;
@@ -76,25 +75,34 @@ struct Geometry<KT, PAIR, 4> {
   static constexpr int NB = q4_blocks_for(KC, PAIR);
   static constexpr int RS = 16 * NB;
   static constexpr int OUT_ROWS = RS / PAIR;
-  static constexpr int ROW_COPY = KC / 2;
-  static constexpr int ROW_STRIDE = ROW_COPY + ROW_PAD;
-  static constexpr int NGS = KC / cfg::QGROUP;         // scale groups per row and slot
-  static constexpr int SZ_BLOCK = NGS * 16 * 4;        // scale bytes of one 16-row block per slot
-  static constexpr int SZ_AT = RS * ROW_STRIDE;        // where the slot's scale words start
-  static constexpr int NK32 = KC / 32;                 // 32-column blocks (two k-steps) per slot
+  static constexpr int TILE_ROW = cfg::QTILE / 2;             // bytes of one tile row
+  static constexpr int TILE_BYTES = 16 * TILE_ROW;            // one tile, one bulk copy
+  static constexpr int TPR = KC / cfg::QTILE;                 // tiles per block and slot
+  static constexpr int CHUNKS = cfg::QTILE / 32;              // 16-byte chunks per tile row
+  static constexpr int BLOCK_BYTES = TPR * TILE_BYTES;        // codes of one 16-row block per slot
+  static constexpr int NGS = KC / cfg::QGROUP;                // scale groups per row and slot
+  static constexpr int SZ_BLOCK = NGS * 16 * 4;               // scale bytes of one block per slot
+  static constexpr int SZ_AT = NB * BLOCK_BYTES;              // where the slot's scale words start
+  static constexpr int NK32 = KC / 32;                        // 32-column steps (two k-steps) per slot
   static constexpr int WPB = cfg::CWARPS / NB;
-  static_assert(cfg::QGROUP % 32 == 0 && KT % Q4_UNIT == 0, "K range must hold whole groups of 64 columns");
+  static constexpr int ROW_STRIDE = 0;                        // rows are not strided (tiles, swizzled)
+  static_assert(KT < 0 || (cfg::QTILE % 256 == 0 && cfg::QTILE >= 256), "the swizzle needs 8 chunks per tile row");
+  static_assert(KT % Q4_UNIT == 0, "K range must hold whole tiles and groups");
   static_assert(cfg::CWARPS % NB == 0, "blocks per slot must divide the consumer warps");
   static_assert(SZ_AT + NB * SZ_BLOCK <= SLOT_STRIDE, "slot overflow");
 };
 
-// Where weight row j of a slot group comes from: row `row` of a row-major [*, ld] matrix `w`, from
-// column `col` on; `sz` is that matrix's scale words when its weights are 4-bit (else unused).
+// Where weight row j of a slot group comes from: row `row` of a [*, ld] matrix at `w`, from column
+// `col` on; `sz` is that matrix's scale words when its weights are 4-bit. `rowp` is the bf16 row itself.
 struct WeightRef {
+  const bf16* rowp;
   const bf16* w;
   const uint32_t* sz;
   int row, ld, col;
 };
+__device__ __forceinline__ WeightRef weight_at(const bf16* w, const uint32_t* sz, int row, int ld, int col) {
+  return {w + (size_t)row * ld + col, w, sz, row, ld, col};
+}
 
 // A layer's scale table: the real one in a 4-bit kernel; in a bf16 kernel an all-null one (never read).
 __device__ const LayerScales NO_SCALES{};
@@ -116,15 +124,17 @@ __device__ __forceinline__ const LayerScales& layer_scales(const Params& p, int 
 template <int KIND> struct GemvKind;
 template <int KIND> using GemvGeometry = Geometry<GemvKind<KIND>::KT, GemvKind<KIND>::PAIR, GemvKind<KIND>::WBITS>;
 
-// The global address of a slot piece: row j's KC columns of piece kc, and (4-bit weights) the scale
-// words of the 16-row block that row j starts.
+// Global addresses of a slot's pieces: bf16 row j's KC columns of piece kc; for 4-bit weights, tile m
+// of piece kc of the 16-row block that row j starts, and that block's scale words.
 template <int KIND>
-__device__ __forceinline__ const void* row_src(const WeightRef& r, int kc) {
+__device__ __forceinline__ const bf16* row_src(const WeightRef& r, int kc) {
+  return r.rowp + kc * GemvGeometry<KIND>::KC;
+}
+template <int KIND>
+__device__ __forceinline__ const void* tile_src(const WeightRef& r, int kc, int m) {
   using G = GemvGeometry<KIND>;
-  if constexpr (GemvKind<KIND>::WBITS == 4)
-    return reinterpret_cast<const unsigned char*>(r.w) + (size_t)r.row * (r.ld / 2) + (r.col + kc * G::KC) / 2;
-  else
-    return r.w + (size_t)r.row * r.ld + r.col + kc * G::KC;
+  const size_t tile = (size_t)(r.row / 16) * (r.ld / cfg::QTILE) + (r.col + kc * G::KC) / cfg::QTILE + m;
+  return reinterpret_cast<const unsigned char*>(r.w) + tile * G::TILE_BYTES;
 }
 template <int KIND>
 __device__ __forceinline__ const uint32_t* scale_src(const WeightRef& r, int kc) {
@@ -165,38 +175,54 @@ __device__ void gemv_load(Ctx& c, const TaskArgs& a) {
       c.loader_wait(&c.empty()[slot], (use & 1) ^ 1);  // first use of a slot passes at once
       unsigned char* dst = c.ring() + (size_t)slot * SLOT_STRIDE;
 #if defined(MK_USE_BULK_COPY)
-      // lane 0 announces the bytes, then the lanes issue one bulk copy per weight row each (and, for
-      // 4-bit weights, one per 16-row block for its scale words)
-      if (c.lane() == 0) {
-        uint32_t bytes = valid * GemvKind<KIND>::PAIR * G::ROW_COPY;
-        if constexpr (Q4) bytes += GemvKind<KIND>::PAIR * ((valid + 15) / 16) * G::SZ_BLOCK;
-        mbar_expect_tx(&c.full()[slot], bytes);
-      }
-      __syncwarp();
-      for (int j = c.lane(); j < G::RS; j += 32) {
-        if (j % G::OUT_ROWS < valid) {
-          const WeightRef r = GemvKind<KIND>::weight_ref(*c.p, a, grp, j);
-          bulk_copy_g2s(dst + j * G::ROW_STRIDE, row_src<KIND>(r, kc), G::ROW_COPY, &c.full()[slot], evict_first);
-          if constexpr (Q4) {
-            if (j % 16 == 0)
-              bulk_copy_g2s(dst + G::SZ_AT + (j / 16) * G::SZ_BLOCK, scale_src<KIND>(r, kc), G::SZ_BLOCK, &c.full()[slot],
+      if constexpr (Q4) {
+        // per 16-row block with valid rows: its TPR code tiles and its scale words, one copy each
+        constexpr int ITEMS = G::TPR + 1;
+        if (c.lane() == 0)
+          mbar_expect_tx(&c.full()[slot], GemvKind<KIND>::PAIR * ((valid + 15) / 16) * (G::BLOCK_BYTES + G::SZ_BLOCK));
+        __syncwarp();
+        for (int i = c.lane(); i < G::NB * ITEMS; i += 32) {
+          const int b = i / ITEMS, m = i % ITEMS;
+          if ((16 * b) % G::OUT_ROWS < valid) {
+            const WeightRef r = GemvKind<KIND>::weight_ref(*c.p, a, grp, 16 * b);
+            if (m < G::TPR)
+              bulk_copy_g2s(dst + b * G::BLOCK_BYTES + m * G::TILE_BYTES, tile_src<KIND>(r, kc, m), G::TILE_BYTES,
+                            &c.full()[slot], evict_first);
+            else
+              bulk_copy_g2s(dst + G::SZ_AT + b * G::SZ_BLOCK, scale_src<KIND>(r, kc), G::SZ_BLOCK, &c.full()[slot],
                             evict_first);
           }
         }
+      } else {
+        // lane 0 announces the bytes, then the lanes issue one bulk copy per weight row each
+        if (c.lane() == 0) mbar_expect_tx(&c.full()[slot], valid * GemvKind<KIND>::PAIR * G::KC * 2);
+        __syncwarp();
+        for (int j = c.lane(); j < G::RS; j += 32) {
+          if (j % G::OUT_ROWS < valid)
+            bulk_copy_g2s(dst + j * G::ROW_STRIDE, row_src<KIND>(GemvKind<KIND>::weight_ref(*c.p, a, grp, j), kc),
+                          G::KC * 2, &c.full()[slot], evict_first);
+        }
       }
 #else
-      for (int j = 0; j < G::RS; ++j) {
-        if (j % G::OUT_ROWS >= valid) continue;
-        const WeightRef r = GemvKind<KIND>::weight_ref(*c.p, a, grp, j);
-        const uint4* src = reinterpret_cast<const uint4*>(row_src<KIND>(r, kc));
-        uint4* d = reinterpret_cast<uint4*>(dst + j * G::ROW_STRIDE);
-        for (int v = c.lane(); v < G::ROW_COPY / 16; v += 32) cp_async16(d + v, src + v);
-        if constexpr (Q4) {
-          if (j % 16 == 0) {
-            const uint4* ssrc = reinterpret_cast<const uint4*>(scale_src<KIND>(r, kc));
-            uint4* sd = reinterpret_cast<uint4*>(dst + G::SZ_AT + (j / 16) * G::SZ_BLOCK);
-            for (int v = c.lane(); v < G::SZ_BLOCK / 16; v += 32) cp_async16(sd + v, ssrc + v);
+      if constexpr (Q4) {
+        for (int b = 0; b < G::NB; ++b) {
+          if ((16 * b) % G::OUT_ROWS >= valid) continue;
+          const WeightRef r = GemvKind<KIND>::weight_ref(*c.p, a, grp, 16 * b);
+          for (int m = 0; m < G::TPR; ++m) {
+            const uint4* src = reinterpret_cast<const uint4*>(tile_src<KIND>(r, kc, m));
+            uint4* d = reinterpret_cast<uint4*>(dst + b * G::BLOCK_BYTES + m * G::TILE_BYTES);
+            for (int v = c.lane(); v < G::TILE_BYTES / 16; v += 32) cp_async16(d + v, src + v);
           }
+          const uint4* ssrc = reinterpret_cast<const uint4*>(scale_src<KIND>(r, kc));
+          uint4* sd = reinterpret_cast<uint4*>(dst + G::SZ_AT + b * G::SZ_BLOCK);
+          for (int v = c.lane(); v < G::SZ_BLOCK / 16; v += 32) cp_async16(sd + v, ssrc + v);
+        }
+      } else {
+        for (int j = 0; j < G::RS; ++j) {
+          if (j % G::OUT_ROWS >= valid) continue;
+          const bf16x8* src = reinterpret_cast<const bf16x8*>(row_src<KIND>(GemvKind<KIND>::weight_ref(*c.p, a, grp, j), kc));
+          bf16x8* d = reinterpret_cast<bf16x8*>(dst + j * G::ROW_STRIDE);
+          for (int v = c.lane(); v < G::KC / 8; v += 32) cp_async16(d + v, src + v);
         }
       }
       cp_async_arrive(&c.full()[slot]);
@@ -219,10 +245,18 @@ __device__ __noinline__ Ctx prefetch_next_step(Ctx c, TaskArgs a) {
     const int groups = (a.r1 - a.r0 + G::OUT_ROWS - 1) / G::OUT_ROWS;
     for (int grp = 0, n = 0; grp < groups; ++grp) {
       const int valid = min_i(G::OUT_ROWS, a.r1 - a.r0 - grp * G::OUT_ROWS);
-      for (int kc = 0; kc < G::NKC && n < cfg::STAGES; ++kc, ++n)
-        for (int j = c.lane(); j < G::RS; j += 32)
-          if (j % G::OUT_ROWS < valid)
-            bulk_prefetch_l2(row_src<KIND>(GemvKind<KIND>::weight_ref(*c.p, a, grp, j), kc), G::ROW_COPY);
+      for (int kc = 0; kc < G::NKC && n < cfg::STAGES; ++kc, ++n) {
+        if constexpr (GemvKind<KIND>::WBITS == 4) {
+          for (int i = c.lane(); i < G::NB * G::TPR; i += 32)
+            if ((16 * (i / G::TPR)) % G::OUT_ROWS < valid)
+              bulk_prefetch_l2(tile_src<KIND>(GemvKind<KIND>::weight_ref(*c.p, a, grp, 16 * (i / G::TPR)), kc, i % G::TPR),
+                               G::TILE_BYTES);
+        } else {
+          for (int j = c.lane(); j < G::RS; j += 32)
+            if (j % G::OUT_ROWS < valid)
+              bulk_prefetch_l2(row_src<KIND>(GemvKind<KIND>::weight_ref(*c.p, a, grp, j), kc), G::KC * 2);
+        }
+      }
     }
   }
 #endif
@@ -382,47 +416,51 @@ __device__ __forceinline__ void dequant_q4(uint32_t q, uint32_t sz, uint32_t (&o
   }
 }
 
-// One ring slot of 4-bit weights against the staged activation: warp (blk, kw) takes the 32-column
-// blocks kw, kw + WPB, ... of its 16-row block; per block a lane reads one code word and one scale word
-// for each of its rows g and g + 8, and two k-steps of activation, and issues two mma.
-template <int KIND, int STEPS, int NACC>
-__device__ __forceinline__ void q4_slot_mma(float (&acc)[NACC][4], uint32_t slot0, uint32_t ak, int blk, int kw, int g,
-                                            int t, bool bvalid) {
+// One ring slot of 4-bit weights against the staged activation. Warp (blk, kw) takes the SPW
+// consecutive 32-column steps [kw * SPW, (kw + 1) * SPW) of its 16-row block, two at a time: one
+// ldmatrix.x4 brings the code words of both steps for rows g and g + 8 (matrix i: rows 8 (i & 1) ..,
+// step i >> 1; step s is chunk s % CHUNKS of tile s / CHUNKS, stored at chunk (s % CHUNKS) ^ row), two
+// more the activation of the four k-steps (matrix i: the 8 columns at 8 i; rows beyond the batch
+// read row 0, whose products land only in output columns the epilogue ignores). Scale words are read
+// once per pair of steps (twice when a group is one step). Pairs alternate over NACC accumulators.
+template <int KIND, int NACC>
+__device__ __forceinline__ void q4_slot_mma(float (&acc)[NACC][4], uint32_t slot0, uint32_t act0, int blk, int kw, int lane) {
   using G = GemvGeometry<KIND>;
-  const uint32_t w0 = slot0 + (blk * 16 + g) * G::ROW_STRIDE + t * 4;    // row g; row g + 8 is 8 strides on
-  const uint32_t z0 = slot0 + G::SZ_AT + blk * G::SZ_BLOCK + g * 4;      // row g's scale word of group 0
+  constexpr int SPW = G::NK32 / G::WPB;        // steps per warp and slot
+  constexpr int GPK = cfg::QGROUP / 32;        // steps per group
+  static_assert(G::NK32 % G::WPB == 0 && SPW % 2 == 0, "each warp takes an even number of 32-column steps");
+  const int g = lane >> 2, r = lane & 7, mi = lane >> 3;
+  const uint32_t wl = slot0 + blk * G::BLOCK_BYTES + (r + (mi & 1) * 8) * G::TILE_ROW;   // this lane's ldmatrix row
+  const uint32_t z0 = slot0 + G::SZ_AT + blk * G::SZ_BLOCK + g * 4;                      // row g's scale word, group 0
+  const uint32_t al = act0 + mi * 16;                                                     // act: column 8 mi
 #pragma unroll
-  for (int j0 = 0; j0 < STEPS; j0 += NACC) {
-    uint32_t q[NACC][2], sz[NACC][2], fb[NACC][4];
-#pragma unroll
-    for (int j = 0; j < NACC; ++j) {
-      const int s = kw + (j0 + j) * G::WPB;
-      if (j0 + j < STEPS && (G::NK32 % G::WPB == 0 || s < G::NK32)) {
-        const int grp = s * 32 / cfg::QGROUP;
-        q[j][0] = lds32(w0 + s * 16);
-        q[j][1] = lds32(w0 + 8 * G::ROW_STRIDE + s * 16);
-        sz[j][0] = lds32(z0 + grp * 64);
-        sz[j][1] = lds32(z0 + grp * 64 + 32);
-        fb[j][0] = fb[j][1] = fb[j][2] = fb[j][3] = 0u;
-        if (bvalid) {
-          fb[j][0] = lds32(ak + s * 64);
-          fb[j][1] = lds32(ak + s * 64 + 16);
-          fb[j][2] = lds32(ak + s * 64 + 32);
-          fb[j][3] = lds32(ak + s * 64 + 48);
-        }
-      }
+  for (int p = 0; p < SPW / 2; ++p) {
+    const int s = kw * SPW + 2 * p;
+    const int c = s % G::CHUNKS + (mi >> 1);
+    uint32_t q[4], fb[8], sz0[2], sz1[2];
+    ldmatrix_x4(wl + (s / G::CHUNKS) * G::TILE_BYTES + ((c ^ r) << 4), q[0], q[1], q[2], q[3]);
+    ldmatrix_x4(al + s * 64, fb[0], fb[1], fb[2], fb[3]);
+    ldmatrix_x4(al + s * 64 + 64, fb[4], fb[5], fb[6], fb[7]);
+    sz0[0] = lds32(z0 + (s / GPK) * 64);
+    sz0[1] = lds32(z0 + (s / GPK) * 64 + 32);
+    if constexpr (GPK == 1) {
+      sz1[0] = lds32(z0 + (s + 1) * 64);
+      sz1[1] = lds32(z0 + (s + 1) * 64 + 32);
+    } else {
+      sz1[0] = sz0[0];
+      sz1[1] = sz0[1];
     }
-#pragma unroll
-    for (int j = 0; j < NACC; ++j) {
-      const int s = kw + (j0 + j) * G::WPB;
-      if (j0 + j < STEPS && (G::NK32 % G::WPB == 0 || s < G::NK32)) {
-        uint32_t r0[4], r1[4];
-        dequant_q4(q[j][0], sz[j][0], r0);
-        dequant_q4(q[j][1], sz[j][1], r1);
-        mma_bf16_16816(acc[j], r0[0], r1[0], r0[1], r1[1], fb[j][0], fb[j][1]);
-        mma_bf16_16816(acc[j], r0[2], r1[2], r0[3], r1[3], fb[j][2], fb[j][3]);
-      }
-    }
+    uint32_t a0[4], a1[4], b0[4], b1[4];
+    dequant_q4(q[0], sz0[0], a0);   // row g, step s
+    dequant_q4(q[1], sz0[1], a1);   // row g + 8, step s
+    dequant_q4(q[2], sz1[0], b0);   // row g, step s + 1
+    dequant_q4(q[3], sz1[1], b1);   // row g + 8, step s + 1
+    float (&x)[4] = acc[(2 * p) % NACC];
+    float (&y)[4] = acc[(2 * p + 1) % NACC];
+    mma_bf16_16816(x, a0[0], a1[0], a0[1], a1[1], fb[0], fb[1]);
+    mma_bf16_16816(y, b0[0], b1[0], b0[1], b1[1], fb[4], fb[5]);
+    mma_bf16_16816(x, a0[2], a1[2], a0[3], a1[3], fb[2], fb[3]);
+    mma_bf16_16816(y, b0[2], b1[2], b0[3], b1[3], fb[6], fb[7]);
   }
 }
 
@@ -451,6 +489,8 @@ __device__ void gemv_compute(Ctx& c, const TaskArgs& a) {
   const uint32_t a_lane = (uint32_t)((blk * 16 + lrow) * G::ROW_STRIDE + lcol * 2);
   const bool bvalid = g < B;
   const uint32_t act_lane = smem_addr(c.act() + (bvalid ? g : 0) * AS + t * 2);   // bytes, shared space
+  // 4-bit kinds read the activation with ldmatrix: lane l addresses row l % 8 (row 0 beyond the batch)
+  const uint32_t act_ldm = smem_addr(c.act() + ((lane & 7) < B ? (lane & 7) : 0) * AS);
   const uint32_t ring0 = smem_addr(c.ring());
   const int groups = (a.r1 - a.r0 + G::OUT_ROWS - 1) / G::OUT_ROWS;
   typename GemvKind<KIND>::Tally tally = GemvKind<KIND>::tally_begin(c, a);
@@ -459,7 +499,7 @@ __device__ void gemv_compute(Ctx& c, const TaskArgs& a) {
     // NACC independent accumulators: a warp's k-steps of a slot go round-robin over them, loads first,
     // so NACC mma run in flight instead of one dependent chain (the consumer was mma-latency bound at
     // ~65 GB/s per SM with one accumulator; benchmarks/micro/ring_stream.cu)
-    constexpr int STEPS = (G::KC / (Q4 ? 32 : 16) + G::WPB - 1) / G::WPB;   // k-steps (Q4: k-step pairs) per warp per slot
+    constexpr int STEPS = (G::KC / 16 + G::WPB - 1) / G::WPB;   // k-steps per warp per slot
     constexpr int NACC = STEPS >= 4 ? 4 : STEPS;
     float acc[NACC][4];
 #pragma unroll
@@ -470,7 +510,7 @@ __device__ void gemv_compute(Ctx& c, const TaskArgs& a) {
       const uint32_t wbase = ring0 + slot * SLOT_STRIDE + a_lane;
       const uint32_t ak = act_lane + kc * G::KC * 2;
       if constexpr (Q4) {
-        q4_slot_mma<KIND, STEPS, NACC>(acc, ring0 + slot * SLOT_STRIDE, ak, blk, kw, g, t, bvalid);
+        q4_slot_mma<KIND, NACC>(acc, ring0 + slot * SLOT_STRIDE, act_ldm + kc * G::KC * 2, blk, kw, lane);
       } else {
 #pragma unroll
       for (int j0 = 0; j0 < STEPS; j0 += NACC) {

@@ -50,18 +50,24 @@ def check_plan(spec: ModelSpec, plan: TilePlan) -> None:
     if plan.attn_splits < 1:
         raise ValueError("TilePlan.attn_splits must be >= 1")
     if spec.quantized:
-        # scale words travel per 16-row block, and a task's K range holds whole groups
+        # 4-bit weights travel in tiles of 16 rows with their scale words, and a task's K range holds
+        # whole tiles and groups
         for f in ("qkv_rows", "o_rows", "gateup_rows", "down_rows"):
             if getattr(plan, f) % 16:
                 raise ValueError(f"TilePlan.{f}={getattr(plan, f)} must be a multiple of 16 for quantized weights")
-        g = spec.weight_group
+        unit = max(spec.weight_group, tile_cols(spec))
         for what, k in (("hidden_size", spec.hidden_size), ("q_size / o_ksplit", spec.q_size // plan.o_ksplit),
                         ("intermediate_size / down_ksplit", spec.intermediate_size // plan.down_ksplit)):
-            if k % g or k % 64:
-                raise ValueError(f"TilePlan: {what} = {k} is not a whole number of {g}-column weight groups")
+            if k % unit:
+                raise ValueError(f"TilePlan: {what} = {k} is not a whole number of {unit}-column weight tiles")
     if not 1 <= plan.inflight_chain <= plan.inflight_slots:
         raise ValueError(f"TilePlan: need 1 <= inflight_chain ({plan.inflight_chain}) <= inflight_slots "
                          f"({plan.inflight_slots})")
+
+
+def tile_cols(spec: ModelSpec) -> int:
+    from ..quant.kernel_layout import tile_cols as cols
+    return cols(spec)
 
 
 class Lowering:
@@ -141,6 +147,6 @@ def build_step_graph(spec: ModelSpec, batch: int, plan: TilePlan, context_len: i
     dims = Dims(batch=c.B, layers=c.L, hidden=c.H, intermediate=c.I, vocab=c.V, heads=c.nh, kv_heads=c.nkv,
                 head_dim=c.d, group=c.G, splits=c.S, group_rows=c.GR, qkv_rows=c.QKVR, q_dim=c.QD,
                 n_lm_tiles=len(c.lm_tiles), context_len=context_len, weight_bits=spec.weight_bits,
-                weight_group=spec.weight_group)
+                weight_group=spec.weight_group, weight_tile=tile_cols(spec) if spec.quantized else 0)
     return StepGraph(num_layers=c.L, batch=c.B, plan=plan, head=head, layer=layer, tail=tail,
                      events=events, dims=dims)

@@ -174,6 +174,7 @@ class Dims:
     context_len: int     # context the ATTN cost estimates assume
     weight_bits: int = 16   # the decoder layers' GEMV weights: 16 (bf16) or 4 (ModelSpec.weight_bits)
     weight_group: int = 0   # columns per scale word of 4-bit weights
+    weight_tile: int = 0    # columns per 16-row tile of 4-bit weights (quant/kernel_layout.py tile_cols)
 
 
 @dataclass

@@ -12,7 +12,7 @@ struct GemvKind<DOWN> : NoTally, AddsToResidual {
   using G = Geometry<KT, PAIR, WBITS>;
 
   static __device__ __forceinline__ WeightRef weight_ref(const Params& p, const TaskArgs& a, int grp, int j) {
-    return {p.layers[a.layer].down, layer_scales(p, a.layer).down, a.r0 + grp * G::OUT_ROWS + j, cfg::I, a.k0};
+    return weight_at(p.layers[a.layer].down, layer_scales(p, a.layer).down, a.r0 + grp * G::OUT_ROWS + j, cfg::I, a.k0);
   }
 
   static __device__ __forceinline__ void stage(Ctx& c, const TaskArgs& a) {

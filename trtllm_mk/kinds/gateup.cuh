@@ -19,7 +19,7 @@ struct GemvKind<GATEUP> : NoTally {
     const LayerScales& s = layer_scales(p, a.layer);
     int half = G::OUT_ROWS;
     int r = a.r0 + grp * half + (j % half);
-    return j < half ? WeightRef{w.gate, s.gate, r, cfg::H, 0} : WeightRef{w.up, s.up, r, cfg::H, 0};
+    return j < half ? weight_at(w.gate, s.gate, r, cfg::H, 0) : weight_at(w.up, s.up, r, cfg::H, 0);
   }
 
   static __device__ __forceinline__ void stage(Ctx& c, const TaskArgs& a) {

@@ -13,7 +13,7 @@ struct GemvKind<LMHEAD> {
   using G = Geometry<KT, PAIR, WBITS>;
 
   static __device__ __forceinline__ WeightRef weight_ref(const Params& p, const TaskArgs& a, int grp, int j) {
-    return {p.lm_head, nullptr, a.r0 + grp * G::OUT_ROWS + j, cfg::H, 0};
+    return weight_at(p.lm_head, nullptr, a.r0 + grp * G::OUT_ROWS + j, cfg::H, 0);
   }
 
   static __device__ __forceinline__ void stage(Ctx& c, const TaskArgs&) { stage_normed<LMHEAD>(c, c.p->final_norm); }

@@ -13,7 +13,7 @@ struct GemvKind<OPROJ> : NoTally, AddsToResidual {
   using G = Geometry<KT, PAIR, WBITS>;
 
   static __device__ __forceinline__ WeightRef weight_ref(const Params& p, const TaskArgs& a, int grp, int j) {
-    return {p.layers[a.layer].o, layer_scales(p, a.layer).o, a.r0 + grp * G::OUT_ROWS + j, cfg::QD, a.k0};
+    return weight_at(p.layers[a.layer].o, layer_scales(p, a.layer).o, a.r0 + grp * G::OUT_ROWS + j, cfg::QD, a.k0);
   }
 
   static __device__ __forceinline__ void stage(Ctx& c, const TaskArgs& a) {

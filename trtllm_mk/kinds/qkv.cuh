@@ -17,9 +17,9 @@ struct GemvKind<QKV> : NoTally {
     const LayerScales& s = layer_scales(p, a.layer);
     int r = a.r0 + grp * G::OUT_ROWS + j;
     int g = r / cfg::GR, within = r % cfg::GR, h = within / cfg::D, i = within % cfg::D;
-    if (h < cfg::G) return {w.q, s.q, (g * cfg::G + h) * cfg::D + i, cfg::H, 0};
-    if (h == cfg::G) return {w.k, s.k, g * cfg::D + i, cfg::H, 0};
-    return {w.v, s.v, g * cfg::D + i, cfg::H, 0};
+    if (h < cfg::G) return weight_at(w.q, s.q, (g * cfg::G + h) * cfg::D + i, cfg::H, 0);
+    if (h == cfg::G) return weight_at(w.k, s.k, g * cfg::D + i, cfg::H, 0);
+    return weight_at(w.v, s.v, g * cfg::D + i, cfg::H, 0);
   }
 
   static __device__ __forceinline__ void stage(Ctx& c, const TaskArgs& a) {

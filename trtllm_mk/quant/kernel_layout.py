@@ -2,16 +2,20 @@
 
 A decoder layer's linear weight ``[out, in]`` travels as two tensors:
 
-``packed``  uint8 ``[out, in / 2]``: row-major like the bf16 weight, K contiguous, every 32 columns in
-            16 bytes. Inside a 32-column block the codes are not in column order but in the order the
-            tensor-core mma (m16n8k16) wants its A fragments: 32-bit word ``t`` holds what lane
-            ``(g, t)`` of a warp needs for the two 16-column k-steps of the block, so a lane reads one
-            word per row and block and unpacks it with shifts and masks (``BLOCK_ORDER``).
-``sz``      int32 ``[ceil(out / 16), in / group, 16]``: per 16-row block (the mma's M), per group of
-            ``group`` input columns, per row of the block, one word: the bf16 scale in the low half,
-            the bf16 value ``128 + zero`` in the high half. A ring slot copies one 16-row block's
-            groups as one contiguous piece, and the 16 rows of a group sit in 16 consecutive words,
-            so the lanes' loads meet no bank conflict.
+``packed``  uint8 ``[out / 16, in / T, 16, T / 2]``: tiles of 16 rows (the mma's M) by ``T`` columns
+            (``tile_cols``), each tile contiguous, so that a ring slot fills with one bulk copy per tile
+            instead of one per row (the copy engine's cost is per copy, and 4-bit rows are short).
+            Within a tile row, every 32 columns take 16 bytes whose codes are not in column order but
+            in the order the tensor-core mma (m16n8k16) wants its A fragments: 32-bit word ``t`` holds
+            what lane ``(g, t)`` of a warp needs for the two 16-column k-steps of those columns, so a
+            lane reads one word per row and 32 columns and unpacks it with shifts and masks
+            (``BLOCK_ORDER``). The 16-byte chunks of tile row ``r`` are swizzled (chunk ``c`` stored at
+            ``c ^ (r % 8)``), so the eight rows a warp reads at once fall in eight different bank groups
+            of shared memory without padding rows apart.
+``sz``      int32 ``[out / 16, in / group, 16]``: per 16-row block, per group of ``group`` input
+            columns, per row of the block, one word: the bf16 scale in the low half, the bf16 value
+            ``128 + zero`` in the high half. A slot copies one block's groups as one contiguous piece,
+            and the 16 rows of a group sit in 16 consecutive words (conflict-free loads).
 
 The kernel forms a weight as ``bf16(scale_bf16 * ((128 + code) - (128 + zero)))``: the code enters a bf16
 mantissa under the exponent of 128 (exact), the difference of two integers below 256 is exact, and the
@@ -36,6 +40,20 @@ ROWS_PER_BLOCK = 16       # the mma's M: scale words are grouped per 16 output r
 COLS_PER_BLOCK = 32       # columns whose codes fill the four words of one row's 16 bytes
 CODE_BIAS = 128           # bf16 128.0 has a 7-bit mantissa of zeros: 128 + code is exact for codes < 128
 SUPPORTED_GROUPS = (32, 64, 128, 256, 512, 1024)
+TILE_COLS = (512, 256)    # tile widths, widest first; 256 columns = 8 chunks of 16 bytes, the swizzle's period
+CHUNK = 16                # bytes per swizzled chunk (32 columns)
+
+
+def tile_cols(spec) -> int:
+    """Columns per tile of ``spec``'s 4-bit layout: the widest of TILE_COLS dividing the K dimension of
+    every decoder-layer linear (hidden size, q heads x head dim, intermediate size)."""
+    ks = (spec.hidden_size, spec.q_size, spec.intermediate_size)
+    for t in TILE_COLS:
+        if all(k % t == 0 for k in ks):
+            return t
+    raise ValueError(f"{spec.name}: hidden {spec.hidden_size}, q {spec.q_size} and intermediate "
+                     f"{spec.intermediate_size} sizes are not multiples of {TILE_COLS[-1]} columns, "
+                     "which the 4-bit layout needs")
 
 
 def _block_order() -> torch.Tensor:
@@ -63,10 +81,11 @@ class W4Layout:
     out_features: int
     in_features: int
     group: int
+    tile: int = TILE_COLS[0]
 
     @property
-    def packed_shape(self) -> tuple[int, int]:
-        return (self.out_features, self.in_features // 2)
+    def packed_shape(self) -> tuple[int, int, int, int]:
+        return (self.out_features // ROWS_PER_BLOCK, self.in_features // self.tile, ROWS_PER_BLOCK, self.tile // 2)
 
     @property
     def sz_shape(self) -> tuple[int, int, int]:
@@ -75,8 +94,7 @@ class W4Layout:
     @property
     def nbytes(self) -> int:
         """Bytes a decode step reads for this matrix (codes and scale words)."""
-        p, s = self.packed_shape, self.sz_shape
-        return p[0] * p[1] + 4 * s[0] * s[1] * s[2]
+        return self.out_features * self.in_features // 2 + 4 * self.sz_shape[0] * self.sz_shape[1] * ROWS_PER_BLOCK
 
 
 def per_channel_group(in_features: int) -> int:
@@ -88,12 +106,14 @@ def per_channel_group(in_features: int) -> int:
     raise ValueError(f"{in_features} input channels are not a multiple of 32")
 
 
-def check_layout(out_features: int, in_features: int, group: int) -> None:
+def check_layout(out_features: int, in_features: int, group: int, tile: int = TILE_COLS[0]) -> None:
     """ValueError (a sentence) when the kernel cannot lay out this matrix."""
     if group not in SUPPORTED_GROUPS:
         raise ValueError(f"group size {group} is not one the kernel implements ({', '.join(map(str, SUPPORTED_GROUPS))})")
-    if in_features % group or in_features % COLS_PER_BLOCK:
+    if in_features % group:
         raise ValueError(f"{in_features} input channels are not a multiple of the group size {group}")
+    if tile not in TILE_COLS or in_features % tile:
+        raise ValueError(f"{in_features} input channels are not a multiple of the {tile}-column tile")
     if out_features % ROWS_PER_BLOCK:
         raise ValueError(f"{out_features} output channels are not a multiple of {ROWS_PER_BLOCK}")
 
@@ -105,11 +125,18 @@ def kernel_group(lin: IntLinear) -> int:
         else lin.group_size
 
 
-def pack(lin: IntLinear, group: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def _swizzle(rows: torch.Tensor) -> torch.Tensor:
+    """Chunk index of each (tile row, chunk) after the swizzle: ``c ^ (r % 8)``; ``rows`` [16, chunks]."""
+    r = torch.arange(ROWS_PER_BLOCK).view(-1, 1)
+    c = torch.arange(rows.shape[1]).view(1, -1)
+    return c ^ (r % 8)
+
+
+def pack(lin: IntLinear, group: int | None = None, tile: int = TILE_COLS[0]) -> tuple[torch.Tensor, torch.Tensor]:
     """(packed uint8, sz int32) of a 4-bit ``lin`` in the kernel layout. ``group``: the layout's group
     size (default ``kernel_group(lin)``); it must be the matrix's own or, for a per-channel matrix, divide
-    its input channels. Activation-order checkpoints (g_idx) are refused: the kernel streams groups in
-    column order."""
+    its input channels. ``tile``: columns per tile (``tile_cols`` of the model). Activation-order
+    checkpoints (g_idx) are refused: the kernel streams groups in column order."""
     if lin.bits != BITS:
         raise ValueError(f"{lin.name}: {lin.bits}-bit weights are not the kernel's 4-bit layout")
     if lin.g_idx is not None:
@@ -118,14 +145,19 @@ def pack(lin: IntLinear, group: int | None = None) -> tuple[torch.Tensor, torch.
     per_row = lin.groups == 1
     if not per_row and group != lin.group_size:
         raise ValueError(f"{lin.name}: group size {lin.group_size} cannot be laid out as {group}")
-    check_layout(lin.out_features, lin.in_features, group)
+    check_layout(lin.out_features, lin.in_features, group, tile)
     out, k = lin.out_features, lin.in_features
+    dev = lin.qweight.device
     codes = lin.codes().to(torch.int64)                                   # [out, k]
-    blocks = codes.view(out, k // COLS_PER_BLOCK, COLS_PER_BLOCK)[..., BLOCK_ORDER.to(codes.device)]
+    blocks = codes.view(out, k // COLS_PER_BLOCK, COLS_PER_BLOCK)[..., BLOCK_ORDER.to(dev)]
     nib = blocks.view(out, k // COLS_PER_BLOCK, 4, 8)                      # [.., word t, nibble i]
-    words = (nib << (4 * torch.arange(8, device=codes.device))).sum(-1)   # < 2**32
-    packed = words.to(torch.int64).view(-1, 1).bitwise_and(0xFFFFFFFF)
-    packed = torch.stack([(packed >> (8 * b)) & 0xFF for b in range(4)], -1).to(torch.uint8).view(out, k // 2)
+    words = (nib << (4 * torch.arange(8, device=dev))).sum(-1)            # < 2**32
+    rowmajor = torch.stack([(words >> (8 * b)) & 0xFF for b in range(4)], -1).to(torch.uint8)  # [out, k/32, 4, 4]
+    nblk, ntile, nch = out // ROWS_PER_BLOCK, k // tile, tile // COLS_PER_BLOCK
+    t = rowmajor.reshape(nblk, ROWS_PER_BLOCK, ntile, nch, CHUNK).permute(0, 2, 1, 3, 4)   # [blk, tile, r, c, 16]
+    packed = torch.empty_like(t)
+    packed[:, :, torch.arange(ROWS_PER_BLOCK).view(-1, 1), _swizzle(torch.empty(ROWS_PER_BLOCK, nch))] = t
+    packed = packed.reshape(nblk, ntile, ROWS_PER_BLOCK, tile // 2).contiguous()
 
     reps = k // group if per_row else 1
     scale = lin.scales.to(torch.bfloat16).repeat_interleave(reps, dim=1)          # [out, k / group]
@@ -135,23 +167,23 @@ def pack(lin: IntLinear, group: int | None = None) -> tuple[torch.Tensor, torch.
     hi = zz.view(torch.int16).to(torch.int64) & 0xFFFF
     word = lo | (hi << 16)
     word = torch.where(word >= 1 << 31, word - (1 << 32), word).to(torch.int32)   # [out, groups]
-    nblk = -(-out // ROWS_PER_BLOCK)
-    padded = torch.zeros(nblk * ROWS_PER_BLOCK, word.shape[1], dtype=torch.int32, device=word.device)
-    padded[:out] = word
-    sz = padded.view(nblk, ROWS_PER_BLOCK, -1).transpose(1, 2).contiguous()       # [blk, group, row]
-    return packed.contiguous(), sz
+    sz = word.view(nblk, ROWS_PER_BLOCK, -1).transpose(1, 2).contiguous()         # [blk, group, row]
+    return packed, sz
 
 
 def unpack_codes(packed: torch.Tensor) -> torch.Tensor:
-    """int64 codes ``[out, in]`` in column order from the kernel's packed bytes."""
-    out, half = packed.shape
-    b = packed.to(torch.int64).view(out, half // 16, 4, 4)                 # [.., word t, byte]
-    words = (b << (8 * torch.arange(4, device=packed.device))).sum(-1)     # [.., t]
-    nib = (words.unsqueeze(-1) >> (4 * torch.arange(8, device=packed.device))) & 0xF   # [.., t, i]
-    flat = nib.reshape(out, half // 16, 32)
+    """int64 codes ``[out, in]`` in column order from the kernel's packed tiles."""
+    nblk, ntile, rows, half = packed.shape
+    nch = half // CHUNK
+    sw = packed.view(nblk, ntile, rows, nch, CHUNK)
+    t = sw[:, :, torch.arange(rows).view(-1, 1), _swizzle(torch.empty(rows, nch))]          # [blk, tile, r, c, 16]
+    b = t.permute(0, 2, 1, 3, 4).reshape(nblk * rows, ntile * nch, 4, 4).to(torch.int64)    # [out, k/32, word, byte]
+    words = (b << (8 * torch.arange(4, device=packed.device))).sum(-1)                      # [out, k/32, t]
+    nib = (words.unsqueeze(-1) >> (4 * torch.arange(8, device=packed.device))) & 0xF        # [.., t, i]
+    flat = nib.reshape(nblk * rows, ntile * nch, 32)
     codes = torch.empty_like(flat)
     codes[..., BLOCK_ORDER.to(packed.device)] = flat
-    return codes.reshape(out, 2 * half)
+    return codes.reshape(nblk * rows, ntile * nch * 32)
 
 
 def unpack_sz(sz: torch.Tensor, out_features: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -165,8 +197,8 @@ def unpack_sz(sz: torch.Tensor, out_features: int) -> tuple[torch.Tensor, torch.
 def dequantize(packed: torch.Tensor, sz: torch.Tensor, group: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """The weights the kernel computes with, ``[out, in]``: ``bf16(scale * ((128 + code) - (128 + zero)))``
     (exact in fp32 before the one rounding to bf16)."""
-    out = packed.shape[0]
     codes = unpack_codes(packed).float() + CODE_BIAS
+    out = codes.shape[0]
     scale, zz = unpack_sz(sz, out)
     g = torch.arange(codes.shape[1], device=packed.device) // group
     return ((codes - zz[:, g]) * scale.float()[:, g]).to(torch.bfloat16).to(dtype)
@@ -197,7 +229,7 @@ def kernel_tensors(spec) -> dict[str, tuple[tuple[int, ...], "torch.dtype"]]:
     out = {}
     for name, shape in spec.expected_tensors().items():
         if spec.quantized and is_layer_linear(name, shape):
-            lay = W4Layout(shape[0], shape[1], spec.weight_group)
+            lay = W4Layout(shape[0], shape[1], spec.weight_group, tile_cols(spec))
             out[name] = (lay.packed_shape, torch.uint8)
             out[name + SCALE_SUFFIX] = (lay.sz_shape, torch.int32)
         else:
@@ -216,7 +248,7 @@ def kernel_weights(spec, weights: dict) -> tuple[dict[str, torch.Tensor], dict[s
         if isinstance(v, IntLinear):
             dense[name] = kernel_dequantize(v)
             if spec.quantized and is_layer_linear(name, shape):
-                p, sz = pack(v, spec.weight_group)
+                p, sz = pack(v, spec.weight_group, tile_cols(spec))
                 bind[name], bind[name + SCALE_SUFFIX] = p, sz
             else:
                 bind[name] = dense[name]

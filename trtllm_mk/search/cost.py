@@ -34,7 +34,7 @@ from ..gpus import GpuSpec
 from ..graph.tasks import HEAD, LAYER, TAIL, Kind, StepGraph, Task
 from ..kinds.attn import ATTN_TILE_TOKENS
 from ..kinds.combine import merge_cost, merge_units
-from ..smem import SlotGeometry, row_bytes, slot_geometry
+from ..smem import SlotGeometry, slot_geometry
 from .calibration import Calibration, load_calibration
 
 __all__ = ["Calibration", "load_calibration", "Rates", "sm_rates", "TaskCost", "CostTable", "task_cost", "staging_passes",
@@ -106,7 +106,8 @@ def task_cost(task: Task, graph: StepGraph, rates: Rates, cal: Calibration,
         q4 = d.weight_bits == 4 and task.kind != Kind.LMHEAD
         if geo is None:
             geo = slot_geometry(task.k1 - task.k0, task.kind.module.MATRICES, plan.slot_bytes,
-                                plan.consumer_warps, d.weight_bits if q4 else 16, d.weight_group if q4 else 0)
+                                plan.consumer_warps, d.weight_bits if q4 else 16, d.weight_group if q4 else 0,
+                                d.weight_tile if q4 else 0)
         nslots = geo.slots_for(task.rows)
         ngroups = -(-task.rows // geo.out_rows)
         # the consumers reduce whole slots (every 16-row block, valid rows or not), while the loader
@@ -120,7 +121,7 @@ def task_cost(task: Task, graph: StepGraph, rates: Rates, cal: Calibration,
         ring = plan.stages * fill
         bw = rates.stream_rate(task.kind)
         turnover = cal.mem_latency_us + fill / bw + slot_t
-        issue = row_bytes(geo.k_chunk, geo.bits, geo.group) / cal.copy_issue_us   # one bulk copy per weight row piece
+        issue = geo.copy_bytes / cal.copy_issue_us   # bulk copies issue at a fixed cost each
         rate = min(bw, ring / turnover, task.weight_bytes / comp, issue)
         stage = staging_passes(task.kind, d.hidden, d.batch, plan.consumer_warps) * cal.l2_latency_us + task.act_bytes / rates.l2
         stage += task.kind.module.staging_extra_us(task, graph, cal)

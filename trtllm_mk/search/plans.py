@@ -55,7 +55,10 @@ def wave_rows(n: int, ksplit: int, num_sms: int, max_waves: int = MAX_WAVES, cap
 
 def _k_unit(spec: ModelSpec) -> int:
     """Columns a K-split chunk must be a multiple of: 64, and whole weight groups when quantized."""
-    return max(64, spec.weight_group) if spec.quantized else 64
+    if not spec.quantized:
+        return 64
+    from ..quant.kernel_layout import tile_cols
+    return max(tile_cols(spec), spec.weight_group)
 
 
 def _o_splits(spec: ModelSpec, most: int) -> list[int]:
@@ -75,9 +78,12 @@ def smallest_fitting_ksplit(spec: ModelSpec, batch: int, gpu: GpuSpec) -> tuple[
     """(o_ksplit, down_ksplit) with the smallest product that fits with the smallest ring; (1, 1)
     unless the whole-K activations alone overflow (large batch on a 99 KB GPU)."""
     o_ks, d_ks = _o_splits(spec, spec.num_kv_heads), _down_splits(spec, 16)
+    # the smallest ring: two slots of the smallest size that holds one piece of every kind (4-bit
+    # weights take whole tiles, which 4 KB may not hold)
     for o, d in sorted(((o, d) for o in o_ks for d in d_ks), key=lambda od: (od[0] * od[1], od)):
-        if fits(gpu, spec, batch, TilePlan(o_ksplit=o, down_ksplit=d, stages=2, slot_bytes=4096)):
-            return o, d
+        for slot in SLOT_SIZES[:3]:
+            if fits(gpu, spec, batch, TilePlan(o_ksplit=o, down_ksplit=d, stages=2, slot_bytes=slot)):
+                return o, d
     raise ValueError(f"no tile plan fits {gpu.name}'s {gpu.smem_per_block_optin} B of shared memory at batch {batch}")
 
 
