@@ -19,6 +19,11 @@ Every decode step chooses its tokens in place: each slot's ``SamplingParams`` go
 run per host round trip. Only a slot asking for log-probabilities makes a round one step long (they
 are read back after each step). ``simulate=True`` runs the decode steps on the CPU task-graph
 executor instead (machines without a GPU; same schedule, same semantics, far slower).
+
+A 4-bit engine (W4A16, ``ModelSpec.weight_bits`` 4) loads its checkpoint's packed layers
+(``quant.load_quantized``; ``--weights random`` quantizes random weights) and the megakernel binds them
+in its own layout (``quant.kernel_layout``); prefill and the CPU executor compute with the same weights
+dequantized to bf16 exactly as the kernel dequantizes them, so every token comes from one model.
 """
 from __future__ import annotations
 
