@@ -59,9 +59,9 @@ def _quantize(src: Path, out: Path, *args: str) -> Path:
     return out
 
 
-def _yaml(d: Path, model, extra: str = "") -> Path:
+def _yaml(d: Path, model, extra: str = "", gpu: str = "H100-SXM") -> Path:
     p = d / "deploy.yaml"
-    p.write_text(f"model: {model}\ngpu: H100-SXM\nmax_batch_size: 1\nmax_seq_len: 256\nmax_input_len: 128\n"
+    p.write_text(f"model: {model}\ngpu: {gpu}\nmax_batch_size: 1\nmax_seq_len: 256\nmax_input_len: 128\n"
                  f"prefill:\n  backend: torch\nmegakernel:\n  search_budget_s: 0.5\n  context_len: 128\n{extra}")
     return p
 
@@ -269,3 +269,36 @@ def test_describe_counts_the_kernels_bytes():
     floor = re.search(r"decode floor +(\S+) ms per token +\((\S+) GB of weights", out)
     assert float(floor.group(2)) == pytest.approx(spec.decode_weight_bytes() / 1e9, abs=0.006)
     assert spec.decode_weight_bytes() < dataclasses.replace(spec, weight_bits=16, weight_group=0).decode_weight_bytes() / 2
+
+
+# --------------------------------------------------------------------------------------------- GPU
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["gptq", "awq"])
+def test_a_4bit_checkpoint_decodes_on_the_megakernel_as_the_reference_does(tmp_path, source, fmt):
+    """The megakernel streams the packed layers: its greedy tokens, teacher-forced over its own KV
+    history, are the reference decoder's on the kernel's weights (bf16 rounding may flip a rare near
+    tie, as in test_hybrid_gpu.py)."""
+    from trtllm_mk.build import build_engine
+    from trtllm_mk.runtime.hybrid import HybridEngine
+    new = 64
+    ckpt = _quantize(source, tmp_path / "ckpt", *FORMATS[fmt][0])
+    out, _ = build_engine(load_config(_yaml(tmp_path, ckpt, gpu="auto")), tmp_path / "engine", show_progress=False)
+    eng = HybridEngine(out)
+    try:
+        assert eng.decode_weights["model.layers.0.mlp.up_proj.weight"].dtype == torch.uint8
+        res = eng.generate([PROMPT], new, eos_ids=())
+        w = {k: v.cuda() for k, v in _kernel_weights_of(ckpt).items()}
+        ref = ReferenceDecoder(eng.spec, w, torch.float32, gemv_input_dtype=torch.bfloat16)
+        first = ref.prefill([PROMPT], PagedKVCache.allocate(eng.spec, 1, 256, eng.tokens_per_block, device="cuda"))
+        assert int(first.argmax(-1)[0]) == res.tokens[0][0]
+        cache = PagedKVCache(eng.cache.pool.clone(), eng.cache.block_table.clone(), eng.cache.tokens_per_block)
+        flips = 0
+        for t in range(new - 1):
+            cache.pool.copy_(eng.cache.pool)   # each reference step starts from the engine's own state
+            tok = torch.tensor([res.tokens[0][t]], device="cuda")
+            want = int(ref.decode(tok, torch.tensor([len(PROMPT) + t], device="cuda"), cache).argmax(-1)[0])
+            flips += int(want != res.tokens[0][t + 1])
+        assert flips <= 1, f"{flips} tokens differ from the reference"
+    finally:
+        eng.close()
