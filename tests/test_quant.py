@@ -473,9 +473,10 @@ def test_packed_tensors_without_a_quantization_config_say_so(tmp_path, gptq_ckpt
         load_checkpoint(d, load_spec(d))
 
 
-def test_a_quantized_checkpoint_on_the_gpu_path_is_refused(gptq_ckpt):
+def test_a_quantized_checkpoint_on_a_bf16_engines_gpu_path_is_refused(gptq_ckpt):
     from trtllm_mk.runtime.hybrid import _load_weights
-    with pytest.raises(UserError, match="quantized GEMV kinds are not implemented yet; decode them dequantized"):
+    with pytest.raises(UserError, match="but this engine was built for bf16 weights; build an engine from this "
+                                        "checkpoint, or decode it dequantized"):
         _load_weights(load_spec(gptq_ckpt), gptq_ckpt, "cuda", 0)
 
 
@@ -568,19 +569,26 @@ def test_a_section_on_an_unquantized_checkpoint_or_shapes(tmp_path, source):
 
 @pytest.mark.parametrize("name,algo", [("l20_qwen3_8b_w4a16", "W4A16_GPTQ"), ("h100_llama8b_w4a16", "W4A16_GPTQ"),
                                        ("h100_qwen3_8b_fp8", "FP8"), ("h100_llama1b_w4a16", "W4A16_GPTQ")])
-def test_shipped_quantized_configs_load_and_their_build_is_refused_plainly(capsys, name, algo):
+def test_shipped_quantized_configs_load_and_only_fp8_is_refused(capsys, name, algo):
     cfg = load_config(name)
     assert cfg.quantization["quant_algo"] == algo
     from trtllm_mk.cli.build import main
-    err = _cli_error(capsys, main, ["--config", name, "--dry-run"])
-    assert f"quantization: {algo} weights cannot be built into an engine yet: the megakernel's quantized GEMV " \
-           "kinds are not implemented" in err
+    if algo == "FP8":
+        err = _cli_error(capsys, main, ["--config", name, "--dry-run"])
+        assert "quantization: cannot be built into an engine: FP8 (fp8 e4m3" in err
+        assert "FP8 weights are not implemented in the megakernel" in err
+        assert not cfg.model_spec.quantized
+    else:
+        assert main(["--config", name, "--dry-run"]) == 0
+        assert "W4A16 (group 128)" in capsys.readouterr().out
+        assert (cfg.model_spec.weight_bits, cfg.model_spec.weight_group) == (4, 128)
 
 
-def test_a_quantized_checkpoint_build_is_refused_before_the_search(tmp_path, gptq_ckpt):
+def test_an_8bit_checkpoint_build_is_refused_before_the_search(tmp_path, source):
     from trtllm_mk.build import build_engine
-    with pytest.raises(ConfigError, match="W4A16_GPTQ weights cannot be built into an engine yet"):
-        build_engine(load_config(_yaml(tmp_path, gptq_ckpt)), tmp_path / "engine", show_progress=False)
+    w8 = _quantize(source, tmp_path / "w8", "--format", "gptq", "--bits", "8")
+    with pytest.raises(ConfigError, match=r"8-bit integer weights \(W8A16\) are not implemented in the megakernel"):
+        build_engine(load_config(_yaml(tmp_path, w8)), tmp_path / "engine", show_progress=False)
     assert not (tmp_path / "engine").exists()
 
 

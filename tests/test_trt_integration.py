@@ -274,6 +274,7 @@ MALFORMED = [
     ("raw control character", lambda k: json.dumps(k).replace('"sm_90a"', '"sm_\t90a"'), "control character"),
     ("lone surrogate", lambda k: json.dumps(k).replace('"sm_90a"', '"\\ud800"'), "unpaired UTF-16 surrogate"),
     ("qk_norm not a boolean", lambda k: _edit(k, qk_norm=1), '"qk_norm" must be true or false'),
+    ("weight_bits 8", lambda k: _edit(k, weight_bits=8), '"weight_bits" = 8 must be 16 (bf16) or 4 (W4A16)'),
     ("event offset beyond the counters", lambda k: _edit(k, event_offsets={"qkv_done": 10 ** 6}),
      "beyond num_counters"),
     ("missing params", lambda k: _edit(k, params=None), 'missing required key "params"'),
@@ -293,6 +294,23 @@ def test_kernel_json_reader_rejects_malformed(kernel_json_check, real_kernel_jso
     assert proc.returncode == 1, proc.stdout
     assert expected in proc.stderr, proc.stderr
     assert proc.stderr.startswith("error: " + str(tmp_path / "kernel.json"))  # names the file
+
+
+def test_kernel_json_reader_reads_the_weight_format(kernel_json_check, real_kernel_json, tmp_path):
+    assert real_kernel_json["weight_bits"] == 16
+    assert " weight_bits=16 " in _check(kernel_json_check, tmp_path, json.dumps(real_kernel_json)).stdout
+    assert " weight_bits=4 " in _check(kernel_json_check, tmp_path, _edit(real_kernel_json, weight_bits=4)).stdout
+    # an engine written before the key existed streams bf16 weights
+    assert " weight_bits=16 " in _check(kernel_json_check, tmp_path, _edit(real_kernel_json, weight_bits=None)).stdout
+
+
+def test_python_side_refuses_a_4bit_engine_in_one_line(real_kernel_json):
+    from trtllm_mk.backends.tensorrt_plugin import check_bf16_engine
+    check_bf16_engine(real_kernel_json, "eng")
+    with pytest.raises(UserError) as e:
+        check_bf16_engine(dict(real_kernel_json, weight_bits=4, weight_group=128), "eng")
+    assert "eng: the engine streams 4-bit weights (W4A16 group 128); the TensorRT plugin binds bf16 weights only" \
+        in str(e.value) and "\n" not in str(e.value)
 
 
 # ------------------------------------------------------------- the plugin against TensorRT's headers
@@ -377,3 +395,21 @@ def test_plugin_refuses_a_params_field_it_cannot_fill(plugin_build, real_kernel_
                           env=env, timeout=120)
     assert proc.returncode != 0
     assert 'Params field "future" is unknown to this plugin' in proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_plugin_refuses_a_4bit_engine(plugin_build, real_kernel_json, tmp_path):
+    """A 4-bit kernel reads scale words through mk::Params.layer_scales, which the plugin leaves null:
+    createPlugin refuses such an engine and says where it runs."""
+    engine = tmp_path / "engine"
+    engine.mkdir()
+    (engine / "kernel.json").write_text(json.dumps(dict(real_kernel_json, weight_bits=4, weight_group=128)))
+    (engine / "megakernel.cubin").write_bytes(b"placeholder: never loaded in the build phase")
+    env = dict(os.environ)
+    paths = [str(plugin_build)] + ([] if _have_libcuda() else [str(plugin_build / "libcuda_link_stub")])
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(paths + [env.get("LD_LIBRARY_PATH", "")])
+    proc = subprocess.run([str(plugin_build / "trt_plugin_check"), str(engine)], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert proc.returncode != 0
+    assert "the engine streams 4-bit weights (W4A16); the TensorRT plugin binds bf16 weights only, so quantized " \
+           "engines run through the PyTorch runtime" in proc.stdout + proc.stderr

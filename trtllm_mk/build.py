@@ -28,6 +28,7 @@ from .config import DeploymentConfig
 from .engine import KernelBuild, compile_kernel, kernel_function_name, write_checkpoint_record, write_kernel, write_manifest
 from .engine_target import EngineTarget
 from .graph.tasks import StepGraph
+from .quant.kernel_support import UnsupportedQuantization, quantized_spec
 from .errors import ConfigError, EngineError
 from .report import write_report
 from .schedule import Schedule
@@ -42,23 +43,27 @@ class SpillError(EngineError):
 
 
 def check_buildable(cfg: DeploymentConfig) -> None:
-    """Refuse what the megakernel cannot compute yet, before any work: quantized weights are never
-    dequantized into a bf16 engine behind the user's back, a tensor-parallel deployment is never
-    built as one GPU's engine, nor is a mixture-of-experts model built dense."""
+    """Refuse what the megakernel cannot compute yet, before any work: quantized weights it does not
+    stream (8-bit, FP8, activation order, groups its layout cannot take) are never dequantized into a
+    bf16 engine behind the user's back, a tensor-parallel deployment is never built as one GPU's
+    engine, nor is a mixture-of-experts model built dense."""
+    where = cfg.source or cfg.name
     if cfg.tensor_parallel_size > 1:
-        where = cfg.source or cfg.name
         raise ConfigError(f"{where}: tensor_parallel_size: {cfg.tensor_parallel_size} GPUs cannot be built into an "
                           "engine yet: the multi-GPU megakernel (all-reduce tasks) is not implemented "
                           "(trtllm_mk.parallel shards the weights and emulates the ranks on the CPU); "
                           "use tensor_parallel_size: 1")
     from .model.moe import check_buildable_moe
-    check_buildable_moe(cfg.model_spec, cfg.source or cfg.name)
-    q = cfg.quantization
-    if q is not None:
-        where = cfg.source or cfg.name
-        raise ConfigError(f"{where}: quantization: {q['quant_algo']} weights cannot be built into an engine yet: the "
-                          "megakernel's quantized GEMV kinds are not implemented (the reference decoder and the CPU "
-                          "executor read these checkpoints dequantized)")
+    check_buildable_moe(cfg.model_spec, where)
+    scheme = cfg.quant_scheme
+    if scheme is not None and not cfg.model_spec.quantized:
+        try:
+            quantized_spec(cfg.model_spec, scheme)
+            why = f"{scheme.describe()}: the model spec was not formed for these weights"   # a bug, never a user's
+        except UnsupportedQuantization as e:
+            why = str(e)
+        raise ConfigError(f"{where}: quantization: cannot be built into an engine: {why} (the reference decoder and "
+                          "the CPU executor read these checkpoints dequantized)")
 
 
 def _candidate(schedule: Schedule, gpu) -> tuple:

@@ -30,6 +30,7 @@ from .graph import MAX_BATCH, check_model_supported
 from .model.registry import REPO_CONFIG_DIR, resolve_model
 from .model.spec import ModelSpec
 from .parallel.layout import TP_SIZES, check_tensor_parallel, rank_spec
+from .quant.kernel_support import UnsupportedQuantization, quantized_spec
 from .quant.scheme import PER_CHANNEL, PER_TENSOR, QUANT_ALGOS, QuantScheme
 
 DEFAULT_CONFIG = REPO_CONFIG_DIR / "l20_bs1.yaml"
@@ -92,7 +93,7 @@ class DeploymentConfig:
     cuda_graph_config: dict | None   # {}: TensorRT-LLM's default; None: CUDA graphs off (TRT-LLM's null)
     prefill: PrefillConfig
     megakernel: MegakernelConfig
-    model_spec: ModelSpec = field(repr=False)
+    model_spec: ModelSpec = field(repr=False)  # as the kernel streams it: weight_bits 4 for W4A16 (kernel_spec)
     gpu_spec: GpuSpec = field(repr=False)
     checkpoint_dir: Path | None = field(default=None, repr=False)  # None: shapes only (random weights)
     model_source: str = field(default="", repr=False)              # where the spec was read from
@@ -415,6 +416,7 @@ def parse_config(data: Any, where: str = "<config>", base_dir: str | Path | None
     quantization = _quantization(quant_s, scheme, resolved.checkpoint_dir)
     if scheme is None and quantization is not None:
         scheme = QuantScheme.from_section(quantization)
+    spec = kernel_spec(spec, scheme)
 
     cfg = DeploymentConfig(
         name=name, model=model, gpu=gpu_spec.name, dtype=dtype, max_batch_size=max_batch_size,
@@ -452,6 +454,18 @@ def _check_tensor_parallel(spec: ModelSpec, tp: int, where: str) -> None:
     except UserError as e:
         raise ConfigError(f"{where}: tensor_parallel_size: {tp} leaves each GPU a share the megakernel cannot compute "
                           f"({e}); use a smaller tensor_parallel_size") from None
+
+
+def kernel_spec(spec: ModelSpec, scheme: QuantScheme | None) -> ModelSpec:
+    """The model spec the megakernel is searched and built for: 4-bit weights in the kernel's layout
+    when ``scheme`` is one it streams, else ``spec`` as it is (the builder then refuses the scheme in
+    one line, ``build.check_buildable``; the CPU paths still read it dequantized)."""
+    if scheme is None:
+        return spec
+    try:
+        return quantized_spec(spec, scheme)
+    except UnsupportedQuantization:
+        return spec
 
 
 def _resolve_gpu(name: str, where: str) -> GpuSpec:

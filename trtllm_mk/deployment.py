@@ -159,12 +159,13 @@ def _tensor_parallel(cfg: "DeploymentConfig") -> str:
 
 def describe(cfg: "DeploymentConfig") -> str:
     """A readable summary of the resolved deployment: model, GPU, limits, memory, prefill, floor."""
+    from .quant.kernel_support import weight_format
     spec, gpu, kv, mk = cfg.model_spec, cfg.gpu_spec, cfg.kv_cache_config, cfg.megakernel
     mem = cfg.memory_budget()
     tp, share = cfg.tensor_parallel_size, cfg.rank_spec
     floor = decode_floor_s(share, gpu)
     decode_bytes = share.decode_weight_bytes()
-    if cfg.quant_scheme is not None:
+    if cfg.quant_scheme is not None and not share.quantized:   # the checkpoint's bytes; the kernel's otherwise
         from .quant.scheme import quantized_weight_bytes
         decode_bytes = quantized_weight_bytes(share, cfg.quant_scheme, decode=True)
         floor = decode_bytes / gpu.read_bandwidth
@@ -192,7 +193,7 @@ def describe(cfg: "DeploymentConfig") -> str:
             ("vocab", f"{spec.vocab_size} ({lm_head})"),
             *(_experts_rows(spec) if spec.is_moe else []),
             ("parameters", f"{_count(spec.num_params())} ({spec.num_params()})"),
-            ("weights", f"{_gb(spec.weight_bytes())} {spec.dtype}"),
+            ("weights", f"{_gb(spec.weight_bytes())} {weight_format(spec)}"),
             *([("quantization", _quantization(cfg))] if cfg.quantization else []),
             ("max_position_embeddings", str(spec.max_position_embeddings)),
         ]),

@@ -46,6 +46,7 @@ def kernel_json(schedule: Schedule, layout: KernelLayout, target: str, resources
         "attn_splits": schedule.plan.attn_splits,
         "event_offsets": layout.event_offsets, "target": target,
         "qk_norm": schedule.spec.qk_norm, "qkv_bias": schedule.spec.qkv_bias,
+        "weight_bits": schedule.spec.weight_bits, "weight_group": schedule.spec.weight_group,
         "dims": {"L": d.layers, "H": d.hidden, "I": d.intermediate, "V": d.vocab, "NH": d.heads, "NKV": d.kv_heads,
                  "D": d.head_dim, "G": d.group, "QKVR": d.qkv_rows},
         "params": seam.params_layout_json(),

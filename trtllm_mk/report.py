@@ -23,6 +23,7 @@ from matplotlib.patches import Patch  # noqa: E402
 
 from .gpus import GpuSpec, get_gpu  # noqa: E402
 from .graph.tasks import Kind, StepGraph  # noqa: E402
+from .quant.kernel_support import weight_format  # noqa: E402
 from .schedule import Schedule  # noqa: E402
 from .search.calibration import load_calibration  # noqa: E402
 from .search.search import predict  # noqa: E402
@@ -66,6 +67,7 @@ def build_report(schedule: Schedule, stats=None, smem: SmemBreakdown | None = No
         "context_len": schedule.context_len,
         "predicted_step_us": round(step, 2),
         "predicted_tokens_per_s": round(B * 1e6 / step, 1),
+        "weight_format": weight_format(spec),
         "weight_bytes_per_step": weight,
         "floor_us": round(weight / bw * 1e6, 2),
         "bandwidth_utilization": round(weight / (step * 1e-6) / bw, 4),
@@ -118,6 +120,7 @@ def render_markdown(rep: dict) -> str:
         "|---|---|",
         f"| predicted per-token latency (TPOT) | **{rep['predicted_step_us'] / 1000:.3f} ms** |",
         f"| predicted output tokens/s (all users) | {rep['predicted_tokens_per_s']:.1f} |",
+        f"| decoder layer weights | {rep.get('weight_format', 'bfloat16')} |",
         f"| weights streamed per step | {rep['weight_bytes_per_step'] / 1e9:.3f} GB |",
         f"| bandwidth floor at {rep['read_bandwidth_gbps']} GB/s | {rep['floor_us'] / 1000:.3f} ms |",
         f"| bandwidth utilization (of read bandwidth / of datasheet) | {100 * rep['bandwidth_utilization']:.1f}% / "

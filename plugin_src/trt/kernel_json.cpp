@@ -499,6 +499,11 @@ KernelSpec parse_kernel_json(const std::string& text, const std::string& where) 
   k.params = read_params(r, r.object(root, "params"));
   k.qk_norm = r.optional_bool(root, "qk_norm");
   k.qkv_bias = r.optional_bool(root, "qkv_bias");
+  if (root.get("weight_bits") != nullptr) {
+    k.weight_bits = static_cast<int>(r.integer(root, "weight_bits", 4));
+    if (k.weight_bits != 16 && k.weight_bits != 4)
+      r.fail("\"weight_bits\" = " + std::to_string(k.weight_bits) + " must be 16 (bf16) or 4 (W4A16)");
+  }
   return k;
 }
 

@@ -29,6 +29,8 @@
 //   optional  "event_offsets"     object {event name: first flat counter index >= 0} (diagnostics)
 //             "qk_norm", "qkv_bias"  booleans; when present the plugin insists on real tensors (or
 //                                 on 1-element placeholders) for q_norm/k_norm, q/k/v_bias
+//             "weight_bits"       16 (bf16, the default) or 4: how the kernel streams the decoder
+//                                 layers' linear weights (4: trtllm_mk/quant/kernel_layout.py)
 //   Any other key is skipped (it must still be valid JSON), so the builder may add keys first.
 //   Duplicate keys, trailing data, non-integer numbers where integers are required are errors.
 #pragma once
@@ -87,6 +89,7 @@ struct KernelSpec {
   std::vector<std::pair<std::string, int64_t>> event_offsets;  // sorted by offset; may be empty
   int qk_norm = -1;   // -1: not stated; 0/1: stated by the builder
   int qkv_bias = -1;
+  int weight_bits = 16;   // 16: bf16 layer weights; 4: packed codes plus scale words (mk::LayerScales)
 
   // "<event>[+i]" for a flat counter index (for error reports), or "#<index>" without event_offsets.
   std::string event_name(uint64_t flat_index) const;

@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
               << " attn_splits=" << k.attn_splits << " L=" << d.L << " H=" << d.H << " I=" << d.I << " V=" << d.V
               << " NH=" << d.NH << " NKV=" << d.NKV << " D=" << d.D << " G=" << d.G << " QKVR=" << d.QKVR
               << " events=" << k.event_offsets.size() << " qk_norm=" << k.qk_norm << " qkv_bias=" << k.qkv_bias
+              << " weight_bits=" << k.weight_bits
               << " params_size=" << k.params.size << " params_fields=" << k.params.fields.size()
               << " layer_fields=" << k.params.layer_fields.size() << "\n";
     for (const auto& f : k.params.fields) std::cout << "param " << f.name << " " << f.offset << " " << f.size << "\n";

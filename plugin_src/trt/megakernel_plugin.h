@@ -53,11 +53,16 @@ constexpr const char* kLayerInputFields[kLayerFields] = {"q",   "k",   "v",     
 constexpr const char* kParamsFilled[] = {
     "layers", "embed", "final_norm", "lm_head", "inv_freq", "x", "qkv", "part_o", "part_ml", "attn_out", "act",
     "logits", "lm_val", "lm_idx", "tokens", "pos", "history", "kv_pool", "block_table", "counters", "control",
-    "error", "num_blocks", "block_table_stride", "trace", "sampling", "lm_lse", "logprobs", "top_ids", "cand_hist"};
+    "error", "num_blocks", "block_table_stride", "trace", "sampling", "lm_lse", "logprobs", "top_ids", "cand_hist",
+    "layer_scales"};   // null: the plugin binds bf16 weights only (a 4-bit engine is refused below)
 
 // For each entry of the kernel's layer table, the index of the layer input that fills it; throws
 // KernelJsonError when the kernel's Params or layer table has an entry the plugin cannot fill.
 inline std::vector<int> layer_table_inputs(const KernelSpec& k) {
+  if (k.weight_bits != 16)
+    throw KernelJsonError("kernel.json: the engine streams " + std::to_string(k.weight_bits) + "-bit weights (W" +
+                          std::to_string(k.weight_bits) + "A16); the TensorRT plugin binds bf16 weights only, so "
+                          "quantized engines run through the PyTorch runtime (python -m trtllm_mk run / serve)");
   for (const auto& f : k.params.fields) {
     bool known = false;
     for (const char* name : kParamsFilled) known = known || f.name == name;

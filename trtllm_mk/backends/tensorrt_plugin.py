@@ -120,6 +120,16 @@ def read_kernel_json(engine_dir: str | os.PathLike) -> dict:
         raise EngineError(f"{path}: corrupted JSON ({e.msg}); rebuild the engine") from None
 
 
+def check_bf16_engine(kernel: dict, engine_dir: str | os.PathLike) -> None:
+    """The plugin binds bf16 layer weights only: an engine whose kernel streams 4-bit weights (packed
+    codes and scale words, ``mk::LayerScales``) is refused in one line."""
+    bits = kernel.get("weight_bits", 16)
+    if bits != 16:
+        raise UserError(f"{engine_dir}: the engine streams {bits}-bit weights (W{bits}A16 group "
+                        f"{kernel.get('weight_group')}); the TensorRT plugin binds bf16 weights only, so quantized "
+                        "engines run through the PyTorch runtime (python -m trtllm_mk run / serve)")
+
+
 @dataclass
 class DecodeStep:
     """What ``add_decode_step`` put into the network. Keep it alive until the engine is built: the
@@ -192,6 +202,7 @@ def add_decode_step(network, engine_dir: str | os.PathLike, tokens, pos, kv_pool
             holder["t"] = _placeholder(trt, network)
         return holder["t"]
 
+    check_bf16_engine(kernel, engine_dir)
     try:
         num_layers = int(kernel["dims"]["L"])
     except (KeyError, TypeError, ValueError):

@@ -56,12 +56,18 @@ def build(cfg: DeploymentConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+def _bytes(n: int) -> str:
+    return f"{n / 1e9:.3f} GB" if n >= 1e8 else f"{n / 1e6:.3f} MB"
+
+
 def summary(out: Path, rep: dict) -> str:
     b = rep.get("build", {})
     lines = [
         f"engine written to {out}/",
         f"  predicted decode step   {rep['predicted_step_us'] / 1000:.3f} ms/token "
         f"({100 * rep['bandwidth_utilization']:.0f}% of read bandwidth)",
+        f"  weights streamed        {_bytes(rep['weight_bytes_per_step'])} per step, "
+        f"{rep.get('weight_format', 'bfloat16')} (bandwidth floor {rep['floor_us'] / 1000:.3f} ms/token)",
         f"  naive schedule          {rep['naive_step_us'] / 1000:.3f} ms/token "
         f"(searched is {rep['improvement_pct']:.1f}% faster)",
         f"  search / compile        {b.get('search_s', 0):.1f} s / {b.get('compile_s', 0):.1f} s; {b.get('validation', '')}",

@@ -19,6 +19,11 @@ Every decode step chooses its tokens in place: each slot's ``SamplingParams`` go
 run per host round trip. Only a slot asking for log-probabilities makes a round one step long (they
 are read back after each step). ``simulate=True`` runs the decode steps on the CPU task-graph
 executor instead (machines without a GPU; same schedule, same semantics, far slower).
+
+A 4-bit engine (W4A16, ``ModelSpec.weight_bits`` 4) loads its checkpoint's packed layers
+(``quant.load_quantized``; ``--weights random`` quantizes random weights) and the megakernel binds them
+in its own layout (``quant.kernel_layout``); prefill and the CPU executor compute with the same weights
+dequantized to bf16 exactly as the kernel dequantizes them, so every token comes from one model.
 """
 from __future__ import annotations
 
@@ -37,6 +42,7 @@ from ..kv_cache import PagedKVCache
 from ..model.decoder_block import share_fused_storage
 from ..model.rope import rope_inv_freq
 from ..sampling import Choice, SamplingParams, sample
+from ..seam import SCALE_SUFFIX
 
 # Decode steps launched per host round trip when no busy slot asks for log-probabilities (GPU only): a
 # new request waits at most this many steps for its slot, a finished one decodes at most this many
@@ -90,7 +96,65 @@ def resolve_weights(engine: EngineDir, weights: str | Path | dict | None) -> str
     return weights
 
 
-def _load_weights(spec, weights: str | Path | dict, device: str, seed: int):
+def _load_weights(spec, weights: str | Path | dict, device: str, seed: int) -> dict:
+    """The weights prefill and the CPU executor compute with (every tensor by its HF name, bf16 valued)."""
+    return _load_engine_weights(spec, weights, device, seed)[0]
+
+
+def _load_engine_weights(spec, weights: str | Path | dict, device: str, seed: int) -> tuple[dict, dict]:
+    """(dense, bound): what prefill and the CPU executor compute with, and what the megakernel binds.
+    A bf16 engine binds the dense dict itself. A 4-bit engine (``spec.quantized``) binds each layer
+    linear in the kernel layout (``quant.kernel_layout.kernel_tensors``), and the dense dict holds the
+    very bf16 weights the kernel computes with from it, so prefill and decode run one model."""
+    if not spec.quantized:
+        w = _load_bf16(spec, weights, device, seed)
+        return w, w
+    from ..quant.kernel_layout import kernel_weights, quantize_model
+    if isinstance(weights, dict):
+        if any(k.endswith(SCALE_SUFFIX) for k in weights):
+            return _dense_from_bound(spec, weights), weights
+        loaded = weights
+    elif str(weights) == "random":
+        from ..model.random_weights import random_weights
+        loaded = quantize_model(spec, random_weights(spec, device=device, seed=seed))
+    else:
+        loaded = _load_quantized(spec, weights, device)
+    try:
+        bound, dense = kernel_weights(spec, loaded)
+    except ValueError as e:
+        where = "weights" if isinstance(weights, dict) else str(weights)
+        raise UserError(f"{where}: cannot be laid out for this engine's {_format(spec)} kernel: {e}") from None
+    return dense, bound
+
+
+def _format(spec) -> str:
+    from ..quant.kernel_support import weight_format
+    return weight_format(spec)
+
+
+def _load_quantized(spec, path: str | Path, device: str) -> dict:
+    """A 4-bit checkpoint's layers as the loader reads them (packed objects and plain tensors)."""
+    from ..quant import load_quantized, read_scheme
+    from ..quant.kernel_support import unsupported_reason
+    scheme = read_scheme(path)
+    if scheme is None:
+        raise UserError(f"{path}: holds unquantized weights, but this engine streams {_format(spec)} weights; "
+                        "pass the quantized checkpoint it was built from, or build an engine from this one")
+    reason = unsupported_reason(scheme)
+    if reason:
+        raise UserError(f"{path}: {reason}")
+    return load_quantized(path, spec, scheme, device=device)
+
+
+def _dense_from_bound(spec, bound: dict) -> dict:
+    """The bf16 weights of a dict already in the kernel layout (codes under the weight's name, scale
+    words under ``name + SCALE_SUFFIX``)."""
+    from ..quant.kernel_layout import dequantize
+    return {name: dequantize(bound[name], bound[name + SCALE_SUFFIX], spec.weight_group)
+            if name + SCALE_SUFFIX in bound else bound[name] for name in spec.expected_tensors()}
+
+
+def _load_bf16(spec, weights: str | Path | dict, device: str, seed: int) -> dict:
     if isinstance(weights, dict):
         return weights
     if str(weights) == "random":
@@ -100,8 +164,9 @@ def _load_weights(spec, weights: str | Path | dict, device: str, seed: int):
     from ..quant import read_scheme
     scheme = read_scheme(weights)
     if scheme is not None and device != "cpu":   # never a silent dequantize-to-bf16 run on the GPU
-        raise UserError(f"{weights}: holds {scheme.describe()} weights, and the megakernel's quantized GEMV kinds are "
-                        "not implemented yet; decode them dequantized on the CPU executor with --simulate")
+        raise UserError(f"{weights}: holds {scheme.describe()} weights, but this engine was built for bf16 weights; "
+                        "build an engine from this checkpoint, or decode it dequantized on the CPU executor "
+                        "with --simulate")
     if spec.dtype != "bfloat16":
         # The megakernel streams bf16 weights (and the CPU executor rounds to bf16 as it does).
         print(f"note: {weights} holds {spec.dtype} weights; they are cast to bfloat16 at load", file=sys.stderr)
@@ -133,15 +198,19 @@ class HybridEngine:
         # where the weights came from: a checkpoint directory (its tokenizer, if any), "random" or "tensors"
         self.weights_source = "tensors" if isinstance(weights, dict) else str(weights)
         self.weights_dir = None if self.weights_source in ("tensors", "random") else Path(weights)
-        self.weights = _load_weights(self.spec, weights, self.device, seed)
+        dense, bound = _load_engine_weights(self.spec, weights, self.device, seed)
         if simulate:  # the CPU executor computes in fp32 from bf16-valued weights
-            self.weights = {k: v.float() if v.dtype == torch.bfloat16 else v for k, v in self.weights.items()}
+            dense = {k: v.float() if v.dtype == torch.bfloat16 else v for k, v in dense.items()}
         else:
-            self.weights = {k: v.to(torch.bfloat16) if v.dtype in (torch.float16, torch.float32) else v
-                            for k, v in self.weights.items()}
+            dense = {k: v.to(torch.bfloat16) if v.dtype in (torch.float16, torch.float32) else v
+                     for k, v in dense.items()}
         # The torch prefill's fused q/k/v and gate/up matrices are then the very memory the decoder
         # reads by name: one copy of the weights on the GPU, as the memory budget assumes.
-        self.weights = share_fused_storage(self.spec, self.weights)
+        self.weights = share_fused_storage(self.spec, dense)
+        # What the megakernel binds: the same tensors, but a 4-bit engine's packed layer linears and
+        # their scale words (its torch prefill then holds the dequantized bf16 copy beside them).
+        self.decode_weights = self.weights if not self.spec.quantized else {
+            k: v if v.dtype in (torch.uint8, torch.int32) else self.weights[k] for k, v in bound.items()}
         kv_dtype = torch.float32 if simulate else torch.bfloat16
         self.cache = PagedKVCache.allocate(self.spec, self.batch, self.max_seq_len, self.tokens_per_block,
                                            dtype=kv_dtype, device=self.device)
@@ -157,7 +226,7 @@ class HybridEngine:
             self.decoder = CpuExecutor(self.spec, self.weights, self.schedule, self.cache)
         else:
             from .megakernel import MegakernelDecoder
-            self.decoder = MegakernelDecoder(self.schedule, self.engine.cubin, self.engine.layout, self.weights,
+            self.decoder = MegakernelDecoder(self.schedule, self.engine.cubin, self.engine.layout, self.decode_weights,
                                              self.cache, rope_inv_freq(self.spec))
         # Host copy of each slot's state: the token it feeds next and that token's position.
         self._tok = [0] * self.batch

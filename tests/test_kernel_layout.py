@@ -1,0 +1,138 @@
+"""quant/kernel_layout.py: the megakernel's 4-bit weight layout, checked against the layout written out
+here from its description (nibble placement per mma fragment, scale words per 16-row block), and the
+weights it computes with against the checkpoint's own dequantization."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from trtllm_mk.model.spec import ModelSpec
+from trtllm_mk.quant.kernel_layout import (BLOCK_ORDER, W4Layout, check_layout, dequantize, kernel_dequantize,
+                                           kernel_tensors, kernel_weights, pack, per_channel_group, quantize_model,
+                                           unpack_codes, unpack_sz)
+from trtllm_mk.quant.rtn import quantize_int
+from trtllm_mk.quant.scheme import PER_CHANNEL
+
+
+def _lin(out: int, k: int, group: int, symmetric: bool, scale_dtype=torch.float16, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(out, k, generator=g) * 0.05
+    return quantize_int("model.layers.0.mlp.up_proj", w, 4, group, symmetric, scale_dtype)
+
+
+def _column_of(t: int, nibble: int) -> int:
+    """Column (within a 32-column block) of nibble ``nibble`` of word ``t``, from the mma m16n8k16 A
+    fragment: lane (g, t) holds columns 2t, 2t+1 (a0), 2t+8, 2t+9 (a2) of each 16-column k-step;
+    nibbles j and j + 4 are the even and odd column of pair j (k-step j // 2, upper half j % 2)."""
+    j, odd = nibble % 4, nibble // 4
+    return 16 * (j // 2) + 8 * (j % 2) + 2 * t + odd
+
+
+def test_block_order_is_a_permutation_matching_the_fragment_layout():
+    assert sorted(BLOCK_ORDER.tolist()) == list(range(32))
+    assert BLOCK_ORDER.tolist() == [_column_of(t, i) for t in range(4) for i in range(8)]
+
+
+@pytest.mark.parametrize("group", [32, 64, 128, PER_CHANNEL])
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_pack_round_trip_and_byte_layout(group, symmetric):
+    out, k = 48, 256
+    lin = _lin(out, k, group, symmetric, seed=group + symmetric)
+    lg = per_channel_group(k) if group == PER_CHANNEL else group
+    packed, sz = pack(lin)
+    lay = W4Layout(out, k, lg)
+    assert packed.dtype == torch.uint8 and tuple(packed.shape) == lay.packed_shape
+    assert sz.dtype == torch.int32 and tuple(sz.shape) == lay.sz_shape
+    codes = lin.codes()
+    assert torch.equal(unpack_codes(packed), codes.long())
+    # byte layout, written out: row o, block b, word t = little-endian bytes 16 b + 4 t .. + 3
+    for o in (0, 17, out - 1):
+        for b in range(k // 32):
+            for t in range(4):
+                word = int.from_bytes(bytes(packed[o, 16 * b + 4 * t:16 * b + 4 * t + 4].tolist()), "little")
+                want = sum(int(codes[o, 32 * b + _column_of(t, i)]) << (4 * i) for i in range(8))
+                assert word == want, (o, b, t)
+    # scale words: sz[blk, grp, r] = bf16 scale (low half) | bf16(128 + zero) (high half) of row 16 blk + r
+    zeros = lin.zero_codes()
+    for o in (0, 17, out - 1):
+        for grp in range(k // lg):
+            w = int(sz[o // 16, grp, o % 16]) & 0xFFFFFFFF
+            src = 0 if group == PER_CHANNEL else grp
+            scale = torch.tensor([w & 0xFFFF], dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+            hi = torch.tensor([w >> 16], dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+            assert float(scale) == float(lin.scales[o, src].to(torch.bfloat16))
+            assert float(hi) == 128 + int(zeros[o, src])
+    s, zz = unpack_sz(sz, out)
+    assert s.shape == (out, k // lg) and torch.equal(zz, (zeros.float() + 128).repeat_interleave(
+        k // lg if group == PER_CHANNEL else 1, dim=1))
+    # the kernel's weights: the same from the layout as from the checkpoint's objects
+    assert torch.equal(dequantize(packed, sz, lg), kernel_dequantize(lin))
+
+
+def test_kernel_weights_equal_the_checkpoints_when_its_scales_are_bf16():
+    lin = _lin(32, 128, 64, symmetric=False, scale_dtype=torch.bfloat16)
+    assert torch.equal(kernel_dequantize(lin), lin.dequantize(torch.bfloat16))
+    half = _lin(32, 128, 64, symmetric=False, scale_dtype=torch.float16)
+    # fp16 scales are rounded to bf16 once: each weight moves by at most that rounding (and its own)
+    err = (kernel_dequantize(half).float() - half.dequantize()).abs()
+    bound = half.dequantize().abs() * (2 ** -8 + 2 ** -8) + 1e-12
+    assert bool((err <= bound).all())
+
+
+def test_per_channel_group():
+    assert [per_channel_group(k) for k in (4096, 192, 96)] == [128, 64, 32]
+    with pytest.raises(ValueError, match="not a multiple of 32"):
+        per_channel_group(100)
+
+
+@pytest.mark.parametrize("out,k,group,message", [
+    (32, 128, 96, "group size 96 is not one the kernel implements"),
+    (32, 96, 64, "96 input channels are not a multiple of the group size 64"),
+    (24, 128, 128, "24 output channels are not a multiple of 16"),
+])
+def test_check_layout_errors(out, k, group, message):
+    with pytest.raises(ValueError, match=message):
+        check_layout(out, k, group)
+
+
+def test_pack_refuses_what_the_layout_cannot_hold():
+    lin = _lin(32, 128, 64, True)
+    with pytest.raises(ValueError, match="group size 64 cannot be laid out as 128"):
+        pack(lin, 128)
+    w8 = quantize_int("x", torch.randn(32, 128), 8, 64, True, torch.float16)
+    with pytest.raises(ValueError, match="8-bit weights are not the kernel's 4-bit layout"):
+        pack(w8)
+    act = dataclasses.replace(lin, g_idx=torch.arange(128, dtype=torch.int32).flip(0) // 64)
+    with pytest.raises(ValueError, match=r"activation-order groups \(g_idx\)"):
+        pack(act)
+
+
+def _tiny_spec(**kw) -> ModelSpec:
+    return ModelSpec(name="t", family="llama", hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4,
+                     num_kv_heads=2, head_dim=32, vocab_size=64, rms_norm_eps=1e-5, rope_theta=1e4,
+                     max_position_embeddings=256, tie_word_embeddings=False, **kw)
+
+
+def test_kernel_weights_round_trip():
+    """The bind dict dequantizes back to the dense dict; only layer linears are packed; bytes add up."""
+    from trtllm_mk.model.random_weights import random_weights
+    spec = _tiny_spec(weight_bits=4, weight_group=64)
+    bf16 = random_weights(spec, seed=3)
+    bind, dense = kernel_weights(spec, quantize_model(spec, bf16, symmetric=False))
+    want = kernel_tensors(spec)
+    assert set(bind) == set(want)
+    for name, (shape, dtype) in want.items():
+        assert tuple(bind[name].shape) == shape and bind[name].dtype == dtype, name
+    packed = [n for n in want if n + "_sz" in want]
+    assert len(packed) == 7 * spec.num_layers
+    for name in spec.expected_tensors():
+        if name in packed:
+            assert torch.equal(dequantize(bind[name], bind[name + "_sz"], 64), dense[name]), name
+            assert (dense[name].float() - bf16[name].float()).abs().max() > 0   # really quantized
+        else:
+            assert bind[name] is dense[name] and torch.equal(dense[name], bf16[name]), name
+    assert sum(t.numel() * t.element_size() for t in bind.values()) == spec.weight_bytes()
+    with pytest.raises(ValueError, match="is not quantized, but the 4-bit kernel streams"):
+        kernel_weights(spec, bf16)

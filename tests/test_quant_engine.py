@@ -1,0 +1,304 @@
+"""4-bit checkpoints as engines: a tiny Llama written by transformers, quantized by our own quantize
+command, built by the build command (search, nvcc) into a W4A16 engine whose report counts the
+quantized bytes, and decoded on the CPU executor (``run --simulate``) exactly as the reference decoder
+decodes the weights the kernel computes with. What the kernel does not implement (8-bit, FP8,
+activation order, layouts it cannot take) is refused in one line, before any work."""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from trtllm_mk.config import load_config
+from trtllm_mk.errors import ConfigError, UserError, run_cli
+from trtllm_mk.kv_cache import PagedKVCache
+from trtllm_mk.model.spec import load_spec
+from trtllm_mk.quant import IntLinear, load_quantized, read_scheme
+from trtllm_mk.quant.kernel_layout import W4Layout, dequantize, is_layer_linear, kernel_dequantize
+from trtllm_mk.quant.kernel_support import UnsupportedQuantization, kernel_group, quantized_spec
+from trtllm_mk.reference import ReferenceDecoder
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPT = [3, 141, 59, 26, 5, 358, 97]
+_SHAPES = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, head_dim=32, vocab_size=512, max_position_embeddings=1024,
+               bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+
+# (quantize arguments, the engine's group)
+FORMATS = {
+    "gptq": (["--format", "gptq"], 128),
+    "awq": (["--format", "awq", "--group-size", "64"], 64),
+    "ct-per-channel": (["--format", "ct-w4a16", "--zero-point", "--group-size", "-1"], 128),
+}
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> Path:
+    """A tiny bf16 Llama written by transformers' save_pretrained (no tokenizer: run takes and prints ids)."""
+    import transformers
+    d = tmp_path_factory.mktemp("src") / "tiny-llama"
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(
+        transformers.LlamaConfig(**_SHAPES, initializer_range=0.1), dtype=torch.bfloat16)
+    model.save_pretrained(d)
+    return d
+
+
+def _quantize(src: Path, out: Path, *args: str) -> Path:
+    from trtllm_mk.cli.quantize import main
+    assert main([*args, str(src), str(out)]) == 0
+    return out
+
+
+def _yaml(d: Path, model, extra: str = "", gpu: str = "H100-SXM") -> Path:
+    p = d / "deploy.yaml"
+    p.write_text(f"model: {model}\ngpu: {gpu}\nmax_batch_size: 1\nmax_seq_len: 256\nmax_input_len: 128\n"
+                 f"prefill:\n  backend: torch\nmegakernel:\n  search_budget_s: 0.5\n  context_len: 128\n{extra}")
+    return p
+
+
+def _cli_error(capsys, main, argv) -> str:
+    with pytest.raises(SystemExit) as e:
+        run_cli(lambda: main(argv))
+    err = capsys.readouterr().err
+    assert e.value.code == 2, err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    return err
+
+
+@pytest.fixture(scope="module", params=list(FORMATS))
+def built(request, tmp_path_factory, source):
+    """(format, checkpoint, engine dir, build stdout) of a 4-bit engine built by the build command."""
+    from trtllm_mk.cli.build import main
+    args, _ = FORMATS[request.param]
+    d = tmp_path_factory.mktemp(request.param)
+    ckpt = _quantize(source, d / "ckpt", *args)
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["--config", str(_yaml(d, ckpt)), "--output-dir", str(d / "engine")]) == 0
+    return request.param, ckpt, d / "engine", buf.getvalue()
+
+
+def _kernel_weights_of(ckpt: Path) -> dict[str, torch.Tensor]:
+    """The checkpoint as the kernel computes with it, fp32: 4-bit layers through kernel_dequantize."""
+    spec = load_spec(ckpt)
+    return {k: (kernel_dequantize(v) if isinstance(v, IntLinear) else v).float()
+            for k, v in load_quantized(ckpt, spec, read_scheme(ckpt)).items()}
+
+
+def _reference_tokens(spec, weights: dict, n: int) -> list[int]:
+    ref = ReferenceDecoder(spec, weights, compute_dtype=torch.float32)
+    cache = PagedKVCache.allocate(spec, 1, 256, 32, dtype=torch.float32)
+    return ref.generate([PROMPT], n, cache=cache, eos_ids=())[0]
+
+
+def test_the_build_reports_the_quantized_bytes(built):
+    fmt, ckpt, engine, out = built
+    group = FORMATS[fmt][1]
+    rep = json.loads((engine / "report.json").read_text())
+    assert rep["weight_format"] == f"W4A16 (group {group})"
+    assert f"| decoder layer weights | W4A16 (group {group}) |" in (engine / "report.md").read_text()
+    assert re.search(rf"weights streamed +\S+ MB per step, W4A16 \(group {group}\)", out), out
+    assert "W4A16 (group" in out.split("searching")[0]          # the deployment summary names it too
+    sched = json.loads((engine / "schedule.json").read_text())
+    assert (sched["spec"]["weight_bits"], sched["spec"]["weight_group"]) == (4, group)
+    kj = json.loads((engine / "kernel.json").read_text())
+    assert (kj["weight_bits"], kj["weight_group"]) == (4, group)
+    # the step streams each layer linear as codes + scale words instead of bf16: the bf16 graph's
+    # bytes minus exactly that saving
+    from trtllm_mk.engine import EngineDir
+    from trtllm_mk.graph import build_step_graph
+    spec = EngineDir.open(engine).schedule.spec
+    bf16 = dataclasses.replace(spec, weight_bits=16, weight_group=0)
+    plan = EngineDir.open(engine).schedule.plan
+    saving = sum(2 * s[0] * s[1] - W4Layout(s[0], s[1], group).nbytes
+                 for n, s in spec.expected_tensors().items() if is_layer_linear(n, s))
+    assert rep["weight_bytes_per_step"] == build_step_graph(bf16, 1, plan).weight_bytes() - saving
+    assert rep["floor_us"] > 0
+
+
+def test_run_simulate_decodes_as_the_reference_on_the_kernels_weights(built, capsys):
+    fmt, ckpt, engine, _ = built
+    from trtllm_mk.cli.run import main
+    assert main(["--engine", str(engine), "--prompt", " ".join(map(str, PROMPT)), "--max-new-tokens", "8",
+                 "--simulate", "--ignore-eos"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("[0]"))
+    got = [int(t) for t in line.split()[1:]]
+    spec = load_spec(ckpt)
+    assert got == _reference_tokens(spec, _kernel_weights_of(ckpt), 8)
+
+
+def test_the_engine_binds_the_kernel_layout_and_prefills_on_its_weights(built):
+    fmt, ckpt, engine, _ = built
+    from trtllm_mk.runtime.hybrid import HybridEngine
+    group = FORMATS[fmt][1]
+    eng = HybridEngine(engine, simulate=True)
+    try:
+        want = _kernel_weights_of(ckpt)
+        layers = load_quantized(ckpt, load_spec(ckpt), read_scheme(ckpt))
+        n = 0
+        for name, shape in eng.spec.expected_tensors().items():
+            assert torch.equal(eng.weights[name], want[name]), name
+            if is_layer_linear(name, shape):
+                packed, sz = eng.decode_weights[name], eng.decode_weights[name + "_sz"]
+                assert packed.dtype == torch.uint8 and sz.dtype == torch.int32
+                assert torch.equal(dequantize(packed, sz, group).float(), eng.weights[name]), name
+                n += 1
+        assert n == 14
+        # fp16 scales (GPTQ, AWQ) are rounded to bf16 first, as the kernel does, which changes some weights
+        # against the checkpoint's own value rounded once; bf16 scales (compressed-tensors) change nothing
+        lin = layers["model.layers.0.mlp.down_proj.weight"]
+        same = torch.equal(kernel_dequantize(lin), lin.dequantize(torch.bfloat16))
+        assert same == (lin.scales.dtype == torch.bfloat16), lin.scales.dtype
+    finally:
+        eng.close()
+
+
+def test_random_weights_for_a_quantized_shapes_only_engine(tmp_path):
+    """A shapes-only model with a quantization section builds a 4-bit engine; --weights random
+    quantizes random weights (round to nearest) and decodes them as the reference does."""
+    from trtllm_mk.build import build_engine
+    from trtllm_mk.model.random_weights import random_weights
+    from trtllm_mk.quant.kernel_layout import kernel_weights, quantize_model
+    from trtllm_mk.runtime.hybrid import HybridEngine
+    cfg = load_config(_yaml(tmp_path, "tiny-llama", "quantization:\n  quant_algo: W4A16_GPTQ\n  group_size: 32\n"))
+    assert (cfg.model_spec.weight_bits, cfg.model_spec.weight_group) == (4, 32)
+    build_engine(cfg, tmp_path / "engine", show_progress=False)
+    eng = HybridEngine(tmp_path / "engine", weights="random", seed=5, simulate=True)
+    try:
+        got = eng.generate([PROMPT], 6, eos_ids=()).tokens[0]
+    finally:
+        eng.close()
+    spec = cfg.model_spec
+    _, dense = kernel_weights(spec, quantize_model(spec, random_weights(spec, seed=5)))
+    assert got == _reference_tokens(spec, {k: v.float() for k, v in dense.items()}, 6)
+
+
+# ------------------------------------------------------------------------------------------ refusals
+
+def _desc_act(tmp_path: Path, ckpt: Path) -> Path:
+    d = tmp_path / "desc_act_true"
+    shutil.copytree(ckpt, d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["quantization_config"]["desc_act"] = True
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+@pytest.mark.parametrize("case,message", [
+    ("w8", r"8-bit integer weights \(W8A16\) are not implemented in the megakernel .*requantize with --bits 4"),
+    ("fp8", r"FP8 weights are not implemented in the megakernel"),
+    ("desc_act", r"activation-order groups \(desc_act / g_idx\) are not implemented in the megakernel .*requantize "
+                 r"with desc_act false"),
+])
+def test_what_the_kernel_does_not_implement_is_refused_in_one_line(tmp_path, capsys, source, case, message):
+    from trtllm_mk.cli.build import main
+    args = {"w8": ["--format", "gptq", "--bits", "8"], "fp8": ["--format", "ct-fp8"],
+            "desc_act": ["--format", "gptq", "--group-size", "32"]}[case]
+    ckpt = _quantize(source, tmp_path / case, *args)
+    if case == "desc_act":
+        ckpt = _desc_act(tmp_path, ckpt)
+    capsys.readouterr()                   # the quantize command's progress bar
+    err = _cli_error(capsys, main, ["--config", str(_yaml(tmp_path, ckpt)), "--output-dir", str(tmp_path / "engine")])
+    assert "quantization: cannot be built into an engine: " in err and re.search(message, err), err
+    assert not (tmp_path / "engine").exists()
+
+
+def test_the_build_command_exits_2(tmp_path, source):
+    ckpt = _quantize(source, tmp_path / "w8", "--format", "gptq", "--bits", "8")
+    r = subprocess.run([sys.executable, "-m", "trtllm_mk", "build", "--config", str(_yaml(tmp_path, ckpt)),
+                        "--output-dir", str(tmp_path / "engine")], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "(W8A16) are not implemented in the megakernel" in r.stderr and not (tmp_path / "engine").exists()
+
+
+def test_layouts_the_kernel_cannot_take(tmp_path):
+    from trtllm_mk.build import check_buildable
+    from trtllm_mk.quant.scheme import PER_CHANNEL, QuantScheme
+    cfg = load_config(_yaml(tmp_path, "tiny-llama", "quantization:\n  quant_algo: W4A16_GPTQ\n  group_size: 128\n"))
+    odd = dataclasses.replace(cfg.model_spec, weight_bits=16, weight_group=0, hidden_size=96, num_heads=3,
+                              num_kv_heads=1)
+    with pytest.raises(ConfigError, match=r"model.layers.0.self_attn.q_proj.weight \[96, 96\] cannot be laid out for "
+                                          r"the megakernel: 96 input channels are not a multiple of the group size "
+                                          r"128") as e:
+        check_buildable(dataclasses.replace(cfg, model_spec=odd))
+    assert "\n" not in str(e.value)
+    # per-channel scales take the largest of 128/64/32 dividing every layer's input channels
+    per_channel = QuantScheme("gptq", "int", 4, PER_CHANNEL, False)
+    assert kernel_group(cfg.model_spec, per_channel) == 128
+    assert kernel_group(dataclasses.replace(odd, hidden_size=192, num_heads=6, num_kv_heads=2), per_channel) == 64
+    assert quantized_spec(odd, per_channel).weight_group == 32
+    with pytest.raises(UnsupportedQuantization, match="modules left unquantized inside the decoder layers"):
+        quantized_spec(cfg.model_spec, dataclasses.replace(per_channel, exclude_modules=("lm_head", "model.layers.0.mlp")))
+
+
+def test_engine_open_refuses_weights_the_engine_cannot_bind(tmp_path, source):
+    """A 4-bit engine given a bf16 checkpoint, or a 4-bit one with other groups; a bf16 engine given a
+    4-bit checkpoint on the GPU: one line each, naming what to do."""
+    from trtllm_mk.runtime.hybrid import _load_engine_weights
+    spec = dataclasses.replace(load_spec(source), weight_bits=4, weight_group=128)
+    with pytest.raises(UserError, match="holds unquantized weights, but this engine streams W4A16 \\(group 128\\)"):
+        _load_engine_weights(spec, source, "cpu", 0)
+    awq = _quantize(source, tmp_path / "awq", "--format", "awq", "--group-size", "64")
+    with pytest.raises(UserError, match="cannot be laid out for this engine's W4A16 \\(group 128\\) kernel: .*group "
+                                        "size 64 cannot be laid out as 128"):
+        _load_engine_weights(spec, awq, "cpu", 0)
+    w8 = _quantize(source, tmp_path / "w8", "--format", "gptq", "--bits", "8")
+    with pytest.raises(UserError, match=r"\(W8A16\) are not implemented in the megakernel"):
+        _load_engine_weights(spec, w8, "cpu", 0)
+    with pytest.raises(UserError, match="but this engine was built for bf16 weights"):
+        _load_engine_weights(load_spec(source), awq, "cuda", 0)
+
+
+def test_describe_counts_the_kernels_bytes():
+    from trtllm_mk.deployment import describe
+    cfg = load_config("h100_llama1b_w4a16")
+    spec = cfg.model_spec
+    out = describe(cfg)
+    assert re.search(r"weights +\S+ GB W4A16 \(group 128\)", out), out
+    floor = re.search(r"decode floor +(\S+) ms per token +\((\S+) GB of weights", out)
+    assert float(floor.group(2)) == pytest.approx(spec.decode_weight_bytes() / 1e9, abs=0.006)
+    assert spec.decode_weight_bytes() < dataclasses.replace(spec, weight_bits=16, weight_group=0).decode_weight_bytes() / 2
+
+
+# --------------------------------------------------------------------------------------------- GPU
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["gptq", "awq"])
+def test_a_4bit_checkpoint_decodes_on_the_megakernel_as_the_reference_does(tmp_path, source, fmt):
+    """The megakernel streams the packed layers: its greedy tokens, teacher-forced over its own KV
+    history, are the reference decoder's on the kernel's weights (bf16 rounding may flip a rare near
+    tie, as in test_hybrid_gpu.py)."""
+    from trtllm_mk.build import build_engine
+    from trtllm_mk.runtime.hybrid import HybridEngine
+    new = 64
+    ckpt = _quantize(source, tmp_path / "ckpt", *FORMATS[fmt][0])
+    out, _ = build_engine(load_config(_yaml(tmp_path, ckpt, gpu="auto")), tmp_path / "engine", show_progress=False)
+    eng = HybridEngine(out)
+    try:
+        assert eng.decode_weights["model.layers.0.mlp.up_proj.weight"].dtype == torch.uint8
+        res = eng.generate([PROMPT], new, eos_ids=())
+        w = {k: v.cuda() for k, v in _kernel_weights_of(ckpt).items()}
+        ref = ReferenceDecoder(eng.spec, w, torch.float32, gemv_input_dtype=torch.bfloat16)
+        first = ref.prefill([PROMPT], PagedKVCache.allocate(eng.spec, 1, 256, eng.tokens_per_block, device="cuda"))
+        assert int(first.argmax(-1)[0]) == res.tokens[0][0]
+        cache = PagedKVCache(eng.cache.pool.clone(), eng.cache.block_table.clone(), eng.cache.tokens_per_block)
+        flips = 0
+        for t in range(new - 1):
+            cache.pool.copy_(eng.cache.pool)   # each reference step starts from the engine's own state
+            tok = torch.tensor([res.tokens[0][t]], device="cuda")
+            want = int(ref.decode(tok, torch.tensor([len(PROMPT) + t], device="cuda"), cache).argmax(-1)[0])
+            flips += int(want != res.tokens[0][t + 1])
+        assert flips <= 1, f"{flips} tokens differ from the reference"
+    finally:
+        eng.close()
