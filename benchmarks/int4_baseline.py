@@ -85,7 +85,8 @@ class TinygemmLinear(nn.Module):
         self.register_buffer("scales_and_zeros", sz.to(device), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self._mm(x.reshape(-1, self.in_features).to(torch.bfloat16), self.weight, self.group, self.scales_and_zeros)
+        a = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()   # tinygemm takes a dense 2-D input
+        y = self._mm(a, self.weight, self.group, self.scales_and_zeros)
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
 

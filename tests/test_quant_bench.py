@@ -167,3 +167,15 @@ def test_w4a16_argument_mistakes_are_one_line(tmp_path, args, msg):
     r = _run(["--cpu-smoke", "--out", str(tmp_path / "out"), *args], tmp_path)
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and msg in r.stderr, r.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_int4_decode_step_traces_as_one_graph():
+    """The int4 step under fullgraph=True (what the torch.compile int4 system compiles): the tinygemm
+    linears and the decoder's weight dispatch trace without a graph break."""
+    spec = w4a16_spec(_spec("qwen2"), 64)
+    w = w4a16_weights(spec, CPU, torch.bfloat16, seed=1)
+    with torch.no_grad():
+        dec, tok, pos = int4_decoder(spec, w, 2, 20, CPU)
+        want = dec.decode_step(tok, pos).clone()
+        got = torch.compile(dec.decode_step, backend="eager", fullgraph=True, dynamic=False)(tok, pos)
+    torch.testing.assert_close(got, want)
