@@ -265,7 +265,7 @@ def _prebuild() -> None:
             group = min(per_channel_group(s[1]) for _, s in _layer_linears(spec)) if g == PER_CHANNEL else g
             for b in (1, 4):
                 cases[(n, group, b)] = (qspec(spec, group), b, 5.0)
-        cases[(n, LAYOUT_GROUP, 2)] = (qspec(spec, LAYOUT_GROUP), 2, 5.0)
+    cases[("tiny-llama", LAYOUT_GROUP, 2)] = (qspec(_spec("tiny-llama"), LAYOUT_GROUP), 2, 5.0)
     for n, layers in REAL.items():
         spec = _spec(n) if layers is None else dataclasses.replace(_spec(n), num_layers=layers)
         for b in (1, 4):
