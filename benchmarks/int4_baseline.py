@@ -69,7 +69,8 @@ class TinygemmLinear(nn.Module):
         super().__init__()
         first = parts[0]
         for p in parts:
-            if p.bits != 4 or p.g_idx is not None or p.group_size != first.group_size or p.in_features != first.in_features:
+            if (p.bits != 4 or p.g_idx is not None or p.group_size != first.group_size
+                    or p.in_features != first.in_features):
                 raise ValueError(f"{p.name}: tinygemm takes 4-bit weights with one group size and no activation order")
         if first.group_size not in TINYGEMM_GROUPS:
             raise ValueError(f"{first.name}: tinygemm takes groups of {', '.join(map(str, TINYGEMM_GROUPS))} "

@@ -137,7 +137,8 @@ def test_cpu_smoke_w4a16_floor_and_systems(tmp_path):
     assert rep["systems"] == ["torch.compile int4", "torch.compile", "fake-mk"]
     assert rep["weights"]["format"] == "w4a16" and rep["weights"]["group"] == 64
     spec = w4a16_spec(spec_from_hf_config(tiny_config("llama")), 64)
-    assert [c["name"] for c in rep["configs"]] == [f"tiny-llama:w4a16-g64/b{b}/ctx{c}" for b in (1, 2) for c in (16, 32)]
+    names = [f"tiny-llama:w4a16-g64/b{b}/ctx{c}" for b in (1, 2) for c in (16, 32)]
+    assert [c["name"] for c in rep["configs"]] == names
     for c in rep["configs"]:
         # the floor reads the 4-bit codes and scale words, not the dequantized bf16 dict the systems get
         assert c["weight_bytes"] == spec.decode_weight_bytes(c["batch"]) < spec.num_params()   # < half of bf16

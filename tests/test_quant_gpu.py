@@ -198,10 +198,12 @@ def test_gemv_layout_one_step(symmetric):
     dec.step()
     got = dec.logits.clone()
     dec.synchronize()
+    table, tpb = cache.block_table.clone(), cache.tokens_per_block
 
     def reference(weights):
+        """One reference step from the KV state the kernel's step started from."""
         r = ReferenceDecoder(qspec, weights, compute_dtype=torch.float32, gemv_input_dtype=torch.bfloat16)
-        return r.decode(first.cuda(), pos, PagedKVCache(before.clone(), cache.block_table.clone(), cache.tokens_per_block))
+        return r.decode(first.cuda(), pos, PagedKVCache(before.clone(), table.clone(), tpb))
 
     good = _rel(got, reference(dense))
     wrong = dict(WRONG, **({} if symmetric else {"zero point ignored": _zero_ignored}))
