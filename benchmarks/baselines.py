@@ -249,10 +249,13 @@ def _require_cuda(device: torch.device, name: str) -> None:
 
 
 def prefilled_decoder(spec: ModelSpec, weights: dict[str, torch.Tensor], batch: int, context_len: int,
-                      device: torch.device):
+                      device: torch.device, convert: Callable[[StaticCacheDecoder], None] | None = None):
     """A StaticCacheDecoder holding a prefilled random prompt, and the static inputs of a decode step
-    at position ``context_len`` (tokens [B], input_pos [B])."""
+    at position ``context_len`` (tokens [B], input_pos [B]). ``convert`` changes the decoder in place
+    before the prefill (the int4 baseline swaps in its linears)."""
     dec = StaticCacheDecoder(spec, weights, batch, cache_len(context_len))
+    if convert is not None:
+        convert(dec)
     prompt = random_prompt(spec, batch, context_len, device)
     if context_len >= 2:
         dec.prefill(prompt)
@@ -296,9 +299,16 @@ def compile_system(spec, weights, batch, context_len, device) -> SystemRun:
     """Inductor with CUDA graphs (reduce-overhead), whole step as one graph (fullgraph), shapes static:
     every (model, batch, context) is compiled for exactly its shapes, as a deployment would be."""
     _require_cuda(device, "torch.compile")
+    dec, tok, pos = prefilled_decoder(spec, weights, batch, context_len, device)
+    step, close = compiled_step(dec, tok, pos)
+    return SystemRun(step=step, close=close, info={"cache_len": dec.max_seq})
+
+
+def compiled_step(dec: StaticCacheDecoder, tok: torch.Tensor, pos: torch.Tensor):
+    """(step, close): ``dec``'s decode step compiled and warmed up (compiled, CUDA graph recorded);
+    ``close`` drops the compiled graphs and their cudagraph memory pools (torch._dynamo.reset)."""
     import torch._dynamo
 
-    dec, tok, pos = prefilled_decoder(spec, weights, batch, context_len, device)
     fn = torch.compile(dec.decode_step, mode="reduce-overhead", fullgraph=True, dynamic=False)
 
     def step():
@@ -307,9 +317,7 @@ def compile_system(spec, weights, batch, context_len, device) -> SystemRun:
 
     for _ in range(3):  # compile, then record the CUDA graph, before timing starts
         step()
-
-    # torch._dynamo.reset drops the compiled graphs and their cudagraph memory pools.
-    return SystemRun(step=step, close=torch._dynamo.reset, info={"cache_len": dec.max_seq})
+    return step, torch._dynamo.reset
 
 
 HF_PREFILL_CHUNK = 256  # eager attention materializes [B, heads, chunk, context] scores

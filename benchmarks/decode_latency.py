@@ -5,6 +5,14 @@
         [--plugin MODULE]          # a module that calls benchmarks.baselines.register_system(...)
     python -m benchmarks.decode_latency --out DIR --cpu-smoke   # tiny model on the CPU, for tests
     python -m benchmarks.decode_latency --out DIR --merge A/report.json B/report.json  # runs made in parts
+    python -m benchmarks.decode_latency --out DIR --weights w4a16 [--group 128] --plugin benchmarks.megakernel_system
+
+--weights w4a16: the decoder-layer linears are round-to-nearest quantized to 4 bits in groups of
+``--group`` input columns (benchmarks/w4a16_weights.py; embeddings, norms, LM head bf16); the model is
+named ``<model>:w4a16-g<group>`` in the report, and the floor counts the 4-bit bytes. Default systems:
+the int4 baseline (torch's tinygemm kernel under torch.compile, benchmarks/int4_baseline.py), the bf16
+torch.compile decoder on the same (dequantized) weights, and the --plugin systems, which get the
+quantized weights.
 
 Models have random bf16 weights with the real shapes (configs/models/<name>.json). Per config
 (model, batch, context) and system: the per-token decode time (TPOT) over ``--steps`` steps after
@@ -55,6 +63,10 @@ DEFAULT_MODELS = ("llama-3.2-1b", "llama-3.1-8b", "qwen3-0.6b", "qwen3-8b")
 DEFAULT_BATCH = (1, 4)
 DEFAULT_CONTEXT = (128, 512, 2048, 8192)
 MIN_STEPS = 100
+WEIGHT_FORMATS = ("bf16", "w4a16")
+W4A16_GROUP = 128
+# --weights w4a16 times these (and the --plugin systems) unless --systems says otherwise
+W4A16_SYSTEMS = ("torch.compile int4", "torch.compile")
 TTFT_REPS = 3
 SMOKE_MODEL = "tiny-llama"  # --cpu-smoke only: trtllm_mk.model.tiny's llama shapes
 SMOKE = {"models": [SMOKE_MODEL], "batch": [1, 2], "context": [16, 32], "steps": 5, "warmup": 2}
@@ -153,7 +165,8 @@ def environment(device: torch.device) -> dict[str, Any]:
 
 def measure_config(spec, weights, model: str, batch: int, ctx: int, systems, bw: float, steps: int, warmup: int,
                    device: torch.device, env: dict[str, Any], bar) -> dict[str, Any]:
-    wbytes = decode_weight_bytes(spec, weights)
+    # quantized: the bytes the kernel streams (codes and scale words), not the dequantized dict's
+    wbytes = spec.decode_weight_bytes(batch) if spec.quantized else decode_weight_bytes(spec, weights)
     kv = batch * ctx * spec.kv_bytes_per_token(weights["model.norm.weight"].element_size())
     floor = (wbytes + kv) / bw * 1e3
     cfg: dict[str, Any] = {"name": config_name(model, batch, ctx), "model": model, "batch": batch,
@@ -176,14 +189,34 @@ def measure_config(spec, weights, model: str, batch: int, ctx: int, systems, bw:
     return cfg
 
 
+def weights_label(model: str, weights: str, group: int) -> str:
+    """The model's name in the report: quantized runs are another model than the bf16 one."""
+    return model if weights == "bf16" else f"{model}:{weights}-g{group}"
+
+
+def model_weights(spec: ModelSpec, device: torch.device, dtype: torch.dtype, seed: int, weights: str, group: int):
+    """(spec, weights) the systems decode: the bf16 random model, or its W4A16 form."""
+    if weights == "bf16":
+        return spec, random_weights(spec, device, dtype, seed)
+    from .w4a16_weights import w4a16_spec, w4a16_weights
+    spec = w4a16_spec(spec, group)
+    return spec, w4a16_weights(spec, device, dtype, seed)
+
+
 def run_benchmark(models, batches, contexts, systems, steps: int, warmup: int, device: torch.device,
-                  dtype: torch.dtype, seed: int, on_update=lambda report, model_done: None) -> dict[str, Any]:
+                  dtype: torch.dtype, seed: int, on_update=lambda report, model_done: None,
+                  weights_format: str = "bf16", group: int = W4A16_GROUP) -> dict[str, Any]:
     """Measure every (model, batch, context, system); ``on_update(report, model_done)`` is called
-    after each config (and with model_done=True after each model's last one)."""
+    after each config (and with model_done=True after each model's last one). ``weights_format``:
+    "bf16", or "w4a16" (4-bit decoder-layer linears in groups of ``group`` columns)."""
     env = environment(device)
     report: dict[str, Any] = {"schema": SCHEMA, "kind": "measured", **env, "dtype": str(dtype).removeprefix("torch."),
                               "steps": steps, "warmup": warmup, "seed": seed, "systems": list(systems),
                               "configs": []}
+    if weights_format != "bf16":
+        report["weights"] = {"format": weights_format, "group": group,
+                             "quantization": "symmetric round-to-nearest 4-bit decoder-layer linears; embeddings, "
+                                             "norms and LM head bf16"}
     # no_grad rather than inference_mode: tensors made under inference_mode are a rarely trodden
     # path for torch.compile and CUDA graphs; no_grad is what gpt-fast style baselines use.
     with torch.no_grad():
@@ -191,11 +224,11 @@ def run_benchmark(models, batches, contexts, systems, steps: int, warmup: int, d
         bw = report["read_bandwidth"]["bytes_per_s"]
         per_model = len(batches) * len(contexts) * (len(systems) + 1)
         bar = tqdm(total=len(models) * per_model, file=sys.stderr, dynamic_ncols=True, desc="decode latency")
-        for model in models:
-            spec = resolve_spec(model)
+        for name in models:
+            model = weights_label(name, weights_format, group)
             bar.set_postfix_str(f"{model}: random weights")
             try:
-                weights = random_weights(spec, device, dtype, seed)
+                spec, weights = model_weights(resolve_spec(name), device, dtype, seed, weights_format, group)
             except Exception as e:  # e.g. the model does not fit: every config of it fails, the run goes on
                 err = _error(e)
                 report["configs"] += [{"name": config_name(model, b, c), "model": model, "batch": b,
@@ -238,6 +271,9 @@ def render_markdown(report: dict[str, Any]) -> str:
         "Floor = (decode weight bytes + KV bytes of the context) / read bandwidth; "
         "% of floor = floor / TPOT p50 (100% = at the floor). "
         "TTFT: prefill of the context by the static-cache decoder (shared prefill path).",
+        *([f"Weights: {report['weights']['format']}, group {report['weights']['group']} "
+           f"({report['weights']['quantization']}); the floor counts the quantized bytes (codes and scales), "
+           "bf16 systems decode the dequantized weights."] if report.get("weights") else []),
         "",
         "| model | batch | context | system | TPOT p50 ms | p90 | p99 | avg | tok/s/user | floor ms | % of floor "
         "| TTFT ms |",
@@ -343,6 +379,14 @@ def write_outputs(report: dict[str, Any], out: Path, plot: bool = True) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+def default_systems(weights: str, builtin: list[str]) -> list[str]:
+    """Every registered system for bf16 weights; for w4a16 the int4 baseline, the bf16 torch.compile
+    decoder and the systems registered beyond ``builtin`` (the --plugin ones)."""
+    if weights == "bf16":
+        return list(SYSTEMS)
+    return [*W4A16_SYSTEMS, *(s for s in SYSTEMS if s not in builtin and s not in W4A16_SYSTEMS)]
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.decode_latency", description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="output directory")
@@ -357,6 +401,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, help="untimed steps before timing (default: 20)")
     ap.add_argument("--plugin", action="append", default=[], metavar="MODULE",
                     help="import MODULE first (it registers more systems with register_system); repeatable")
+    ap.add_argument("--weights", choices=WEIGHT_FORMATS, default="bf16",
+                    help="bf16 random weights, or w4a16: 4-bit decoder-layer linears (default: bf16)")
+    ap.add_argument("--group", type=int, help=f"--weights w4a16: input columns per scale (default {W4A16_GROUP})")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cpu-smoke", action="store_true",
@@ -376,6 +423,12 @@ def main(argv: list[str] | None = None) -> int:
         write_outputs(merge_reports(reports), a.out)
         print(f"wrote {a.out / 'report.json'} ({len(reports)} runs merged)")
         return 0
+    if a.group is not None and a.weights == "bf16":
+        raise UserError("--group applies to quantized weights: add --weights w4a16")
+    group = W4A16_GROUP if a.group is None else a.group
+    if a.weights == "w4a16":
+        from . import int4_baseline  # noqa: F401  (registers the int4 systems)
+    builtin = list(SYSTEMS)
     for mod in a.plugin:
         try:
             importlib.import_module(mod)
@@ -397,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     models, batches = a.models or d["models"], a.batch or d["batch"]
     contexts, steps = a.context or d["context"], a.steps or d["steps"]
     warmup = d["warmup"] if a.warmup is None else a.warmup
-    systems = a.systems or list(SYSTEMS)
+    systems = a.systems or default_systems(a.weights, builtin)
     if not a.cpu_smoke and steps < MIN_STEPS:
         raise UserError(f"--steps {steps}: at least {MIN_STEPS} timed steps are needed for P99 to mean anything")
     if min(batches) < 1 or min(contexts) < 2 or warmup < 0:
@@ -407,9 +460,13 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"--systems: unknown {', '.join(unknown)}; registered: {', '.join(SYSTEMS)} "
                         f"(more come from --plugin modules)")
     for m in models:  # fail before any measurement, not after an hour
-        resolve_spec(m)
+        spec = resolve_spec(m)
+        if a.weights == "w4a16":
+            from .w4a16_weights import w4a16_spec
+            w4a16_spec(spec, group)
     run_benchmark(models, batches, contexts, systems, steps, warmup, device, dtype, a.seed,
-                  on_update=lambda report, model_done: write_outputs(report, a.out, plot=model_done))
+                  on_update=lambda report, model_done: write_outputs(report, a.out, plot=model_done),
+                  weights_format=a.weights, group=group)
     print(f"wrote {a.out / 'report.json'}, report.md, latency_vs_context.png")
     return 0
 

@@ -9,6 +9,9 @@ same launch-overhead treatment torch.compile's reduce-overhead mode gets).
 compiles every kernel a benchmark run will need into the cubin cache without a GPU, and keeps each
 searched schedule beside the cubins (``schedules/``), keyed by the search's inputs and the source of
 the package, so a GPU run skips the search too; any change to trtllm_mk/ or the calibration misses.
+``--weights w4a16 [--group 128]`` prebuilds the kernels of ``decode_latency --weights w4a16``.
+
+With 4-bit weights (``benchmarks.w4a16_weights.W4A16Weights``) the kernel binds their packed form.
 """
 from __future__ import annotations
 
@@ -69,7 +72,8 @@ def megakernel_system(spec, weights, batch, context_len, device) -> SystemRun:
     sched = schedule_for(spec, batch, context_len, gpu)
     max_seq = context_len + HEADROOM
     cache = PagedKVCache.allocate(spec, batch, max_seq, TOKENS_PER_BLOCK, device=device, fill=1.0)
-    dec = build_decoder(sched, weights, cache, gpu.nvcc_arch, gpu.has_tma, max_seq_len=max_seq)
+    bind = getattr(weights, "kernel", weights)   # W4A16Weights: packed codes and scale words
+    dec = build_decoder(sched, bind, cache, gpu.nvcc_arch, gpu.has_tma, max_seq_len=max_seq)
     dec.set_state(torch.randint(0, spec.vocab_size, (batch,)), torch.full((batch,), context_len))
     for _ in range(3):
         dec.step()
@@ -94,12 +98,16 @@ def megakernel_system(spec, weights, batch, context_len, device) -> SystemRun:
 register_system(NAME, megakernel_system)
 
 
-def prebuild(models, batches, contexts, gpu_name: str) -> None:
+def prebuild(models, batches, contexts, gpu_name: str, group: int | None = None) -> None:
+    """``group``: the kernels of 4-bit weights in groups of ``group`` columns (None: bf16)."""
     from trtllm_mk.codegen import compile_cubin, generate_source
     from trtllm_mk.model.registry import resolve_model
     gpu = get_gpu(gpu_name)
     for m in models:
         spec = resolve_model(m).spec
+        if group is not None:
+            from benchmarks.w4a16_weights import w4a16_spec
+            spec = w4a16_spec(spec, group)
         for b in batches:
             for c in contexts:
                 sched = schedule_for(spec, b, c, gpu)
@@ -115,5 +123,7 @@ if __name__ == "__main__":
     ap.add_argument("--batch", nargs="+", type=int, default=[1, 4])
     ap.add_argument("--context", nargs="+", type=int, default=[128, 512, 2048, 8192])
     ap.add_argument("--gpu", default="H100-SXM")
+    ap.add_argument("--weights", choices=("bf16", "w4a16"), default="bf16")
+    ap.add_argument("--group", type=int, default=128, help="--weights w4a16: input columns per scale")
     a = ap.parse_args()
-    prebuild(a.models, a.batch, a.context, a.gpu)
+    prebuild(a.models, a.batch, a.context, a.gpu, a.group if a.weights == "w4a16" else None)

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Everything the GPU machine does, in stages that each fit one device call; results under $OUT.
-#   bash scripts/gpu_check.sh [build] [smoke] [tests] [sanitize] [trace] [calibrate] [ab] [sampling] [bench] [serve]
+#   bash scripts/gpu_check.sh [build] [smoke] [tests] [quant] [sanitize] [trace] [calibrate] [ab] [sampling] [bench] [serve]
 #   (default: all but ab and serve)
+# quant: 4-bit weights (W4A16): tests/test_quant_gpu.py (the tests stage then leaves it out), then the
+#   W4A16 decode benchmark (megakernel, tinygemm int4 torch.compile, bf16 torch.compile) under $OUT/quant_bench.
+#   QUANT_PARTS (default "tests bench"), QUANT_TESTS_TIMEOUT, QUANT_BENCH_ARGS (default: llama-3.2-1b and
+#   llama-3.1-8b, batch 1, context 512), QUANT_BENCH_TIMEOUT (or what DEADLINE_S leaves).
 # TRACE_RUNS: one scripts/mk_trace.py argument line per traced step (default: llama-3.2-1b --batch 1).
 # AB_RUNS: one scripts/mk_ab.py argument line per interleaved A/B (the ab stage).
 # SAMPLING_MODELS: model shapes whose step is timed with each sampling mode (default: llama-3.2-1b).
@@ -10,12 +14,15 @@
 # Kernels are content-hash cached in .cubin_cache: precompile them on a CPU machine with
 #   TRTLLM_MK_CACHE=.cubin_cache python tests/test_megakernel_gpu.py
 #   TRTLLM_MK_CACHE=.cubin_cache python benchmarks/megakernel_system.py --prebuild --context 512
+#   TRTLLM_MK_CACHE=.cubin_cache python tests/test_quant_gpu.py
+#   TRTLLM_MK_CACHE=.cubin_cache python benchmarks/megakernel_system.py --prebuild --context 512 --batch 1 \
+#     --models llama-3.2-1b llama-3.1-8b --weights w4a16 --group 128
 # and carry .cubin_cache along, so device time goes to running kernels, not compiling them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
-stages=${*:-build smoke tests sanitize trace calibrate sampling bench}
+stages=${*:-build smoke tests quant sanitize trace calibrate sampling bench}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export TRTLLM_MK_CACHE=${TRTLLM_MK_CACHE:-$PWD/.cubin_cache}
 has() { [[ " $stages " == *" $1 "* ]]; }
@@ -33,8 +40,29 @@ if has smoke; then
   done
 fi
 if has tests; then
-  timeout ${TESTS_TIMEOUT:-540} python -m pytest -q -s -m gpu ${TESTS:-tests} -rs > "$OUT/gpu_tests.log" 2>&1
+  tests_default=tests; has quant && tests_default="tests --ignore=tests/test_quant_gpu.py"
+  timeout ${TESTS_TIMEOUT:-540} python -m pytest -q -s -m gpu ${TESTS:-$tests_default} -rs > "$OUT/gpu_tests.log" 2>&1
   grep -E "rel err|passed|failed|FAILED|Error" "$OUT/gpu_tests.log" | tail -40
+fi
+# seconds a part may run: its own limit, capped by what DEADLINE_S leaves (less 15 s to pack $OUT)
+part_s() { local s=$1; [[ -n "${DEADLINE_S:-}" ]] && (( DEADLINE_S - SECONDS - 15 < s )) && s=$(( DEADLINE_S - SECONDS - 15 )); echo $s; }
+if has quant; then
+  quant_parts=" ${QUANT_PARTS:-tests bench} "
+  quant_s=$(part_s ${QUANT_TESTS_TIMEOUT:-420})
+  if [[ "$quant_parts" == *" tests "* ]] && (( quant_s >= 30 )); then
+    timeout $quant_s python -m pytest -q -s -m gpu tests/test_quant_gpu.py -rs > "$OUT/quant_tests.log" 2>&1
+    grep -E "rel err|layout|int4 baseline|passed|failed|FAILED|Error" "$OUT/quant_tests.log" | tail -60
+  elif [[ "$quant_parts" == *" tests "* ]]; then
+    echo "quant tests: skipped, DEADLINE_S leaves ${quant_s}s"
+  fi
+  if [[ "$quant_parts" == *" bench "* ]]; then
+    eval "quant_args=(${QUANT_BENCH_ARGS:---models llama-3.2-1b llama-3.1-8b --batch 1 --context 512})"
+    quant_s=$(part_s ${QUANT_BENCH_TIMEOUT:-420})
+    (( quant_s >= 30 )) || { echo "quant bench: skipped, DEADLINE_S leaves ${quant_s}s"; quant_s=0; }
+    (( quant_s > 0 )) && timeout $quant_s python -m benchmarks.decode_latency --out "$OUT/quant_bench" --plugin benchmarks.megakernel_system \
+      --weights w4a16 --group ${QUANT_GROUP:-128} "${quant_args[@]}" 2>&1 | tail -30 > "$OUT/quant_bench.txt"
+    grep "|" "$OUT/quant_bench/report.md" 2>/dev/null || tail -5 "$OUT/quant_bench.txt" 2>/dev/null
+  fi
 fi
 if has sanitize; then
   # racecheck twice: the production kernel (its only reports should be the ring-slot release that

@@ -86,6 +86,8 @@ def _gpu():
 
 
 def _decoder(spec, batch, weights, schedule=None, budget_s=5.0):
+    """(decoder, cache): ``weights`` as the kernel binds them (bf16 tensors, or a quantized spec's
+    packed codes and scale words)."""
     from trtllm_mk.runtime.megakernel import build_decoder
     gpu = _gpu()
     if schedule is None:
@@ -99,16 +101,20 @@ def _prompts(spec, batch, gen, first_len=17):
     return [torch.randint(0, spec.vocab_size, (n,), generator=gen).tolist() for n in lens]
 
 
-def run_and_compare(spec, batch, weights, steps, schedule=None, budget_s=5.0, first_len=17, decoder=None):
+def run_and_compare(spec, batch, weights, steps, schedule=None, budget_s=5.0, first_len=17, decoder=None,
+                    bind=None):
     """Free-running megakernel decode, then teacher-forced references over its tokens *and* its KV
     history (each reference step starts from exactly the kernel's state, so what is measured is the
     error of one step, not the drift of two trajectories: a single bf16 ulp that summation order flips
     in a cached K moves later logits by ~1e-3 in these random models). Returns (max rel. logit error vs
     the kernel-numerics reference, vs the plain fp32 reference, token flips vs the former).
-    ``decoder``: (decoder, cache) to run instead of a fresh one (e.g. one whose cache earlier requests used)."""
+    ``decoder``: (decoder, cache) to run instead of a fresh one (e.g. one whose cache earlier requests used).
+    ``bind``: what the kernel binds when it is not ``weights`` (4-bit weights: their packed form, with
+    ``weights`` the bf16 values it computes with, which the references run)."""
     gen = torch.Generator().manual_seed(1)
     prompts = _prompts(spec, batch, gen, first_len)
-    dec, cache = decoder if decoder is not None else _decoder(spec, batch, weights, schedule, budget_s)
+    dec, cache = decoder if decoder is not None else _decoder(spec, batch, weights if bind is None else bind,
+                                                              schedule, budget_s)
     # kernel numerics: bf16 GEMV inputs where the kernel stages them, fp32 elsewhere; both references
     # share one fp32 copy of the weights (two would not fit beside an 8B model on an 80 GB GPU)
     ref = ReferenceDecoder(spec, weights, compute_dtype=torch.float32, gemv_input_dtype=torch.bfloat16)

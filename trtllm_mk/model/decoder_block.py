@@ -25,7 +25,8 @@ Numerics follow HF's eager model in the compute dtype: RMSNorm statistics in fp3
 the gain; RoPE in the dtype of the cos/sin tables it is given (HF rounds them to the activation dtype;
 fp32 tables give fp32 RoPE); everything else in the compute dtype. ``stage`` (optional) is applied to
 the input of every linear layer: the reference uses it to round those inputs where the megakernel
-stages its activations.
+stages its activations. A decoder layer's weight may also be a module that applies a weight kept in
+another format (``linear``: the int4 benchmark baseline swaps in torch's tinygemm linears).
 """
 from __future__ import annotations
 
@@ -133,6 +134,15 @@ def check_weights(spec: ModelSpec, weights: dict[str, torch.Tensor]) -> None:
             raise ModelError(f"decoder weights: '{name}' has shape {tuple(weights[name].shape)}, expected {shape}")
 
 
+def linear(x: torch.Tensor, weight: torch.Tensor | nn.Module, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ weight.T + bias`` for a weight tensor ``[out, in]``, or ``weight(x)`` (+ bias) for a module
+    that holds the weight in its own format."""
+    if isinstance(weight, torch.Tensor):
+        return F.linear(x, weight, bias)
+    y = weight(x)
+    return y if bias is None else y + bias
+
+
 def _param(t: torch.Tensor) -> nn.Parameter:
     # Parameters (not plain attributes) so torch.compile / cudagraph trees treat them as static inputs.
     return nn.Parameter(t, requires_grad=False)
@@ -181,7 +191,7 @@ class DecoderBlock(nn.Module):
         h = rms_norm(x, self.attention_norm, s.rms_norm_eps)
         if stage is not None:
             h = stage(h)
-        q, k, v = F.linear(h, self.wqkv, self.bqkv).split([s.q_size, s.kv_size, s.kv_size], dim=-1)
+        q, k, v = linear(h, self.wqkv, self.bqkv).split([s.q_size, s.kv_size, s.kv_size], dim=-1)
         q = q.view(N, T, s.num_heads, s.head_dim)
         k = k.view(N, T, s.num_kv_heads, s.head_dim)
         v = v.view(N, T, s.num_kv_heads, s.head_dim)
@@ -192,7 +202,7 @@ class DecoderBlock(nn.Module):
         o = attention(self.layer, q, k, v).reshape(N, T, s.q_size)
         if stage is not None:
             o = stage(o)
-        return F.linear(o, self.wo)
+        return linear(o, self.wo)
 
     def mlp_delta(self, x: torch.Tensor, stage: Stage | None = None) -> torch.Tensor:
         """What the MLP half adds to the residual ``x``: down_proj of silu(gate) * up (or the routed experts' sum)."""
@@ -201,11 +211,11 @@ class DecoderBlock(nn.Module):
             h = stage(h)
         if self.moe is not None:
             return self.moe(h, stage)
-        gate, up = F.linear(h, self.w_gate_up).chunk(2, dim=-1)
+        gate, up = linear(h, self.w_gate_up).chunk(2, dim=-1)
         act = F.silu(gate) * up
         if stage is not None:
             act = stage(act)
-        return F.linear(act, self.w_down)
+        return linear(act, self.w_down)
 
 
 class Decoder(nn.Module):

@@ -1,0 +1,62 @@
+"""Random 4-bit weights (W4A16) for the decode benchmark, in every form its systems consume.
+
+The decoder-layer linears (q, k, v, o, gate, up, down) of a random bf16 model are round-to-nearest
+quantized to 4 bits (``quant.kernel_layout.quantize_model``); embeddings, norms and the LM head stay
+bf16. ``W4A16Weights`` is the dict of the weights exactly as the megakernel computes with them
+(dequantized to bf16: what the bf16 systems and the TTFT prefill run, same shapes as a bf16 model),
+and carries the two quantized forms beside it: ``kernel``, what the megakernel binds (packed codes and
+scale words), and ``linears``, the quantized linears themselves (the int4 baseline packs those for
+torch's tinygemm kernel). All three describe the same weights.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from trtllm_mk.errors import UserError
+from trtllm_mk.model.decoder_block import share_fused_storage
+from trtllm_mk.model.random_weights import random_weights
+from trtllm_mk.model.spec import ModelSpec
+from trtllm_mk.quant.kernel_layout import check_layout, is_layer_linear, kernel_weights, quantize_model
+from trtllm_mk.quant.linear import IntLinear
+
+DEFAULT_GROUP = 128
+
+
+class W4A16Weights(dict):
+    """name -> bf16 (or ``dtype``) tensor as the kernel computes with it; ``kernel``: what the megakernel
+    binds; ``linears``: name -> IntLinear of every decoder-layer linear; ``group``, ``symmetric``."""
+
+    def __init__(self, dense: dict[str, torch.Tensor], kernel: dict[str, torch.Tensor],
+                 linears: dict[str, IntLinear], group: int, symmetric: bool):
+        super().__init__(dense)
+        self.kernel, self.linears, self.group, self.symmetric = kernel, linears, group, symmetric
+
+
+def w4a16_spec(spec: ModelSpec, group: int = DEFAULT_GROUP) -> ModelSpec:
+    """``spec`` with 4-bit decoder-layer linears in groups of ``group`` input columns; a UserError
+    (one line) when the kernel cannot lay out one of its matrices in such groups."""
+    for name, shape in spec.expected_tensors().items():
+        if is_layer_linear(name, shape):
+            try:
+                check_layout(shape[0], shape[1], group)
+            except ValueError as e:
+                raise UserError(f"--group {group}: {spec.name}'s {name}: {e}") from None
+    return dataclasses.replace(spec, weight_bits=4, weight_group=group)
+
+
+def w4a16_weights(spec: ModelSpec, device: str | torch.device, dtype: torch.dtype = torch.bfloat16,
+                  seed: int = 0, symmetric: bool = True) -> W4A16Weights:
+    """Random weights of the quantized ``spec`` (``w4a16_spec``): bf16 random weights (as the bf16
+    benchmark draws them) with every decoder-layer linear RTN-quantized in ``spec.weight_group`` groups.
+    The dense dict shares one fused storage per layer for q/k/v and gate/up (a decoder built from it
+    fuses without copying)."""
+    if not spec.quantized:
+        raise ValueError(f"w4a16_weights: {spec.name} is not a quantized spec (see w4a16_spec)")
+    q = quantize_model(spec, random_weights(spec, device, torch.bfloat16, seed), symmetric=symmetric)
+    bind, dense = kernel_weights(spec, q)
+    linears = {n: v for n, v in q.items() if isinstance(v, IntLinear)}
+    del q
+    dense = share_fused_storage(spec, {n: t.to(dtype) for n, t in dense.items()})
+    return W4A16Weights(dense, bind, linears, spec.weight_group, symmetric)
