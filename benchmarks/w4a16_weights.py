@@ -18,7 +18,7 @@ from trtllm_mk.errors import UserError
 from trtllm_mk.model.decoder_block import share_fused_storage
 from trtllm_mk.model.random_weights import random_weights
 from trtllm_mk.model.spec import ModelSpec
-from trtllm_mk.quant.kernel_layout import check_layout, is_layer_linear, kernel_weights, quantize_model
+from trtllm_mk.quant.kernel_layout import check_layout, is_layer_linear, kernel_weights, quantize_model, tile_cols
 from trtllm_mk.quant.linear import IntLinear
 
 DEFAULT_GROUP = 128
@@ -37,10 +37,14 @@ class W4A16Weights(dict):
 def w4a16_spec(spec: ModelSpec, group: int = DEFAULT_GROUP) -> ModelSpec:
     """``spec`` with 4-bit decoder-layer linears in groups of ``group`` input columns; a UserError
     (one line) when the kernel cannot lay out one of its matrices in such groups."""
+    try:
+        tile = tile_cols(spec)
+    except ValueError as e:
+        raise UserError(f"--weights w4a16: {e}") from None
     for name, shape in spec.expected_tensors().items():
         if is_layer_linear(name, shape):
             try:
-                check_layout(shape[0], shape[1], group)
+                check_layout(shape[0], shape[1], group, tile)
             except ValueError as e:
                 raise UserError(f"--group {group}: {spec.name}'s {name}: {e}") from None
     return dataclasses.replace(spec, weight_bits=4, weight_group=group)

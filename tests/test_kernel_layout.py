@@ -1,6 +1,7 @@
 """quant/kernel_layout.py: the megakernel's 4-bit weight layout, checked against the layout written out
-here from its description (nibble placement per mma fragment, scale words per 16-row block), and the
-weights it computes with against the checkpoint's own dequantization."""
+here from its description (nibble placement per mma fragment, tiles of 16 rows with row-swizzled
+16-byte chunks, scale words per 16-row block), and the weights it computes with against the
+checkpoint's own dequantization."""
 from __future__ import annotations
 
 import dataclasses
@@ -35,23 +36,29 @@ def test_block_order_is_a_permutation_matching_the_fragment_layout():
     assert BLOCK_ORDER.tolist() == [_column_of(t, i) for t in range(4) for i in range(8)]
 
 
+@pytest.mark.parametrize("tile", [128, 256, 512])
 @pytest.mark.parametrize("group", [32, 64, 128, PER_CHANNEL])
 @pytest.mark.parametrize("symmetric", [True, False])
-def test_pack_round_trip_and_byte_layout(group, symmetric):
-    out, k = 48, 256
+def test_pack_round_trip_and_byte_layout(group, symmetric, tile):
+    out, k = 48, 1024
     lin = _lin(out, k, group, symmetric, seed=group + symmetric)
     lg = per_channel_group(k) if group == PER_CHANNEL else group
-    packed, sz = pack(lin)
-    lay = W4Layout(out, k, lg)
+    packed, sz = pack(lin, tile=tile)
+    lay = W4Layout(out, k, lg, tile)
     assert packed.dtype == torch.uint8 and tuple(packed.shape) == lay.packed_shape
     assert sz.dtype == torch.int32 and tuple(sz.shape) == lay.sz_shape
     codes = lin.codes()
     assert torch.equal(unpack_codes(packed), codes.long())
-    # byte layout, written out: row o, block b, word t = little-endian bytes 16 b + 4 t .. + 3
-    for o in (0, 17, out - 1):
+    # byte layout, written out: the 32 columns of block b of row o are chunk c = b % (tile / 32) of tile
+    # b // (tile / 32) of the row's 16-row block, stored at chunk c ^ (o % 8) of its tile row (c ^ (o // 2
+    # % 4) in 128-column tiles); word t of the chunk = little-endian bytes 4 t .. 4 t + 3
+    per_tile = tile // 32
+    for o in (0, 9, 17, out - 1):
         for b in range(k // 32):
+            at = 16 * ((b % per_tile) ^ ((o % 16) // 2 % 4 if tile == 128 else o % 8))
+            row = packed[o // 16, b // per_tile, o % 16]
             for t in range(4):
-                word = int.from_bytes(bytes(packed[o, 16 * b + 4 * t:16 * b + 4 * t + 4].tolist()), "little")
+                word = int.from_bytes(bytes(row[at + 4 * t:at + 4 * t + 4].tolist()), "little")
                 want = sum(int(codes[o, 32 * b + _column_of(t, i)]) << (4 * i) for i in range(8))
                 assert word == want, (o, b, t)
     # scale words: sz[blk, grp, r] = bf16 scale (low half) | bf16(128 + zero) (high half) of row 16 blk + r
@@ -88,29 +95,53 @@ def test_per_channel_group():
 
 
 @pytest.mark.parametrize("out,k,group,message", [
-    (32, 128, 96, "group size 96 is not one the kernel implements"),
+    (32, 512, 96, "group size 96 is not one the kernel implements"),
     (32, 96, 64, "96 input channels are not a multiple of the group size 64"),
-    (24, 128, 128, "24 output channels are not a multiple of 16"),
+    (32, 384, 128, "384 input channels are not a multiple of the 512-column tile"),
+    (32, 896, 128, "896 input channels are not a multiple of the 512-column tile"),
+    (24, 512, 128, "24 output channels are not a multiple of 16"),
 ])
 def test_check_layout_errors(out, k, group, message):
     with pytest.raises(ValueError, match=message):
         check_layout(out, k, group)
 
 
+def test_tile_cols_is_the_widest_dividing_every_k():
+    from trtllm_mk.quant.kernel_layout import tile_cols
+    assert tile_cols(_tiny_spec()) == 256
+    assert tile_cols(dataclasses.replace(_tiny_spec(), hidden_size=1024, intermediate_size=2048, num_heads=32)) == 512
+    assert tile_cols(dataclasses.replace(_tiny_spec(), hidden_size=896, num_heads=28)) == 128
+    with pytest.raises(ValueError, match="not multiples of 128 columns"):
+        tile_cols(dataclasses.replace(_tiny_spec(), hidden_size=96, num_heads=3))
+
+
+def test_swizzle_spreads_eight_rows_over_eight_bank_groups():
+    """The rows one ldmatrix phase reads (8 consecutive rows of a tile, one chunk each) land in 8
+    different 16-byte groups of the 128-byte bank line, for every chunk and tile width."""
+    from trtllm_mk.quant.kernel_layout import swizzle
+    for tile in (128, 256, 512):
+        sw, row_bytes = swizzle(tile), tile // 2
+        assert all(sorted(sw[r].tolist()) == list(range(tile // 32)) for r in range(16))   # a permutation per row
+        for r0 in (0, 8):
+            for c in range(tile // 32):
+                groups = {((r * row_bytes + 16 * int(sw[r, c])) % 128) // 16 for r in range(r0, r0 + 8)}
+                assert len(groups) == 8, (tile, r0, c)
+
+
 def test_pack_refuses_what_the_layout_cannot_hold():
-    lin = _lin(32, 128, 64, True)
+    lin = _lin(32, 512, 64, True)
     with pytest.raises(ValueError, match="group size 64 cannot be laid out as 128"):
         pack(lin, 128)
-    w8 = quantize_int("x", torch.randn(32, 128), 8, 64, True, torch.float16)
+    w8 = quantize_int("x", torch.randn(32, 512), 8, 64, True, torch.float16)
     with pytest.raises(ValueError, match="8-bit weights are not the kernel's 4-bit layout"):
         pack(w8)
-    act = dataclasses.replace(lin, g_idx=torch.arange(128, dtype=torch.int32).flip(0) // 64)
+    act = dataclasses.replace(lin, g_idx=torch.arange(512, dtype=torch.int32).flip(0) // 64)
     with pytest.raises(ValueError, match=r"activation-order groups \(g_idx\)"):
         pack(act)
 
 
 def _tiny_spec(**kw) -> ModelSpec:
-    return ModelSpec(name="t", family="llama", hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4,
+    return ModelSpec(name="t", family="llama", hidden_size=256, intermediate_size=512, num_layers=2, num_heads=8,
                      num_kv_heads=2, head_dim=32, vocab_size=64, rms_norm_eps=1e-5, rope_theta=1e4,
                      max_position_embeddings=256, tie_word_embeddings=False, **kw)
 

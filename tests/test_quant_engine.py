@@ -29,7 +29,7 @@ from trtllm_mk.reference import ReferenceDecoder
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = [3, 141, 59, 26, 5, 358, 97]
-_SHAPES = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+_SHAPES = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=8,
                num_key_value_heads=2, head_dim=32, vocab_size=512, max_position_embeddings=1024,
                bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
 
@@ -228,16 +228,22 @@ def test_layouts_the_kernel_cannot_take(tmp_path):
     cfg = load_config(_yaml(tmp_path, "tiny-llama", "quantization:\n  quant_algo: W4A16_GPTQ\n  group_size: 128\n"))
     odd = dataclasses.replace(cfg.model_spec, weight_bits=16, weight_group=0, hidden_size=96, num_heads=3,
                               num_kv_heads=1)
-    with pytest.raises(ConfigError, match=r"model.layers.0.self_attn.q_proj.weight \[96, 96\] cannot be laid out for "
-                                          r"the megakernel: 96 input channels are not a multiple of the group size "
-                                          r"128") as e:
+    with pytest.raises(ConfigError, match=r"hidden 96, q 96 and intermediate 256 sizes are not multiples of 128 "
+                                          r"columns, which the 4-bit layout needs") as e:
         check_buildable(dataclasses.replace(cfg, model_spec=odd))
     assert "\n" not in str(e.value)
+    wide = dataclasses.replace(cfg.model_spec, weight_bits=16, weight_group=0, hidden_size=512, num_heads=16)
+    with pytest.raises(ConfigError, match=r"model.layers.0.self_attn.q_proj.weight \[512, 512\] cannot be laid out "
+                                          r"for the megakernel: 512 input channels are not a multiple of the group "
+                                          r"size 1024"):
+        check_buildable(dataclasses.replace(cfg, model_spec=wide, quant_scheme=dataclasses.replace(
+            cfg.quant_scheme, group_size=1024)))
     # per-channel scales take the largest of 128/64/32 dividing every layer's input channels
     per_channel = QuantScheme("gptq", "int", 4, PER_CHANNEL, False)
     assert kernel_group(cfg.model_spec, per_channel) == 128
     assert kernel_group(dataclasses.replace(odd, hidden_size=192, num_heads=6, num_kv_heads=2), per_channel) == 64
-    assert quantized_spec(odd, per_channel).weight_group == 32
+    with pytest.raises(UnsupportedQuantization, match="not multiples of 128 columns"):
+        quantized_spec(odd, per_channel)
     with pytest.raises(UnsupportedQuantization, match="modules left unquantized inside the decoder layers"):
         quantized_spec(cfg.model_spec, dataclasses.replace(per_channel, exclude_modules=("lm_head", "model.layers.0.mlp")))
 

@@ -26,7 +26,7 @@ import torch
 
 from trtllm_mk.kv_cache import PagedKVCache
 from trtllm_mk.quant.kernel_layout import (BLOCK_ORDER, COLS_PER_BLOCK, dequantize, is_layer_linear, kernel_weights,
-                                           per_channel_group, quantize_model, unpack_codes)
+                                           pack_codes, per_channel_group, quantize_model, swizzle, unpack_codes)
 from trtllm_mk.quant.rtn import quantize_int
 from trtllm_mk.quant.scheme import PER_CHANNEL
 from trtllm_mk.reference import ReferenceDecoder
@@ -131,21 +131,19 @@ def _swap_nibbles(p, sz):
 
 
 def _column_order(p, sz):
-    """Codes read in plain column order, not the mma fragment order (BLOCK_ORDER)."""
-    out, half = p.shape
-    codes = unpack_codes(p).view(out, -1, COLS_PER_BLOCK)
-    stored = codes[..., BLOCK_ORDER.to(p.device)].reshape(out, 2 * half)   # the nibble sequence in memory
-    return _pack_column_order(stored), sz
-
-
-def _pack_column_order(codes):
-    """Packed bytes that unpack_codes reads back as ``codes``."""
+    """Codes stored in plain column order, not the mma fragment order (BLOCK_ORDER)."""
+    codes = unpack_codes(p)
     out, k = codes.shape
-    blocks = codes.view(out, k // COLS_PER_BLOCK, COLS_PER_BLOCK)[..., BLOCK_ORDER.to(codes.device)]
-    nib = blocks.reshape(out, k // COLS_PER_BLOCK, 4, 8).to(torch.int64)
-    words = (nib << (4 * torch.arange(8, device=codes.device))).sum(-1)
-    b = torch.stack([(words >> (8 * i)) & 0xFF for i in range(4)], -1)
-    return b.to(torch.uint8).reshape(out, k // 2)
+    stored = codes.view(out, k // COLS_PER_BLOCK, COLS_PER_BLOCK)[..., BLOCK_ORDER.to(p.device)].reshape(out, k)
+    return pack_codes(stored, 2 * p.shape[-1]), sz
+
+
+def _unswizzled(p, sz):
+    """Tile rows stored without the chunk swizzle (chunk c of every row at c)."""
+    nblk, ntile, rows, half = p.shape
+    sw = swizzle(2 * half).to(p.device)
+    chunks = p.view(nblk, ntile, rows, half // 16, 16)
+    return chunks[:, :, torch.arange(rows, device=p.device).view(-1, 1), sw].reshape(p.shape).contiguous(), sz
 
 
 def _next_group_scale(p, sz):
@@ -163,8 +161,8 @@ def _zero_ignored(p, sz):
     return p, torch.where(w >= 1 << 31, w - (1 << 32), w).to(torch.int32)
 
 
-WRONG = {"nibbles swapped": _swap_nibbles, "column order": _column_order, "next group's scale": _next_group_scale,
-         "next row's scale": _next_row_scale}
+WRONG = {"nibbles swapped": _swap_nibbles, "column order": _column_order, "unswizzled": _unswizzled,
+         "next group's scale": _next_group_scale, "next row's scale": _next_row_scale}
 
 
 def _dense_of(qspec, bind, dense, transform):

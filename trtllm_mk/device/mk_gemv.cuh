@@ -53,8 +53,9 @@ struct Geometry {
 
 // 4-bit weights (trtllm_mk/quant/kernel_layout.py; mirror: smem.py slot_geometry with bits 4): a slot
 // holds, per 16-row block, KC / QTILE tiles of 16 rows x QTILE columns as the layout stores them (one
-// bulk copy each; 16-byte chunks swizzled by row, so no row padding), then at SZ_AT the scale words of
-// its blocks, [NB][NGS groups][16 rows]. KC is a multiple of the tile and of the group.
+// bulk copy each; 16-byte chunks swizzled by row as kernel_layout.swizzle, so no row padding), then at
+// SZ_AT the scale words of its blocks, [NB][NGS groups][16 rows]. KC is a multiple of the tile and of
+// the group.
 constexpr int Q4_UNIT = cfg::QGROUP > cfg::QTILE ? cfg::QGROUP : cfg::QTILE;
 constexpr int q4_row_bytes(int kc) { return kc / 2 + 4 * (kc / (cfg::QGROUP > 0 ? cfg::QGROUP : 1)); }
 constexpr int q4_pieces_for(int kt, int pair) {
@@ -86,7 +87,9 @@ struct Geometry<KT, PAIR, 4> {
   static constexpr int NK32 = KC / 32;                        // 32-column steps (two k-steps) per slot
   static constexpr int WPB = cfg::CWARPS / NB;
   static constexpr int ROW_STRIDE = 0;                        // rows are not strided (tiles, swizzled)
-  static_assert(KT < 0 || (cfg::QTILE % 256 == 0 && cfg::QTILE >= 256), "the swizzle needs 8 chunks per tile row");
+  static constexpr int SWZ_SHIFT = TILE_ROW < 128 ? 1 : 0;    // two tile rows per 128-byte line
+  static constexpr int SWZ_MASK = (CHUNKS < 8 ? CHUNKS : 8) - 1;
+  static_assert(KT < 0 || (cfg::QTILE % 128 == 0 && cfg::QTILE >= 128), "tiles of 128, 256 or 512 columns");
   static_assert(KT % Q4_UNIT == 0, "K range must hold whole tiles and groups");
   static_assert(cfg::CWARPS % NB == 0, "blocks per slot must divide the consumer warps");
   static_assert(SZ_AT + NB * SZ_BLOCK <= SLOT_STRIDE, "slot overflow");
@@ -417,28 +420,32 @@ __device__ __forceinline__ void dequant_q4(uint32_t q, uint32_t sz, uint32_t (&o
 }
 
 // One ring slot of 4-bit weights against the staged activation. Warp (blk, kw) takes the SPW
-// consecutive 32-column steps [kw * SPW, (kw + 1) * SPW) of its 16-row block, two at a time: one
+// consecutive 32-column steps [kw * SPW, (kw + 1) * SPW) of its 16-row block (those that exist), two
+// at a time: one
 // ldmatrix.x4 brings the code words of both steps for rows g and g + 8 (matrix i: rows 8 (i & 1) ..,
-// step i >> 1; step s is chunk s % CHUNKS of tile s / CHUNKS, stored at chunk (s % CHUNKS) ^ row), two
+// step i >> 1; step s is chunk s % CHUNKS of tile s / CHUNKS, swizzled as below), two
 // more the activation of the four k-steps (matrix i: the 8 columns at 8 i; rows beyond the batch
-// read row 0, whose products land only in output columns the epilogue ignores). Scale words are read
+// read row 0, whose products land only in output columns the epilogue ignores). Chunk c of row r sits
+// at c ^ ((r >> SWZ_SHIFT) & SWZ_MASK) (kernel_layout.swizzle). Scale words are read
 // once per pair of steps (twice when a group is one step). Pairs alternate over NACC accumulators.
 template <int KIND, int NACC>
 __device__ __forceinline__ void q4_slot_mma(float (&acc)[NACC][4], uint32_t slot0, uint32_t act0, int blk, int kw, int lane) {
   using G = GemvGeometry<KIND>;
-  constexpr int SPW = G::NK32 / G::WPB;        // steps per warp and slot
+  constexpr int SPW = ((G::NK32 + G::WPB - 1) / G::WPB + 1) / 2 * 2;   // steps per warp and slot (even)
+  constexpr bool EXACT = SPW * G::WPB == G::NK32;                     // else the last warps run short or idle
   constexpr int GPK = cfg::QGROUP / 32;        // steps per group
-  static_assert(G::NK32 % G::WPB == 0 && SPW % 2 == 0, "each warp takes an even number of 32-column steps");
-  const int g = lane >> 2, r = lane & 7, mi = lane >> 3;
+  static_assert(G::NK32 % 2 == 0, "32-column steps come in pairs");
+  const int g = lane >> 2, r = lane & 7, mi = lane >> 3, swz = (r >> G::SWZ_SHIFT) & G::SWZ_MASK;
   const uint32_t wl = slot0 + blk * G::BLOCK_BYTES + (r + (mi & 1) * 8) * G::TILE_ROW;   // this lane's ldmatrix row
   const uint32_t z0 = slot0 + G::SZ_AT + blk * G::SZ_BLOCK + g * 4;                      // row g's scale word, group 0
   const uint32_t al = act0 + mi * 16;                                                     // act: column 8 mi
 #pragma unroll
   for (int p = 0; p < SPW / 2; ++p) {
     const int s = kw * SPW + 2 * p;
+    if (!EXACT && s >= G::NK32) break;
     const int c = s % G::CHUNKS + (mi >> 1);
     uint32_t q[4], fb[8], sz0[2], sz1[2];
-    ldmatrix_x4(wl + (s / G::CHUNKS) * G::TILE_BYTES + ((c ^ r) << 4), q[0], q[1], q[2], q[3]);
+    ldmatrix_x4(wl + (s / G::CHUNKS) * G::TILE_BYTES + ((c ^ swz) << 4), q[0], q[1], q[2], q[3]);
     ldmatrix_x4(al + s * 64, fb[0], fb[1], fb[2], fb[3]);
     ldmatrix_x4(al + s * 64 + 64, fb[4], fb[5], fb[6], fb[7]);
     sz0[0] = lds32(z0 + (s / GPK) * 64);

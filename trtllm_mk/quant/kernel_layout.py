@@ -9,9 +9,10 @@ A decoder layer's linear weight ``[out, in]`` travels as two tensors:
             in the order the tensor-core mma (m16n8k16) wants its A fragments: 32-bit word ``t`` holds
             what lane ``(g, t)`` of a warp needs for the two 16-column k-steps of those columns, so a
             lane reads one word per row and 32 columns and unpacks it with shifts and masks
-            (``BLOCK_ORDER``). The 16-byte chunks of tile row ``r`` are swizzled (chunk ``c`` stored at
-            ``c ^ (r % 8)``), so the eight rows a warp reads at once fall in eight different bank groups
-            of shared memory without padding rows apart.
+            (``BLOCK_ORDER``). The 16-byte chunks of tile row ``r`` are swizzled (``swizzle``: chunk
+            ``c`` stored at ``c ^ (r % 8)``, or ``c ^ ((r // 2) % 4)`` in 128-column tiles, whose rows
+            are half a 128-byte line), so the eight rows a warp reads at once fall in eight different
+            bank groups of shared memory without padding rows apart.
 ``sz``      int32 ``[out / 16, in / group, 16]``: per 16-row block, per group of ``group`` input
             columns, per row of the block, one word: the bf16 scale in the low half, the bf16 value
             ``128 + zero`` in the high half. A slot copies one block's groups as one contiguous piece,
@@ -40,7 +41,7 @@ ROWS_PER_BLOCK = 16       # the mma's M: scale words are grouped per 16 output r
 COLS_PER_BLOCK = 32       # columns whose codes fill the four words of one row's 16 bytes
 CODE_BIAS = 128           # bf16 128.0 has a 7-bit mantissa of zeros: 128 + code is exact for codes < 128
 SUPPORTED_GROUPS = (32, 64, 128, 256, 512, 1024)
-TILE_COLS = (512, 256)    # tile widths, widest first; 256 columns = 8 chunks of 16 bytes, the swizzle's period
+TILE_COLS = (512, 256, 128)   # tile widths, widest first
 CHUNK = 16                # bytes per swizzled chunk (32 columns)
 
 
@@ -125,11 +126,16 @@ def kernel_group(lin: IntLinear) -> int:
         else lin.group_size
 
 
-def _swizzle(rows: torch.Tensor) -> torch.Tensor:
-    """Chunk index of each (tile row, chunk) after the swizzle: ``c ^ (r % 8)``; ``rows`` [16, chunks]."""
+def swizzle(tile: int) -> torch.Tensor:
+    """int64 ``[16, tile / 32]``: where chunk ``c`` of tile row ``r`` is stored. Eight consecutive rows
+    (what one ldmatrix phase reads) must hit eight different 16-byte bank groups of a 128-byte line:
+    ``c ^ (r % 8)`` when a tile row fills a line or more, ``c ^ ((r // 2) % 4)`` when two rows share
+    one (128-column tiles)."""
+    chunks = tile // COLS_PER_BLOCK
     r = torch.arange(ROWS_PER_BLOCK).view(-1, 1)
-    c = torch.arange(rows.shape[1]).view(1, -1)
-    return c ^ (r % 8)
+    c = torch.arange(chunks).view(1, -1)
+    shift = 1 if tile // 2 < 128 else 0
+    return c ^ ((r >> shift) % min(8, chunks))
 
 
 def pack(lin: IntLinear, group: int | None = None, tile: int = TILE_COLS[0]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -146,18 +152,9 @@ def pack(lin: IntLinear, group: int | None = None, tile: int = TILE_COLS[0]) -> 
     if not per_row and group != lin.group_size:
         raise ValueError(f"{lin.name}: group size {lin.group_size} cannot be laid out as {group}")
     check_layout(lin.out_features, lin.in_features, group, tile)
+    packed = pack_codes(lin.codes(), tile)
     out, k = lin.out_features, lin.in_features
-    dev = lin.qweight.device
-    codes = lin.codes().to(torch.int64)                                   # [out, k]
-    blocks = codes.view(out, k // COLS_PER_BLOCK, COLS_PER_BLOCK)[..., BLOCK_ORDER.to(dev)]
-    nib = blocks.view(out, k // COLS_PER_BLOCK, 4, 8)                      # [.., word t, nibble i]
-    words = (nib << (4 * torch.arange(8, device=dev))).sum(-1)            # < 2**32
-    rowmajor = torch.stack([(words >> (8 * b)) & 0xFF for b in range(4)], -1).to(torch.uint8)  # [out, k/32, 4, 4]
-    nblk, ntile, nch = out // ROWS_PER_BLOCK, k // tile, tile // COLS_PER_BLOCK
-    t = rowmajor.reshape(nblk, ROWS_PER_BLOCK, ntile, nch, CHUNK).permute(0, 2, 1, 3, 4)   # [blk, tile, r, c, 16]
-    packed = torch.empty_like(t)
-    packed[:, :, torch.arange(ROWS_PER_BLOCK).view(-1, 1), _swizzle(torch.empty(ROWS_PER_BLOCK, nch))] = t
-    packed = packed.reshape(nblk, ntile, ROWS_PER_BLOCK, tile // 2).contiguous()
+    nblk = out // ROWS_PER_BLOCK
 
     reps = k // group if per_row else 1
     scale = lin.scales.to(torch.bfloat16).repeat_interleave(reps, dim=1)          # [out, k / group]
@@ -171,12 +168,27 @@ def pack(lin: IntLinear, group: int | None = None, tile: int = TILE_COLS[0]) -> 
     return packed, sz
 
 
+def pack_codes(codes: torch.Tensor, tile: int) -> torch.Tensor:
+    """uint8 tiles ``[out / 16, in / tile, 16, tile / 2]`` of unsigned 4-bit ``codes [out, in]``."""
+    out, k = codes.shape
+    dev = codes.device
+    blocks = codes.to(torch.int64).view(out, k // COLS_PER_BLOCK, COLS_PER_BLOCK)[..., BLOCK_ORDER.to(dev)]
+    nib = blocks.view(out, k // COLS_PER_BLOCK, 4, 8)                      # [.., word t, nibble i]
+    words = (nib << (4 * torch.arange(8, device=dev))).sum(-1)            # < 2**32
+    rowmajor = torch.stack([(words >> (8 * b)) & 0xFF for b in range(4)], -1).to(torch.uint8)  # [out, k/32, 4, 4]
+    nblk, ntile, nch = out // ROWS_PER_BLOCK, k // tile, tile // COLS_PER_BLOCK
+    t = rowmajor.reshape(nblk, ROWS_PER_BLOCK, ntile, nch, CHUNK).permute(0, 2, 1, 3, 4)   # [blk, tile, r, c, 16]
+    packed = torch.empty_like(t)
+    packed[:, :, torch.arange(ROWS_PER_BLOCK).view(-1, 1), swizzle(tile)] = t
+    return packed.reshape(nblk, ntile, ROWS_PER_BLOCK, tile // 2).contiguous()
+
+
 def unpack_codes(packed: torch.Tensor) -> torch.Tensor:
     """int64 codes ``[out, in]`` in column order from the kernel's packed tiles."""
     nblk, ntile, rows, half = packed.shape
     nch = half // CHUNK
     sw = packed.view(nblk, ntile, rows, nch, CHUNK)
-    t = sw[:, :, torch.arange(rows).view(-1, 1), _swizzle(torch.empty(rows, nch))]          # [blk, tile, r, c, 16]
+    t = sw[:, :, torch.arange(rows).view(-1, 1), swizzle(2 * half)]                         # [blk, tile, r, c, 16]
     b = t.permute(0, 2, 1, 3, 4).reshape(nblk * rows, ntile * nch, 4, 4).to(torch.int64)    # [out, k/32, word, byte]
     words = (b << (8 * torch.arange(4, device=packed.device))).sum(-1)                      # [out, k/32, t]
     nib = (words.unsqueeze(-1) >> (4 * torch.arange(8, device=packed.device))) & 0xF        # [.., t, i]

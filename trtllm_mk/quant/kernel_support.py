@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .kernel_layout import BITS, SUPPORTED_GROUPS, check_layout, is_layer_linear
+from .kernel_layout import BITS, SUPPORTED_GROUPS, check_layout, is_layer_linear, tile_cols
 from .scheme import PER_CHANNEL, QuantScheme
 
 # per-channel scales are repeated over groups of this many columns (the largest that fits the model)
@@ -64,10 +64,14 @@ def quantized_spec(spec, scheme: QuantScheme):
     if reason:
         raise UnsupportedQuantization(reason)
     group = kernel_group(spec, scheme)
+    try:
+        tile = tile_cols(spec)
+    except ValueError as e:
+        raise UnsupportedQuantization(f"{scheme.describe()}: {e}") from None
     for name, shape in spec.expected_tensors().items():
         if is_layer_linear(name, shape):
             try:
-                check_layout(shape[0], shape[1], group)
+                check_layout(shape[0], shape[1], group, tile)
             except ValueError as e:
                 raise UnsupportedQuantization(f"{scheme.describe()}: {name} [{shape[0]}, {shape[1]}] cannot be laid out "
                                               f"for the megakernel: {e}") from None
