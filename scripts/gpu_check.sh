@@ -69,12 +69,14 @@ if has sanitize; then
   # racecheck cannot credit, see EMPTY_ARRIVALS in mk_kernel.cuh) and the all-lanes-release variant
   # (and memcheck / all-lanes racecheck again on a plan whose OPROJ merges the attention partials)
   # (and, with every row sampling through the candidate search, memcheck and all-lanes racecheck)
-  for run in ${SANITIZE_RUNS:-memcheck:0:0:0 racecheck:0:0:0 racecheck:1:0:0 memcheck:0:1:0 racecheck:1:1:0 memcheck:0:0:1 racecheck:1:0:1}; do
-    IFS=: read -r tool all merge sample <<< "$run"
-    log="$OUT/sanitize_${tool}_${all}_${merge}_$sample.log"
-    MK_SMOKE_SHORT=1 MK_SMOKE_ARRIVE_ALL=$all MK_SMOKE_MERGE=$merge MK_SMOKE_SAMPLE=$sample timeout 240 \
+  # (and, with 4-bit weights, memcheck and all-lanes racecheck: the fifth field)
+  for run in ${SANITIZE_RUNS:-memcheck:0:0:0:0 racecheck:0:0:0:0 racecheck:1:0:0:0 memcheck:0:1:0:0 racecheck:1:1:0:0 memcheck:0:0:1:0 racecheck:1:0:1:0 memcheck:0:0:0:1 racecheck:1:0:0:1}; do
+    IFS=: read -r tool all merge sample w4 <<< "$run"
+    w4=${w4:-0}
+    log="$OUT/sanitize_${tool}_${all}_${merge}_${sample}_$w4.log"
+    MK_SMOKE_SHORT=1 MK_SMOKE_ARRIVE_ALL=$all MK_SMOKE_MERGE=$merge MK_SMOKE_SAMPLE=$sample MK_SMOKE_W4=$w4 timeout 240 \
       compute-sanitizer --tool $tool --print-limit 20 python scripts/mk_smoke.py tiny-llama > "$log" 2>&1
-    echo "$tool (all-lanes release $all, o_merge $merge, sampling $sample) exit $?: $(grep -E \
+    echo "$tool (all-lanes release $all, o_merge $merge, sampling $sample, 4-bit $w4) exit $?: $(grep -E \
       "ERROR SUMMARY|RACECHECK SUMMARY|Hazard|Invalid" "$log" | tail -3)" | tee -a "$OUT/sanitize.txt"
   done
 fi

@@ -3,6 +3,7 @@
     python scripts/mk_ab.py llama-3.2-1b --variant shipped --variant merge8:o_merge=1,o_ksplit=8,o_rows=128 \
         --variant nopref:+prefetch_next=0 [--batch 1] [--context 512] [--rounds 7] [--steps 100]
     python scripts/mk_ab.py llama-3.2-1b --variant ... --prebuild          # compile only (no GPU needed)
+    python scripts/mk_ab.py llama-3.1-8b --weights w4a16 --variant ...      # 4-bit layer weights
 
 A variant is ``NAME[:ITEM,ITEM...]``: ``field=value`` replaces a tile plan field of the benchmark's
 schedule (scripts/mk_trace.py --set), ``+name=value`` sets a diagnostic switch of the kernel
@@ -54,8 +55,14 @@ def main() -> None:
     ap.add_argument("--prebuild", action="store_true")
     ap.add_argument("--gpu", default="H100-SXM", help="with --prebuild: the target GPU")
     ap.add_argument("--dump-schedule", metavar="FILE", help="write the benchmark's schedule (no GPU needed) and exit")
+    ap.add_argument("--weights", choices=("bf16", "w4a16"), default="bf16",
+                    help="w4a16: the decoder layers' weights RTN-quantized to 4 bits (benchmarks/w4a16_weights.py)")
+    ap.add_argument("--group", type=int, default=128, help="with --weights w4a16: columns per scale")
     a = ap.parse_args()
     spec = resolve_model(a.model).spec
+    if a.weights == "w4a16":
+        from benchmarks.w4a16_weights import w4a16_spec
+        spec = w4a16_spec(spec, a.group)
     variants = [parse_variant(v) for v in a.variant]
     if a.dump_schedule:
         Path(a.dump_schedule).write_text(make_schedule(spec, a.batch, a.context, get_gpu(a.gpu), {}).to_json())
@@ -73,7 +80,11 @@ def main() -> None:
     from benchmarks.timing import time_steps
     from trtllm_mk.model.random_weights import random_weights
     gpu = detect_gpu()
-    w = random_weights(spec, device="cuda", seed=0)
+    if spec.quantized:
+        from benchmarks.w4a16_weights import w4a16_weights
+        w = w4a16_weights(spec, "cuda").kernel
+    else:
+        w = random_weights(spec, device="cuda", seed=0)
     tokens = torch.randint(0, spec.vocab_size, (a.batch,))
     pos = torch.full((a.batch,), a.context)
     runs = []

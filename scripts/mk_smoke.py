@@ -2,7 +2,8 @@
 step by step with HuggingFace transformers (fp32) on random weights; then a timing of the step.
 Usage: python scripts/mk_smoke.py [tiny-llama|tiny-qwen3|tiny-qwen2|llama-1b] [batch] [--prebuild]
 (--prebuild: compile the kernel into the cubin cache for a 132-SM H100 without a GPU; MK_SMOKE_MERGE=1:
-a plan whose OPROJ merges the attention partials, TilePlan.o_merge)"""
+a plan whose OPROJ merges the attention partials, TilePlan.o_merge; MK_SMOKE_W4=1: the decoder layers'
+weights RTN-quantized to 4 bits in groups of 64, the kernel streaming them packed)"""
 import dataclasses
 import os
 import sys
@@ -45,10 +46,14 @@ def main():
     B = int(args[1]) if len(args) > 1 else 1
     cfg = SHAPES[name]
     spec = spec_from_hf_config(cfg, name)
+    w4 = os.environ.get("MK_SMOKE_W4") == "1"
+    if w4:
+        spec = dataclasses.replace(spec, weight_bits=4, weight_group=64)
     nsm = 132 if prebuild else torch.cuda.get_device_properties(0).multi_processor_count
     big = spec.hidden_size >= 1024
-    plan = TilePlan(qkv_rows=32 if big else 8, o_rows=16 if big else 8, gateup_rows=64 if big else 8,
-                    down_rows=16 if big else 8, lm_rows=1024 if big else 64, attn_splits=8, stages=6, slot_bytes=32768)  # 6 x 33 KB ring
+    small = 16 if w4 else 8   # 4-bit tiles hold 16 rows
+    plan = TilePlan(qkv_rows=32 if big else small, o_rows=16 if big else small, gateup_rows=64 if big else small,
+                    down_rows=16 if big else small, lm_rows=1024 if big else 64, attn_splits=8, stages=6, slot_bytes=32768)  # 6 x 33 KB ring
     if os.environ.get("MK_SMOKE_MERGE") == "1":   # OPROJ merges the attention partials (no COMBINE tasks)
         plan = dataclasses.replace(plan, o_merge=True, o_ksplit=spec.num_kv_heads)
     sch = Schedule(spec=spec, batch=B, plan=plan, num_sms=nsm, gpu="H100-SXM", programs=[])
@@ -66,8 +71,12 @@ def main():
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
     w = random_weights(spec, device=dev, seed=0)
+    bind = w
+    if w4:   # the kernel binds the packed layout; the reference below runs the kernel's own weights
+        from trtllm_mk.quant.kernel_layout import kernel_weights, quantize_model
+        bind, w = kernel_weights(spec, quantize_model(spec, w, symmetric=False))
     cache = PagedKVCache.allocate(spec, B, max_seq, 32, device=dev, fill=1e4)
-    dec = MegakernelDecoder(sch, cubin, layout, w, cache, rope_inv_freq(spec))
+    dec = MegakernelDecoder(sch, cubin, layout, bind, cache, rope_inv_freq(spec))
     if os.environ.get("MK_SMOKE_SAMPLE") == "1":   # every row samples: top-k + top-p, 5 top log-probabilities
         from trtllm_mk.sampling import SamplingParams
         for b in range(B):
