@@ -4,14 +4,15 @@ Tasks are taken in template order (a topological order: head, then per layer QKV
 COMBINE, OPROJ, GATEUP, DOWN, then tail) and each goes to the SM where it would *finish* first
 (earliest finish time, HEFT without insertion). The finish estimate uses a per-SM state of the
 simulator's loader / consumer model (search/simulate.py), vectorized over SMs with numpy, with two
-simplifications: the ring space the loader waits for is estimated from the consumer's free time
-instead of the consumption history, and no task reuses a staged input (the predecessor on the SM is
-not known yet). tests/test_timing_models.py holds the two models to each other on every shipped
-config:
+simplifications: the ring space the loader waits for is estimated from the consumer's free time at
+the task's own rate, or from the last GEMV's consumption when the byte lies in it, and no task
+reuses a staged input (the predecessor on the SM is not known yet). tests/test_timing_models.py
+holds the two models to each other on every shipped config:
   consumer  start = max(consumer free, ready + sync) + pre; end >= start + math
   loader    may run one ring (C bytes) ahead of the consumer: the task's first min(W, C) bytes issue
-            at max(loader free + head / rate, consumer free - (C - head) / rate), the rest after the
-            consumer started the task; end >= last issue + latency + one slot's math.
+            at max(loader free + head / rate, consumer free - (C - head) / rate, when the last GEMV
+            consumed byte (bytes so far + head - C) if it did), the rest after the consumer started the
+            task; end >= last issue + latency + one slot's math.
 Because GEMV tiles of one kind are equal, "finishes first" balances each phase's bytes across SMs
 while letting the SMs that end a phase early take the attention work; the loader's run-ahead makes
 it prefer SMs whose ring is not yet full. Ties go to the SM first in a seeded permutation, so
@@ -31,11 +32,17 @@ from .cost import CostTable, TaskCost
 
 
 class _State:
-    """Per SM: when its consumer is free, and when its loader issued its last byte."""
+    """Per SM: when its consumer is free, when its loader issued its last byte, the ring bytes loaded
+    so far, and the last GEMV's bytes and consumption span (first byte, last byte: the simulator
+    interpolates between them)."""
 
     def __init__(self, nsm: int):
         self.cons = np.zeros(nsm)
         self.ld = np.zeros(nsm)
+        self.pos = np.zeros(nsm)
+        self.w = np.zeros(nsm)
+        self.f0 = np.zeros(nsm)
+        self.f1 = np.zeros(nsm)
 
 
 def _place(state: _State, c: TaskCost, ready: float, cal: Calibration, order: np.ndarray) -> tuple[int, float]:
@@ -45,7 +52,13 @@ def _place(state: _State, c: TaskCost, ready: float, cal: Calibration, order: np
     if c.gemv:
         ld = state.ld[order]
         head = min(c.weight, c.ring)
-        t_head = np.maximum(ld + head / c.rate, cons - (c.ring - head) / c.rate)
+        # when byte (pos + head - C) was consumed: the consumer's free time less the ring's remainder at
+        # this task's rate, and no earlier than the last GEMV's own consumption (the simulator's linear
+        # span from its first to its last byte) says, when the byte lies in that GEMV
+        back = c.ring - head
+        w, f0, f1 = state.w[order], state.f0[order], state.f1[order]
+        within = np.where((back <= w) & (state.pos[order] > back), f1 - back * (f1 - f0) / np.maximum(w, 1.0), 0.0)
+        t_head = np.maximum(np.maximum(ld + head / c.rate, cons - back / c.rate), within)
         cs = st + c.pre
         body = c.weight - head
         t_issue = np.maximum(t_head, cs) + body / c.rate if body > 0 else t_head
@@ -53,6 +66,10 @@ def _place(state: _State, c: TaskCost, ready: float, cal: Calibration, order: np
         j = int(np.argmin(end))
         s = int(order[j])
         state.ld[s] = t_issue[j] if body > 0 else t_head[j]
+        state.f0[s] = max(float(t_head[j]) - head / c.rate + cal.mem_latency_us, float(cs[j]))
+        state.f1[s] = float(end[j])
+        state.w[s] = c.weight
+        state.pos[s] += c.weight
     else:
         end = st + c.dur
         j = int(np.argmin(end))
