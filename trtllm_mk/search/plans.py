@@ -27,6 +27,7 @@ SLOT_SIZES = (4096, 8192, 12288, 16384, 24576, 32768, 49152, 65536)
 STAGES = (2, 3, 4, 6, 8, 12, 16)
 CONSUMER_WARPS = (4, 8)
 MIN_ATTN_CHUNK = 16      # tokens per KV split at the deployment context
+QUANTIZED_INFLIGHT = 4   # ring slots in flight for 4-bit weights (TilePlan.inflight_slots / inflight_chain)
 
 
 def _ceil(x: int, unit: int) -> int:
@@ -214,6 +215,10 @@ def initial_plan(spec: ModelSpec, batch: int, gpu: GpuSpec, num_sms: int, contex
                     down_rows=pick(wave_rows(spec.hidden_size, d_ks, num_sms, unit=u), 4), down_ksplit=d_ks,
                     lm_rows=pick(wave_rows(spec.vocab_size, 1, num_sms, max_waves=LM_MAX_WAVES), 8),
                     attn_splits=s, stages=2, slot_bytes=4096, consumer_warps=8)
+    if spec.quantized:
+        # the in-flight cap counts slots, and a 4-bit slot carries about a quarter of a bf16 slot's
+        # bytes: twice the slots keep as many bytes in flight (benchmarks/NOTES.md, v16)
+        plan = replace(plan, inflight_slots=QUANTIZED_INFLIGHT, inflight_chain=QUANTIZED_INFLIGHT)
     rings = ring_candidates(plan, spec, batch, gpu, slot_sizes)
     if not rings:
         raise ValueError(f"no tile plan fits {gpu.name}'s shared memory at batch {batch}")
