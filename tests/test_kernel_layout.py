@@ -167,3 +167,38 @@ def test_kernel_weights_round_trip():
     assert sum(t.numel() * t.element_size() for t in bind.values()) == spec.weight_bytes()
     with pytest.raises(ValueError, match="is not quantized, but the 4-bit kernel streams"):
         kernel_weights(spec, bf16)
+
+
+def test_packed_linear_applies_the_kernels_weights_without_a_copy():
+    """PackedW4Linear dequantizes exactly as the layout says, and the fused q/k/v / gate/up modules that
+    kernel_weights(..., packed_dense=True) gives the prefill read the bound codes' memory."""
+    from trtllm_mk.model.decoder_block import Decoder
+    from trtllm_mk.model.random_weights import random_weights
+    from trtllm_mk.quant.packed_linear import PackedW4Linear
+    spec = _tiny_spec(weight_bits=4, weight_group=64)
+    q = quantize_model(spec, random_weights(spec, seed=4), symmetric=False)
+    bind, dense = kernel_weights(spec, q)
+    pbind, packed = kernel_weights(spec, q, packed_dense=True)
+    name = "model.layers.1.mlp.down_proj.weight"
+    assert isinstance(packed[name], PackedW4Linear) and packed[name].shape == tuple(dense[name].shape)
+    assert torch.equal(packed[name].weight(), dense[name])
+    x = torch.randn(3, dense[name].shape[1], dtype=torch.bfloat16)
+    assert torch.equal(packed[name](x), torch.nn.functional.linear(x, dense[name]))
+    a = "model.layers.0.self_attn."
+    fused = PackedW4Linear.cat([packed[a + n + ".weight"] for n in ("q_proj", "k_proj", "v_proj")])
+    assert fused.packed.data_ptr() == pbind[a + "q_proj.weight"].data_ptr()      # rows of the bound tensor
+    assert torch.equal(fused.weight(), torch.cat([dense[a + n + ".weight"] for n in ("q_proj", "k_proj", "v_proj")]))
+    # a decoder on the packed modules computes what the decoder on the dequantized weights does
+    from trtllm_mk.model.decoder_block import rope_cos_sin
+    from trtllm_mk.model.rope import rope_inv_freq
+    ids = torch.tensor([[3, 1, 4, 1, 5]])
+    ref, got = Decoder(spec, dense), Decoder(spec, packed)
+    assert torch.equal(got.layers[0].wqkv.packed, fused.packed)
+    cos, sin = rope_cos_sin(torch.arange(5)[None], rope_inv_freq(spec), torch.float32)
+    group = spec.num_heads // spec.num_kv_heads
+
+    def attn(layer, q_, k_, v_):
+        k_, v_ = k_.repeat_interleave(group, 2), v_.repeat_interleave(group, 2)
+        return torch.nn.functional.scaled_dot_product_attention(
+            q_.transpose(1, 2), k_.transpose(1, 2), v_.transpose(1, 2), is_causal=True).transpose(1, 2)
+    assert torch.equal(got(ids, cos, sin, attn), ref(ids, cos, sin, attn))

@@ -111,7 +111,7 @@ def share_fused_storage(spec: ModelSpec, weights: dict[str, torch.Tensor]) -> di
     for i in range(spec.num_layers):
         for names in _fused_groups(spec, i):
             parts = [weights.get(n) for n in names]
-            if any(t is None or t.dtype != parts[0].dtype or t.device != parts[0].device
+            if any(not isinstance(t, torch.Tensor) or t.dtype != parts[0].dtype or t.device != parts[0].device
                    or t.shape[1:] != parts[0].shape[1:] for t in parts):
                 continue   # not plain row blocks of one kind (the decoder's own check names what is wrong)
             fused = concat_rows(parts)
@@ -143,6 +143,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor | nn.Module, bias: torch.Tensor
     return y if bias is None else y + bias
 
 
+def _weight(parts: Sequence[torch.Tensor | nn.Module], dtype: torch.dtype) -> nn.Parameter | nn.Module:
+    """One layer linear's weight from its row parts: tensors concatenated and converted to ``dtype``, or
+    modules holding their weight in another format, joined by their class's ``cat``."""
+    if isinstance(parts[0], nn.Module):
+        return parts[0] if len(parts) == 1 else type(parts[0]).cat(list(parts))
+    return _param(concat_rows(parts).to(dtype))
+
+
 def _param(t: torch.Tensor) -> nn.Parameter:
     # Parameters (not plain attributes) so torch.compile / cudagraph trees treat them as static inputs.
     return nn.Parameter(t, requires_grad=False)
@@ -160,19 +168,19 @@ class DecoderBlock(nn.Module):
         a, m = p + "self_attn.", p + "mlp."
         self.attention_norm = _param(weights[p + "input_layernorm.weight"].to(dtype))
         # concatenated in the checkpoint's dtype, then converted: one copy, no converted temporaries
-        self.wqkv = _param(concat_rows([weights[a + n + ".weight"] for n in QKV]).to(dtype))
+        self.wqkv = _weight([weights[a + n + ".weight"] for n in QKV], dtype)
         self.bqkv = _param(concat_rows([weights[a + n + ".bias"] for n in QKV]).to(dtype)) if spec.qkv_bias else None
         self.q_norm = _param(weights[a + "q_norm.weight"].to(dtype)) if spec.qk_norm else None
         self.k_norm = _param(weights[a + "k_norm.weight"].to(dtype)) if spec.qk_norm else None
-        self.wo = _param(weights[a + "o_proj.weight"].to(dtype))
+        self.wo = _weight([weights[a + "o_proj.weight"]], dtype)
         self.ffn_norm = _param(weights[p + "post_attention_layernorm.weight"].to(dtype))
         if spec.is_moe_layer(layer):
             self.moe = MoeMlp(spec, weights, layer, dtype)
             self.w_gate_up = self.w_down = None
         else:
             self.moe = None
-            self.w_gate_up = _param(concat_rows([weights[m + n + ".weight"] for n in GATE_UP]).to(dtype))
-            self.w_down = _param(weights[m + "down_proj.weight"].to(dtype))
+            self.w_gate_up = _weight([weights[m + n + ".weight"] for n in GATE_UP], dtype)
+            self.w_down = _weight([weights[m + "down_proj.weight"]], dtype)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention: Attention,
                 stage: Stage | None = None) -> torch.Tensor:

@@ -249,26 +249,37 @@ def kernel_tensors(spec) -> dict[str, tuple[tuple[int, ...], "torch.dtype"]]:
     return out
 
 
-def kernel_weights(spec, weights: dict) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+def kernel_weights(spec, weights: dict, packed_dense: bool = False) -> tuple[dict[str, torch.Tensor], dict]:
     """(what the megakernel binds, what the reference / prefill computes with) from a checkpoint's
     weights (``quant.loader.load_quantized``: IntLinear for quantized layers, tensors for the rest).
     The second dict holds every weight as the kernel computes with it (``kernel_dequantize``), in
-    bf16; a quantized LM head is dequantized for both (the kernel streams it in bf16)."""
+    bf16; a quantized LM head is dequantized for both (the kernel streams it in bf16).
+    ``packed_dense``: the second dict holds each packed layer linear as a ``PackedW4Linear`` over the
+    bound tensors instead (no bf16 copy; it dequantizes when applied)."""
+    from .packed_linear import PackedW4Linear
     bind, dense = {}, {}
     for name, shape in spec.expected_tensors().items():
         v = weights[name]
         if isinstance(v, IntLinear):
-            dense[name] = kernel_dequantize(v)
             if spec.quantized and is_layer_linear(name, shape):
                 p, sz = pack(v, spec.weight_group, tile_cols(spec))
                 bind[name], bind[name + SCALE_SUFFIX] = p, sz
+                dense[name] = None if packed_dense else kernel_dequantize(v)
             else:
-                bind[name] = dense[name]
+                bind[name] = dense[name] = kernel_dequantize(v)
         else:
             if spec.quantized and is_layer_linear(name, shape):
                 raise ValueError(f"{name} is not quantized, but the {spec.weight_bits}-bit kernel streams every "
                                  "decoder layer's linear weights quantized")
             bind[name] = dense[name] = v
+    if packed_dense:
+        # q/k/v and gate/up codes as rows of one tensor each, so the prefill's fused layers read the
+        # megakernel's very memory (PackedW4Linear.cat joins adjacent rows without a copy)
+        from ..model.decoder_block import share_fused_storage
+        bind = share_fused_storage(spec, bind)
+        for name in dense:
+            if dense[name] is None:
+                dense[name] = PackedW4Linear(bind[name], bind[name + SCALE_SUFFIX], spec.weight_group)
     return bind, dense
 
 

@@ -105,14 +105,16 @@ def _load_engine_weights(spec, weights: str | Path | dict, device: str, seed: in
     """(dense, bound): what prefill and the CPU executor compute with, and what the megakernel binds.
     A bf16 engine binds the dense dict itself. A 4-bit engine (``spec.quantized``) binds each layer
     linear in the kernel layout (``quant.kernel_layout.kernel_tensors``), and the dense dict holds the
-    very bf16 weights the kernel computes with from it, so prefill and decode run one model."""
+    very bf16 weights the kernel computes with from it, so prefill and decode run one model; on the
+    GPU as ``PackedW4Linear`` modules over the bound tensors, which dequantize one layer at a time (no
+    bf16 copy of the layer weights beside the packed ones)."""
     if not spec.quantized:
         w = _load_bf16(spec, weights, device, seed)
         return w, w
     from ..quant.kernel_layout import kernel_weights, quantize_model
     if isinstance(weights, dict):
         if any(k.endswith(SCALE_SUFFIX) for k in weights):
-            return _dense_from_bound(spec, weights), weights
+            return _dense_from_bound(spec, weights, packed=device != "cpu"), weights
         loaded = weights
     elif str(weights) == "random":
         from ..model.random_weights import random_weights
@@ -120,7 +122,7 @@ def _load_engine_weights(spec, weights: str | Path | dict, device: str, seed: in
     else:
         loaded = _load_quantized(spec, weights, device)
     try:
-        bound, dense = kernel_weights(spec, loaded)
+        bound, dense = kernel_weights(spec, loaded, packed_dense=device != "cpu")
     except ValueError as e:
         where = "weights" if isinstance(weights, dict) else str(weights)
         raise UserError(f"{where}: cannot be laid out for this engine's {_format(spec)} kernel: {e}") from None
@@ -146,11 +148,13 @@ def _load_quantized(spec, path: str | Path, device: str) -> dict:
     return load_quantized(path, spec, scheme, device=device)
 
 
-def _dense_from_bound(spec, bound: dict) -> dict:
+def _dense_from_bound(spec, bound: dict, packed: bool = False) -> dict:
     """The bf16 weights of a dict already in the kernel layout (codes under the weight's name, scale
-    words under ``name + SCALE_SUFFIX``)."""
+    words under ``name + SCALE_SUFFIX``); ``packed``: as ``PackedW4Linear`` modules over them."""
     from ..quant.kernel_layout import dequantize
-    return {name: dequantize(bound[name], bound[name + SCALE_SUFFIX], spec.weight_group)
+    from ..quant.packed_linear import PackedW4Linear
+    make = PackedW4Linear if packed else dequantize
+    return {name: make(bound[name], bound[name + SCALE_SUFFIX], spec.weight_group)
             if name + SCALE_SUFFIX in bound else bound[name] for name in spec.expected_tensors()}
 
 
@@ -199,16 +203,17 @@ class HybridEngine:
         self.weights_source = "tensors" if isinstance(weights, dict) else str(weights)
         self.weights_dir = None if self.weights_source in ("tensors", "random") else Path(weights)
         dense, bound = _load_engine_weights(self.spec, weights, self.device, seed)
+        tensor = lambda v: isinstance(v, torch.Tensor)   # noqa: E731 (4-bit engines: modules for layer linears)
         if simulate:  # the CPU executor computes in fp32 from bf16-valued weights
-            dense = {k: v.float() if v.dtype == torch.bfloat16 else v for k, v in dense.items()}
+            dense = {k: v.float() if tensor(v) and v.dtype == torch.bfloat16 else v for k, v in dense.items()}
         else:
-            dense = {k: v.to(torch.bfloat16) if v.dtype in (torch.float16, torch.float32) else v
+            dense = {k: v.to(torch.bfloat16) if tensor(v) and v.dtype in (torch.float16, torch.float32) else v
                      for k, v in dense.items()}
         # The torch prefill's fused q/k/v and gate/up matrices are then the very memory the decoder
         # reads by name: one copy of the weights on the GPU, as the memory budget assumes.
         self.weights = share_fused_storage(self.spec, dense)
         # What the megakernel binds: the same tensors, but a 4-bit engine's packed layer linears and
-        # their scale words (its torch prefill then holds the dequantized bf16 copy beside them).
+        # their scale words (which its torch prefill's PackedW4Linear modules read too).
         self.decode_weights = self.weights if not self.spec.quantized else {
             k: v if v.dtype in (torch.uint8, torch.int32) else self.weights[k] for k, v in bound.items()}
         kv_dtype = torch.float32 if simulate else torch.bfloat16
