@@ -197,6 +197,15 @@ def wide_ring_plan(spec: ModelSpec, batch: int, gpu: GpuSpec, num_sms: int, cont
     return largest_ring(p, spec, batch, gpu, slot_sizes=slot_sizes)
 
 
+def with_weight_inflight(spec: ModelSpec, plan: TilePlan) -> TilePlan:
+    """``plan`` with the ring slots in flight its weight format wants: the cap counts slots, and a
+    4-bit slot carries about a quarter of a bf16 slot's bytes, so quantized weights keep twice the
+    slots in flight (benchmarks/NOTES.md, v16). The search does not vary these fields."""
+    if not spec.quantized:
+        return plan
+    return replace(plan, inflight_slots=QUANTIZED_INFLIGHT, inflight_chain=QUANTIZED_INFLIGHT)
+
+
 def initial_plan(spec: ModelSpec, batch: int, gpu: GpuSpec, num_sms: int, context_len: int,
                  slot_sizes: tuple[int, ...] = SLOT_SIZES) -> TilePlan:
     """About four tasks per SM per GEMV kind, enough KV splits to give attention half the SMs, and
@@ -215,10 +224,7 @@ def initial_plan(spec: ModelSpec, batch: int, gpu: GpuSpec, num_sms: int, contex
                     down_rows=pick(wave_rows(spec.hidden_size, d_ks, num_sms, unit=u), 4), down_ksplit=d_ks,
                     lm_rows=pick(wave_rows(spec.vocab_size, 1, num_sms, max_waves=LM_MAX_WAVES), 8),
                     attn_splits=s, stages=2, slot_bytes=4096, consumer_warps=8)
-    if spec.quantized:
-        # the in-flight cap counts slots, and a 4-bit slot carries about a quarter of a bf16 slot's
-        # bytes: twice the slots keep as many bytes in flight (benchmarks/NOTES.md, v16)
-        plan = replace(plan, inflight_slots=QUANTIZED_INFLIGHT, inflight_chain=QUANTIZED_INFLIGHT)
+    plan = with_weight_inflight(spec, plan)
     rings = ring_candidates(plan, spec, batch, gpu, slot_sizes)
     if not rings:
         raise ValueError(f"no tile plan fits {gpu.name}'s shared memory at batch {batch}")

@@ -38,7 +38,7 @@ from .calibration import Calibration, load_calibration
 from .improve import improve
 from .naive import naive_plan, naive_programs
 from .planeval import SIM_LAYERS, Evaluator, better, descend, least_smem, trim
-from .plans import SLOT_SIZES, initial_plan, wide_ring_plan
+from .plans import SLOT_SIZES, initial_plan, wide_ring_plan, with_weight_inflight
 from .simulate import SimResult, Simulator
 from .smemref import compare, search_families, trim_at_references
 
@@ -140,7 +140,8 @@ def search_candidates(spec: ModelSpec, batch: int, gpu: GpuSpec, context_len: in
     # from the better of the heuristic initial plan and the naive plan (list-scheduled, no barriers),
     # so the searched schedule never starts behind the baseline it must beat (unless the naive plan's
     # slots are ones the calibration rules out).
-    starts = [initial_plan(spec, batch, gpu, nsm, context_len, slots)] + ([nplan] if nplan.slot_bytes in slots else [])
+    starts = [initial_plan(spec, batch, gpu, nsm, context_len, slots)] + (
+        [with_weight_inflight(spec, nplan)] if nplan.slot_bytes in slots else [])
     start = min((ev(p) for p in starts), key=lambda e: e.step_us).plan
     best, stats.sweeps = descend(ev, start, w_plans, tick=lambda: report("plans", ev.work))
     # a second descent from the wide-ring start, on a budget share of its own; the better one goes on
