@@ -1,7 +1,7 @@
-"""A linear layer that keeps its weight in the megakernel's 4-bit layout and dequantizes it per call.
+"""Linear layers that keep their weight in the megakernel's 4-bit or FP8 layout and dequantize it per call.
 
-The torch prefill of a 4-bit engine computes with exactly the weights the megakernel decodes with
-(``kernel_layout.dequantize``). Holding them dequantized would keep a bf16 copy of every layer linear
+The torch prefill of a quantized engine computes with exactly the weights the megakernel decodes with
+(``kernel_layout.dequantize``, ``dequantize_fp8``). Holding them dequantized would keep a bf16 copy of every layer linear
 beside the packed one (about 15 GB for an 8B model); this module holds only the packed codes and scale
 words the megakernel binds (the same tensors) and dequantizes one matrix at a time, when the prefill
 reaches its layer. A layer's q/k/v (and gate/up) concatenate block by block (``cat``), since the
@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .kernel_layout import BLOCK_ORDER, CHUNK, COLS_PER_BLOCK, CODE_BIAS, ROWS_PER_BLOCK, swizzle
+from .kernel_layout import (BITS, BLOCK_ORDER, BLOCK_ORDER8, COLS_PER_BLOCK, CODE_BIAS, FP8_BITS, FP8_COLS_PER_CHUNK,
+                            FP8_SCALE_SHIFT, swizzle)
 
 
 class PackedW4Linear(nn.Module):
@@ -67,4 +68,59 @@ class PackedW4Linear(nn.Module):
         return F.linear(x, self.weight(x.dtype))
 
 
-__all__ = ["PackedW4Linear"]
+class PackedFp8Linear(nn.Module):
+    """``y = x @ W.T`` for FP8 ``W`` in the kernel layout (``packed`` uint8 e4m3 tiles ``[out/16, in/T, 16, T]``,
+    ``sz`` int32 scale words ``[out/16, in/T, 16]``)."""
+
+    def __init__(self, packed: torch.Tensor, sz: torch.Tensor):
+        super().__init__()
+        self.register_buffer("packed", packed, persistent=False)
+        self.register_buffer("sz", sz, persistent=False)
+        nblk, ntile, rows, tile = packed.shape
+        self.group = tile
+        self.out_features, self.in_features = nblk * rows, ntile * tile
+        # gather indices from a stored tile row's bytes to column order
+        ck = FP8_COLS_PER_CHUNK
+        chunk_at = swizzle(tile, FP8_BITS)                                   # [16, tile / 16]
+        inv_block = torch.argsort(BLOCK_ORDER8)                              # column -> byte in its chunk
+        col = torch.arange(tile)
+        pos = chunk_at[:, col // ck] * ck + inv_block[col % ck]             # [16, tile]
+        self.register_buffer("_gather", pos.to(packed.device), persistent=False)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """The weight's shape, ``[out, in]`` (as a weight tensor's, for shape checks)."""
+        return (self.out_features, self.in_features)
+
+    @classmethod
+    def cat(cls, parts: list["PackedFp8Linear"]) -> "PackedFp8Linear":
+        """The rows of ``parts`` in order, as one layer (one copy of their packed tensors)."""
+        if len({p.in_features for p in parts}) != 1 or len({p.group for p in parts}) != 1:
+            raise ValueError("FP8 linears concatenate only with the same input size and tile")
+        from ..model.decoder_block import concat_rows
+        return cls(concat_rows([p.packed for p in parts]), torch.cat([p.sz for p in parts]))
+
+    def weight(self, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        """``W [out, in]`` as the kernel computes with it: ``bf16(float(code) * float(bf16(scale)))``."""
+        nblk, ntile, rows, tile = self.packed.shape
+        p = self.packed
+        codes = torch.gather(p, 3, self._gather.view(1, 1, rows, -1).expand(nblk, ntile, rows, -1))
+        codes = codes.permute(0, 2, 1, 3).reshape(self.out_features, self.in_features)
+        w = self.sz.transpose(1, 2).reshape(self.out_features, -1)         # [out, tiles]
+        # bf16(scale) * 2**120 as fp32 bits, then the power of two taken off (exact: the scale is normal)
+        scale = ((w & 0xFFFF) << 16).view(torch.float32) * 2.0 ** -FP8_SCALE_SHIFT
+        g = torch.arange(self.in_features, device=p.device) // tile
+        return (codes.view(torch.float8_e4m3fn).float() * scale[:, g]).to(torch.bfloat16).to(dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight(x.dtype))
+
+
+def packed_linear(packed: torch.Tensor, sz: torch.Tensor, group: int, bits: int = BITS) -> nn.Module:
+    """The module over one matrix in the kernel layout of ``bits`` (4 or 8, FP8)."""
+    if bits == FP8_BITS:
+        return PackedFp8Linear(packed, sz)
+    return PackedW4Linear(packed, sz, group)
+
+
+__all__ = ["PackedFp8Linear", "PackedW4Linear", "packed_linear"]

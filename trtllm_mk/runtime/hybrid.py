@@ -20,8 +20,8 @@ run per host round trip. Only a slot asking for log-probabilities makes a round 
 are read back after each step). ``simulate=True`` runs the decode steps on the CPU task-graph
 executor instead (machines without a GPU; same schedule, same semantics, far slower).
 
-A 4-bit engine (W4A16, ``ModelSpec.weight_bits`` 4) loads its checkpoint's packed layers
-(``quant.load_quantized``; ``--weights random`` quantizes random weights) and the megakernel binds them
+A quantized engine (``ModelSpec.weight_bits`` 4: W4A16; 8: FP8 e4m3) loads its checkpoint's packed
+layers (``quant.load_quantized``; ``--weights random`` quantizes random weights) and the megakernel binds them
 in its own layout (``quant.kernel_layout``); prefill and the CPU executor compute with the same weights
 dequantized to bf16 exactly as the kernel dequantizes them, so every token comes from one model.
 """
@@ -103,11 +103,11 @@ def _load_weights(spec, weights: str | Path | dict, device: str, seed: int) -> d
 
 def _load_engine_weights(spec, weights: str | Path | dict, device: str, seed: int) -> tuple[dict, dict]:
     """(dense, bound): what prefill and the CPU executor compute with, and what the megakernel binds.
-    A bf16 engine binds the dense dict itself. A 4-bit engine (``spec.quantized``) binds each layer
-    linear in the kernel layout (``quant.kernel_layout.kernel_tensors``), and the dense dict holds the
-    very bf16 weights the kernel computes with from it, so prefill and decode run one model; on the
-    GPU as ``PackedW4Linear`` modules over the bound tensors, which dequantize one layer at a time (no
-    bf16 copy of the layer weights beside the packed ones)."""
+    A bf16 engine binds the dense dict itself. A quantized engine (``spec.quantized``: 4-bit or FP8)
+    binds each layer linear in the kernel layout (``quant.kernel_layout.kernel_tensors``), and the
+    dense dict holds the very bf16 weights the kernel computes with from it, so prefill and decode run
+    one model; on the GPU as ``PackedW4Linear`` / ``PackedFp8Linear`` modules over the bound tensors,
+    which dequantize one layer at a time (no bf16 copy of the layer weights beside the packed ones)."""
     if not spec.quantized:
         w = _load_bf16(spec, weights, device, seed)
         return w, w
@@ -135,7 +135,7 @@ def _format(spec) -> str:
 
 
 def _load_quantized(spec, path: str | Path, device: str) -> dict:
-    """A 4-bit checkpoint's layers as the loader reads them (packed objects and plain tensors)."""
+    """A quantized checkpoint's layers as the loader reads them (IntLinear / Fp8Linear and plain tensors)."""
     from ..quant import load_quantized, read_scheme
     from ..quant.kernel_support import unsupported_reason
     scheme = read_scheme(path)
@@ -150,11 +150,12 @@ def _load_quantized(spec, path: str | Path, device: str) -> dict:
 
 def _dense_from_bound(spec, bound: dict, packed: bool = False) -> dict:
     """The bf16 weights of a dict already in the kernel layout (codes under the weight's name, scale
-    words under ``name + SCALE_SUFFIX``); ``packed``: as ``PackedW4Linear`` modules over them."""
+    words under ``name + SCALE_SUFFIX``); ``packed``: as ``PackedW4Linear`` / ``PackedFp8Linear`` modules
+    over them."""
     from ..quant.kernel_layout import dequantize
-    from ..quant.packed_linear import PackedW4Linear
-    make = PackedW4Linear if packed else dequantize
-    return {name: make(bound[name], bound[name + SCALE_SUFFIX], spec.weight_group)
+    from ..quant.packed_linear import packed_linear
+    make = packed_linear if packed else dequantize
+    return {name: make(bound[name], bound[name + SCALE_SUFFIX], spec.weight_group, bits=spec.weight_bits)
             if name + SCALE_SUFFIX in bound else bound[name] for name in spec.expected_tensors()}
 
 
@@ -203,7 +204,7 @@ class HybridEngine:
         self.weights_source = "tensors" if isinstance(weights, dict) else str(weights)
         self.weights_dir = None if self.weights_source in ("tensors", "random") else Path(weights)
         dense, bound = _load_engine_weights(self.spec, weights, self.device, seed)
-        tensor = lambda v: isinstance(v, torch.Tensor)   # noqa: E731 (4-bit engines: modules for layer linears)
+        tensor = lambda v: isinstance(v, torch.Tensor)   # noqa: E731 (quantized engines: modules for layer linears)
         if simulate:  # the CPU executor computes in fp32 from bf16-valued weights
             dense = {k: v.float() if tensor(v) and v.dtype == torch.bfloat16 else v for k, v in dense.items()}
         else:
@@ -212,8 +213,8 @@ class HybridEngine:
         # The torch prefill's fused q/k/v and gate/up matrices are then the very memory the decoder
         # reads by name: one copy of the weights on the GPU, as the memory budget assumes.
         self.weights = share_fused_storage(self.spec, dense)
-        # What the megakernel binds: the same tensors, but a 4-bit engine's packed layer linears and
-        # their scale words (which its torch prefill's PackedW4Linear modules read too).
+        # What the megakernel binds: the same tensors, but a quantized engine's packed layer linears and
+        # their scale words (which its torch prefill's packed modules read too).
         self.decode_weights = self.weights if not self.spec.quantized else {
             k: v if v.dtype in (torch.uint8, torch.int32) else self.weights[k] for k, v in bound.items()}
         kv_dtype = torch.float32 if simulate else torch.bfloat16
