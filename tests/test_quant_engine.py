@@ -1,8 +1,10 @@
-"""4-bit checkpoints as engines: a tiny Llama written by transformers, quantized by our own quantize
+"""Quantized checkpoints as engines: a tiny Llama written by transformers, quantized by our own quantize
 command, built by the build command (search, nvcc) into a W4A16 engine whose report counts the
 quantized bytes, and decoded on the CPU executor (``run --simulate``) exactly as the reference decoder
-decodes the weights the kernel computes with. What the kernel does not implement (8-bit, FP8,
-activation order, layouts it cannot take) is refused in one line, before any work."""
+decodes the weights the kernel computes with. FP8 checkpoints (ModelOpt, compressed-tensors) configure
+an FP8 engine (``weight_bits`` 8) and load in its layout. What the kernel does not implement (8-bit
+integers, FP8 block scales, activation order, layouts it cannot take) is refused in one line, before
+any work."""
 from __future__ import annotations
 
 import contextlib
@@ -22,8 +24,8 @@ from trtllm_mk.config import load_config
 from trtllm_mk.errors import ConfigError, UserError, run_cli
 from trtllm_mk.kv_cache import PagedKVCache
 from trtllm_mk.model.spec import load_spec
-from trtllm_mk.quant import IntLinear, load_quantized, read_scheme
-from trtllm_mk.quant.kernel_layout import W4Layout, dequantize, is_layer_linear, kernel_dequantize
+from trtllm_mk.quant import Fp8Linear, IntLinear, load_quantized, read_scheme
+from trtllm_mk.quant.kernel_layout import dequantize, is_layer_linear, kernel_dequantize, layout_of
 from trtllm_mk.quant.kernel_support import UnsupportedQuantization, kernel_group, quantized_spec
 from trtllm_mk.reference import ReferenceDecoder
 
@@ -33,11 +35,17 @@ _SHAPES = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_
                num_key_value_heads=2, head_dim=32, vocab_size=512, max_position_embeddings=1024,
                bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
 
-# (quantize arguments, the engine's group)
+# (quantize arguments, the engine's weight bits and group, its weight format in reports)
 FORMATS = {
-    "gptq": (["--format", "gptq"], 128),
-    "awq": (["--format", "awq", "--group-size", "64"], 64),
-    "ct-per-channel": (["--format", "ct-w4a16", "--zero-point", "--group-size", "-1"], 128),
+    "gptq": (["--format", "gptq"], 4, 128, "W4A16 (group 128)"),
+    "awq": (["--format", "awq", "--group-size", "64"], 4, 64, "W4A16 (group 64)"),
+    "ct-per-channel": (["--format", "ct-w4a16", "--zero-point", "--group-size", "-1"], 4, 128, "W4A16 (group 128)"),
+}
+# FP8 checkpoints: one scale word per row and 256-column tile (tile_cols of this model)
+FP8_FORMATS = {
+    "fp8": (["--format", "fp8"], 8, 256, "FP8 (e4m3, per-channel scales)"),
+    "ct-fp8": (["--format", "ct-fp8"], 8, 256, "FP8 (e4m3, per-channel scales)"),
+    "ct-fp8-per-tensor": (["--format", "ct-fp8", "--per-tensor"], 8, 256, "FP8 (e4m3, per-channel scales)"),
 }
 
 
@@ -79,7 +87,7 @@ def _cli_error(capsys, main, argv) -> str:
 def built(request, tmp_path_factory, source):
     """(format, checkpoint, engine dir, build stdout) of a 4-bit engine built by the build command."""
     from trtllm_mk.cli.build import main
-    args, _ = FORMATS[request.param]
+    args = FORMATS[request.param][0]
     d = tmp_path_factory.mktemp(request.param)
     ckpt = _quantize(source, d / "ckpt", *args)
     buf = io.StringIO()
@@ -89,9 +97,10 @@ def built(request, tmp_path_factory, source):
 
 
 def _kernel_weights_of(ckpt: Path) -> dict[str, torch.Tensor]:
-    """The checkpoint as the kernel computes with it, fp32: 4-bit layers through kernel_dequantize."""
+    """The checkpoint as the kernel computes with it, fp32: quantized layers through kernel_dequantize
+    (``kernel_dequantize_fp8`` for FP8 ones)."""
     spec = load_spec(ckpt)
-    return {k: (kernel_dequantize(v) if isinstance(v, IntLinear) else v).float()
+    return {k: (kernel_dequantize(v) if isinstance(v, (IntLinear, Fp8Linear)) else v).float()
             for k, v in load_quantized(ckpt, spec, read_scheme(ckpt)).items()}
 
 
@@ -103,16 +112,16 @@ def _reference_tokens(spec, weights: dict, n: int) -> list[int]:
 
 def test_the_build_reports_the_quantized_bytes(built):
     fmt, ckpt, engine, out = built
-    group = FORMATS[fmt][1]
+    _, bits, group, wf = FORMATS[fmt]
     rep = json.loads((engine / "report.json").read_text())
-    assert rep["weight_format"] == f"W4A16 (group {group})"
-    assert f"| decoder layer weights | W4A16 (group {group}) |" in (engine / "report.md").read_text()
-    assert re.search(rf"weights streamed +\S+ MB per step, W4A16 \(group {group}\)", out), out
-    assert "W4A16 (group" in out.split("searching")[0]          # the deployment summary names it too
+    assert rep["weight_format"] == wf
+    assert f"| decoder layer weights | {wf} |" in (engine / "report.md").read_text()
+    assert re.search(rf"weights streamed +\S+ MB per step, {re.escape(wf)}", out), out
+    assert wf in out.split("searching")[0]          # the deployment summary names it too
     sched = json.loads((engine / "schedule.json").read_text())
-    assert (sched["spec"]["weight_bits"], sched["spec"]["weight_group"]) == (4, group)
+    assert (sched["spec"]["weight_bits"], sched["spec"]["weight_group"]) == (bits, group)
     kj = json.loads((engine / "kernel.json").read_text())
-    assert (kj["weight_bits"], kj["weight_group"]) == (4, group)
+    assert (kj["weight_bits"], kj["weight_group"]) == (bits, group)
     # the step streams each layer linear as codes + scale words instead of bf16: the bf16 graph's
     # bytes minus exactly that saving
     from trtllm_mk.engine import EngineDir
@@ -120,7 +129,7 @@ def test_the_build_reports_the_quantized_bytes(built):
     spec = EngineDir.open(engine).schedule.spec
     bf16 = dataclasses.replace(spec, weight_bits=16, weight_group=0)
     plan = EngineDir.open(engine).schedule.plan
-    saving = sum(2 * s[0] * s[1] - W4Layout(s[0], s[1], group).nbytes
+    saving = sum(2 * s[0] * s[1] - layout_of(spec, s).nbytes
                  for n, s in spec.expected_tensors().items() if is_layer_linear(n, s))
     assert rep["weight_bytes_per_step"] == build_step_graph(bf16, 1, plan).weight_bytes() - saving
     assert rep["floor_us"] > 0
@@ -140,7 +149,7 @@ def test_run_simulate_decodes_as_the_reference_on_the_kernels_weights(built, cap
 def test_the_engine_binds_the_kernel_layout_and_prefills_on_its_weights(built):
     fmt, ckpt, engine, _ = built
     from trtllm_mk.runtime.hybrid import HybridEngine
-    group = FORMATS[fmt][1]
+    bits, group = FORMATS[fmt][1:3]
     eng = HybridEngine(engine, simulate=True)
     try:
         want = _kernel_weights_of(ckpt)
@@ -151,14 +160,16 @@ def test_the_engine_binds_the_kernel_layout_and_prefills_on_its_weights(built):
             if is_layer_linear(name, shape):
                 packed, sz = eng.decode_weights[name], eng.decode_weights[name + "_sz"]
                 assert packed.dtype == torch.uint8 and sz.dtype == torch.int32
-                assert torch.equal(dequantize(packed, sz, group).float(), eng.weights[name]), name
+                assert torch.equal(dequantize(packed, sz, group, bits=bits).float(), eng.weights[name]), name
                 n += 1
         assert n == 14
-        # fp16 scales (GPTQ, AWQ) are rounded to bf16 first, as the kernel does, which changes some weights
-        # against the checkpoint's own value rounded once; bf16 scales (compressed-tensors) change nothing
+        # fp16 / fp32 scales (GPTQ, AWQ, ModelOpt FP8) are rounded to bf16 first, as the kernel does, which
+        # changes some weights against the checkpoint's own value rounded once; bf16 scales
+        # (compressed-tensors, stored bf16 by our quantize) change nothing
         lin = layers["model.layers.0.mlp.down_proj.weight"]
+        scales = lin.scale if isinstance(lin, Fp8Linear) else lin.scales
         same = torch.equal(kernel_dequantize(lin), lin.dequantize(torch.bfloat16))
-        assert same == (lin.scales.dtype == torch.bfloat16), lin.scales.dtype
+        assert same == torch.equal(scales.to(torch.bfloat16).to(scales.dtype), scales), scales.dtype
     finally:
         eng.close()
 
@@ -196,14 +207,12 @@ def _desc_act(tmp_path: Path, ckpt: Path) -> Path:
 
 @pytest.mark.parametrize("case,message", [
     ("w8", r"8-bit integer weights \(W8A16\) are not implemented in the megakernel .*requantize with --bits 4"),
-    ("fp8", r"FP8 weights are not implemented in the megakernel"),
     ("desc_act", r"activation-order groups \(desc_act / g_idx\) are not implemented in the megakernel .*requantize "
                  r"with desc_act false"),
 ])
 def test_what_the_kernel_does_not_implement_is_refused_in_one_line(tmp_path, capsys, source, case, message):
     from trtllm_mk.cli.build import main
-    args = {"w8": ["--format", "gptq", "--bits", "8"], "fp8": ["--format", "ct-fp8"],
-            "desc_act": ["--format", "gptq", "--group-size", "32"]}[case]
+    args = {"w8": ["--format", "gptq", "--bits", "8"], "desc_act": ["--format", "gptq", "--group-size", "32"]}[case]
     ckpt = _quantize(source, tmp_path / case, *args)
     if case == "desc_act":
         ckpt = _desc_act(tmp_path, ckpt)
@@ -277,18 +286,152 @@ def test_describe_counts_the_kernels_bytes():
     assert spec.decode_weight_bytes() < dataclasses.replace(spec, weight_bits=16, weight_group=0).decode_weight_bytes() / 2
 
 
+# --------------------------------------------------------------------------------------------- FP8
+
+@pytest.mark.parametrize("fmt", list(FP8_FORMATS))
+def test_fp8_checkpoints_configure_an_fp8_engine(tmp_path, source, capsys, fmt):
+    """ModelOpt and compressed-tensors FP8 checkpoints (per-channel, per-tensor) give a spec with
+    weight_bits 8 and the tile as group; the deployment summary names the format and counts its bytes.
+    (The build's kernel compiles with the FP8 GEMV kinds: test_a_quantized_checkpoint_decodes_... on a GPU.)"""
+    from trtllm_mk.cli.build import main
+    from trtllm_mk.quant.kernel_layout import Fp8Layout, kernel_tensors, tile_cols
+    from trtllm_mk.quant.kernel_support import weight_format
+    args, bits, group, wf = FP8_FORMATS[fmt]
+    ckpt = _quantize(source, tmp_path / "ckpt", *args)
+    cfg = load_config(_yaml(tmp_path, ckpt))
+    spec = cfg.model_spec
+    assert (spec.weight_bits, spec.weight_group) == (bits, group) == (8, tile_cols(spec))
+    assert cfg.quant_scheme.weight_type == "fp8" and weight_format(spec) == wf
+    lin_bytes = 0
+    for name, (shape, dtype) in kernel_tensors(spec).items():
+        if name.endswith("_sz"):
+            w = load_spec(ckpt).expected_tensors()[name[:-3]]
+            assert shape == Fp8Layout(w[0], w[1], group).sz_shape and dtype == torch.int32
+            assert kernel_tensors(spec)[name[:-3]] == (Fp8Layout(w[0], w[1], group).packed_shape, torch.uint8)
+            lin_bytes += Fp8Layout(w[0], w[1], group).nbytes
+    assert lin_bytes == sum(w[0] * w[1] + 4 * w[0] * (w[1] // group)
+                            for n, w in spec.expected_tensors().items() if is_layer_linear(n, w))
+    capsys.readouterr()
+    assert main(["--config", str(_yaml(tmp_path, ckpt)), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(rf"weights +\S+ MB {re.escape(wf)}", out), out
+    assert not (tmp_path / "engine").exists()
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "ct-fp8-per-tensor"])
+def test_an_fp8_engine_loads_its_checkpoint_in_the_kernel_layout(tmp_path, source, fmt):
+    """What an FP8 engine binds is the checkpoint in the FP8 layout, and what its prefill and CPU
+    executor compute with is kernel_dequantize_fp8 of the checkpoint's layers, bit for bit; on the GPU
+    path the prefill gets PackedFp8Linear modules over the bound tensors."""
+    from trtllm_mk.quant.kernel_layout import dequantize_fp8, kernel_dequantize_fp8, kernel_tensors
+    from trtllm_mk.quant.packed_linear import PackedFp8Linear
+    from trtllm_mk.runtime.hybrid import _dense_from_bound, _load_engine_weights
+    ckpt = _quantize(source, tmp_path / "ckpt", *FP8_FORMATS[fmt][0])
+    spec = load_config(_yaml(tmp_path, ckpt)).model_spec
+    dense, bound = _load_engine_weights(spec, ckpt, "cpu", 0)
+    layers = load_quantized(ckpt, load_spec(ckpt), read_scheme(ckpt))
+    assert {k: (tuple(v.shape), v.dtype) for k, v in bound.items()} == kernel_tensors(spec)
+    n = 0
+    for name, shape in spec.expected_tensors().items():
+        if is_layer_linear(name, shape):
+            lin = layers[name]
+            assert isinstance(lin, Fp8Linear) and lin.per_channel == (fmt == "fp8")
+            assert torch.equal(dense[name], kernel_dequantize_fp8(lin)), name
+            assert torch.equal(dequantize_fp8(bound[name], bound[name + "_sz"]), dense[name]), name
+            n += 1
+        else:
+            assert torch.equal(dense[name], layers[name]), name
+    assert n == 14
+    mods = _dense_from_bound(spec, bound, packed=True)
+    name = "model.layers.1.self_attn.o_proj.weight"
+    assert isinstance(mods[name], PackedFp8Linear) and torch.equal(mods[name].weight(), dense[name])
+    assert torch.equal(_dense_from_bound(spec, bound)[name], dense[name])
+    # the CPU executor decodes these weights as the reference decoder does
+    from test_verify import round_robin_schedule
+    from trtllm_mk.executor import CpuExecutor
+    from trtllm_mk.graph import TilePlan
+    ref_tokens = _reference_tokens(spec, _kernel_weights_of(ckpt), 4)
+    cache = PagedKVCache.allocate(spec, 1, 256, 32, dtype=torch.float32)
+    ref = ReferenceDecoder(spec, _kernel_weights_of(ckpt), compute_dtype=torch.float32)
+    logits = ref.prefill([PROMPT], cache)
+    ex = CpuExecutor(spec, {k: v.float() for k, v in dense.items()}, round_robin_schedule(spec, TilePlan(), 4), cache)
+    tok, got = int(logits.argmax(-1)[0]), []
+    for t in range(3):
+        got.append(tok)
+        _, toks = ex.step(torch.tensor([tok]), torch.tensor([len(PROMPT) + t]))
+        tok = int(toks[0])
+    assert got + [tok] == ref_tokens
+
+
+def test_random_fp8_weights_for_a_shapes_only_model(tmp_path):
+    """A shapes-only model with an FP8 quantization section is an FP8 spec; --weights random quantizes
+    random weights to FP8 with per-channel scales, in the kernel layout."""
+    from trtllm_mk.model.random_weights import random_weights
+    from trtllm_mk.quant.kernel_layout import kernel_weights, quantize_model
+    from trtllm_mk.runtime.hybrid import _load_engine_weights
+    cfg = load_config(_yaml(tmp_path, "tiny-llama", "quantization:\n  quant_algo: FP8_PER_CHANNEL_PER_TOKEN\n"
+                                                    "  group_size: -1\n"))
+    spec = cfg.model_spec
+    from trtllm_mk.quant.kernel_layout import tile_cols
+    assert (spec.weight_bits, spec.weight_group) == (8, tile_cols(spec))
+    dense, bound = _load_engine_weights(spec, "random", "cpu", 5)
+    want_bind, want = kernel_weights(spec, quantize_model(spec, random_weights(spec, seed=5)))
+    assert bound.keys() == want_bind.keys() and all(torch.equal(bound[k], want_bind[k]) for k in bound)
+    assert all(torch.equal(dense[k], want[k]) for k in want)
+    assert bound["model.layers.0.mlp.up_proj.weight"].dtype == torch.uint8
+
+
+def test_fp8_block_scales_and_mismatched_checkpoints_are_refused(tmp_path, source, capsys):
+    """Block-scaled FP8 is refused in one line (by the loader reading the checkpoint, by the kernel
+    support check for a scheme); an FP8 checkpoint does not load into a 4-bit engine, nor a 4-bit one
+    into an FP8 engine."""
+    from trtllm_mk.cli.build import main
+    from trtllm_mk.quant.kernel_support import unsupported_reason
+    from trtllm_mk.quant.scheme import QuantScheme
+    from trtllm_mk.runtime.hybrid import _load_engine_weights
+    ckpt = _quantize(source, tmp_path / "ct", "--format", "ct-fp8")
+    block = tmp_path / "block"
+    shutil.copytree(ckpt, block)
+    cfg = json.loads((block / "config.json").read_text())
+    cfg["quantization_config"]["config_groups"]["group_0"]["weights"]["strategy"] = "block"
+    (block / "config.json").write_text(json.dumps(cfg))
+    capsys.readouterr()
+    err = _cli_error(capsys, main, ["--config", str(_yaml(tmp_path, block)), "--output-dir", str(tmp_path / "engine")])
+    assert "block scales are not" in err, err
+    assert not (tmp_path / "engine").exists()
+    blocked = QuantScheme("modelopt", "fp8", 8, 128, False, variant="FP8_BLOCK_SCALES", exclude_modules=("lm_head",))
+    assert "FP8 weights with block scales (group size 128) are not implemented in the megakernel" in \
+        unsupported_reason(blocked)
+    with pytest.raises(UnsupportedQuantization, match="block scales"):
+        quantized_spec(load_spec(source), blocked)
+    inner = QuantScheme("modelopt", "fp8", 8, -1, False, exclude_modules=("lm_head", "model.layers.0.mlp.down_proj"))
+    assert "modules left unquantized inside the decoder layers" in unsupported_reason(inner)
+
+    spec4 = dataclasses.replace(load_spec(source), weight_bits=4, weight_group=128)
+    with pytest.raises(UserError, match=r"cannot be laid out for this engine's W4A16 \(group 128\) kernel: .*FP8 "
+                                        r"weights are not the kernel's 4-bit integer layout"):
+        _load_engine_weights(spec4, ckpt, "cpu", 0)
+    spec8 = dataclasses.replace(load_spec(source), weight_bits=8, weight_group=256)
+    gptq = _quantize(source, tmp_path / "gptq", "--format", "gptq")
+    with pytest.raises(UserError, match=r"cannot be laid out for this engine's FP8 \(e4m3, per-channel scales\) "
+                                        r"kernel: .*4-bit integer weights are not the kernel's FP8 layout"):
+        _load_engine_weights(spec8, gptq, "cpu", 0)
+    with pytest.raises(UserError, match=r"holds unquantized weights, but this engine streams FP8 \(e4m3"):
+        _load_engine_weights(spec8, source, "cpu", 0)
+
+
 # --------------------------------------------------------------------------------------------- GPU
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fmt", ["gptq", "awq"])
-def test_a_4bit_checkpoint_decodes_on_the_megakernel_as_the_reference_does(tmp_path, source, fmt):
+@pytest.mark.parametrize("fmt", ["gptq", "awq", "fp8", "ct-fp8"])
+def test_a_quantized_checkpoint_decodes_on_the_megakernel_as_the_reference_does(tmp_path, source, fmt):
     """The megakernel streams the packed layers: its greedy tokens, teacher-forced over its own KV
     history, are the reference decoder's on the kernel's weights (bf16 rounding may flip a rare near
     tie, as in test_hybrid_gpu.py)."""
     from trtllm_mk.build import build_engine
     from trtllm_mk.runtime.hybrid import HybridEngine
     new = 64
-    ckpt = _quantize(source, tmp_path / "ckpt", *FORMATS[fmt][0])
+    ckpt = _quantize(source, tmp_path / "ckpt", *{**FORMATS, **FP8_FORMATS}[fmt][0])
     out, _ = build_engine(load_config(_yaml(tmp_path, ckpt, gpu="auto")), tmp_path / "engine", show_progress=False)
     eng = HybridEngine(out)
     try:
