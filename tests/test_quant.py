@@ -569,15 +569,15 @@ def test_a_section_on_an_unquantized_checkpoint_or_shapes(tmp_path, source):
 
 @pytest.mark.parametrize("name,algo", [("l20_qwen3_8b_w4a16", "W4A16_GPTQ"), ("h100_llama8b_w4a16", "W4A16_GPTQ"),
                                        ("h100_qwen3_8b_fp8", "FP8"), ("h100_llama1b_w4a16", "W4A16_GPTQ")])
-def test_shipped_quantized_configs_load_and_only_fp8_is_refused(capsys, name, algo):
+def test_shipped_quantized_configs_load_and_dry_run(capsys, name, algo):
     cfg = load_config(name)
     assert cfg.quantization["quant_algo"] == algo
     from trtllm_mk.cli.build import main
     if algo == "FP8":
-        err = _cli_error(capsys, main, ["--config", name, "--dry-run"])
-        assert "quantization: cannot be built into an engine: FP8 (fp8 e4m3" in err
-        assert "FP8 weights are not implemented in the megakernel" in err
-        assert not cfg.model_spec.quantized
+        from trtllm_mk.quant.kernel_layout import tile_cols
+        assert main(["--config", name, "--dry-run"]) == 0
+        assert "FP8 (e4m3, per-channel scales)" in capsys.readouterr().out
+        assert (cfg.model_spec.weight_bits, cfg.model_spec.weight_group) == (8, tile_cols(cfg.model_spec)) == (8, 512)
     else:
         assert main(["--config", name, "--dry-run"]) == 0
         assert "W4A16 (group 128)" in capsys.readouterr().out
