@@ -81,6 +81,22 @@ def test_w4a16_weights_forms_agree():
         w4a16_weights(_spec(), CPU)
 
 
+def test_fp8_weights_forms_agree():
+    from benchmarks.w4a16_weights import fp8_spec
+    from trtllm_mk.quant.kernel_layout import dequantize_fp8, tile_cols
+    from trtllm_mk.quant.linear import Fp8Linear
+    spec = fp8_spec(_spec())
+    assert (spec.weight_bits, spec.weight_group) == (8, tile_cols(spec))
+    w = w4a16_weights(spec, CPU)
+    name = "model.layers.1.mlp.gate_proj.weight"
+    assert isinstance(w.linears[name], Fp8Linear) and torch.equal(w[name], kernel_dequantize(w.linears[name]))
+    assert torch.equal(dequantize_fp8(w.kernel[name], w.kernel[name + SCALE_SUFFIX]), w[name])
+    assert sum(t.numel() * t.element_size() for t in w.kernel.values()) == spec.weight_bytes()
+    import dataclasses
+    with pytest.raises(UserError, match="--weights fp8: odd: .*not multiples of 128 columns"):
+        fp8_spec(dataclasses.replace(_spec(), name="odd", hidden_size=96, num_heads=3, num_kv_heads=1))
+
+
 def test_w4a16_spec_names_the_matrix_a_group_does_not_fit():
     with pytest.raises(UserError, match=r"--group 96: tiny-llama's model\.layers\.0\.self_attn\.q_proj\.weight"):
         w4a16_spec(_spec(), 96)
