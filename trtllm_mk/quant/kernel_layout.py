@@ -276,7 +276,8 @@ def dequantize(packed: torch.Tensor, sz: torch.Tensor, group: int, dtype: torch.
     (exact in fp32 before the one rounding to bf16); ``bits`` 8: ``dequantize_fp8`` (``group`` is the tile)."""
     if bits == FP8_BITS:
         if group != packed.shape[-1]:
-            raise ValueError(f"FP8 layouts have one scale word per {packed.shape[-1]}-column tile, not per {group} columns")
+            raise ValueError(f"FP8 layouts have one scale word per {packed.shape[-1]}-column tile, "
+                             f"not per {group} columns")
         return dequantize_fp8(packed, sz, dtype)
     codes = unpack_codes(packed).float() + CODE_BIAS
     out = codes.shape[0]
@@ -413,7 +414,8 @@ def pack_for(spec, lin: IntLinear | Fp8Linear) -> tuple[torch.Tensor, torch.Tens
     tile = tile_cols(spec)
     if spec.weight_bits == FP8_BITS:
         if spec.weight_group != tile:
-            raise ValueError(f"FP8 layouts take one scale word per {tile}-column tile, not per {spec.weight_group} columns")
+            raise ValueError(f"FP8 layouts take one scale word per {tile}-column tile, "
+                             f"not per {spec.weight_group} columns")
         return pack_fp8(lin, tile)
     if isinstance(lin, Fp8Linear):
         raise ValueError(f"{lin.name}: FP8 weights are not the kernel's {spec.weight_bits}-bit integer layout")
