@@ -4,10 +4,9 @@ The torch prefill of a quantized engine computes with exactly the weights the me
 (``kernel_layout.dequantize``, ``dequantize_fp8``). Holding them dequantized would keep a bf16 copy of
 every layer linear beside the packed one (about 15 GB for an 8B model); these modules hold only the
 packed codes and scale words the megakernel binds (the same tensors) and dequantize one matrix at a
-time, when the prefill
-reaches its layer. A layer's q/k/v (and gate/up) concatenate block by block (``cat``), since the
-layout stores 16-row blocks one after another (without a copy when the parts are adjacent rows of
-one tensor, as ``kernel_weights(..., packed_dense=True)`` lays them out).
+time, when the prefill reaches its layer. A layer's q/k/v (and gate/up) concatenate block by block
+(``cat``), since the layouts store 16-row blocks one after another (without a copy when the parts are
+adjacent rows of one tensor, as ``kernel_weights(..., packed_dense=True)`` lays them out).
 """
 from __future__ import annotations
 
