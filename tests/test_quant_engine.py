@@ -238,7 +238,7 @@ def test_layouts_the_kernel_cannot_take(tmp_path):
     odd = dataclasses.replace(cfg.model_spec, weight_bits=16, weight_group=0, hidden_size=96, num_heads=3,
                               num_kv_heads=1)
     with pytest.raises(ConfigError, match=r"hidden 96, q 96 and intermediate 256 sizes are not multiples of 128 "
-                                          r"columns, which the 4-bit layout needs") as e:
+                                          r"columns, which the quantized weight layouts need") as e:
         check_buildable(dataclasses.replace(cfg, model_spec=odd))
     assert "\n" not in str(e.value)
     wide = dataclasses.replace(cfg.model_spec, weight_bits=16, weight_group=0, hidden_size=512, num_heads=16)

@@ -1,7 +1,7 @@
 """The megakernel's layouts of quantized weights (4-bit integers, W4A16; FP8 e4m3), and the arithmetic
 its GEMV kinds dequantize with.
 
-A decoder layer's linear weight ``[out, in]`` travels as two tensors:
+A decoder layer's 4-bit linear weight ``[out, in]`` travels as two tensors:
 
 ``packed``  uint8 ``[out / 16, in / T, 16, T / 2]``: tiles of 16 rows (the mma's M) by ``T`` columns
             (``tile_cols``), each tile contiguous, so that a ring slot fills with one bulk copy per tile
@@ -67,15 +67,15 @@ FP8_SCALE_SHIFT = 120     # bf16's exponent bias minus e4m3's: what the scale wo
 
 
 def tile_cols(spec) -> int:
-    """Columns per tile of ``spec``'s 4-bit layout: the widest of TILE_COLS dividing the K dimension of
-    every decoder-layer linear (hidden size, q heads x head dim, intermediate size)."""
+    """Columns per tile of ``spec``'s quantized layouts (4-bit and FP8): the widest of TILE_COLS dividing
+    the K dimension of every decoder-layer linear (hidden size, q heads x head dim, intermediate size)."""
     ks = (spec.hidden_size, spec.q_size, spec.intermediate_size)
     for t in TILE_COLS:
         if all(k % t == 0 for k in ks):
             return t
     raise ValueError(f"{spec.name}: hidden {spec.hidden_size}, q {spec.q_size} and intermediate "
                      f"{spec.intermediate_size} sizes are not multiples of {TILE_COLS[-1]} columns, "
-                     "which the 4-bit layout needs")
+                     "which the quantized weight layouts need")
 
 
 def _block_order() -> torch.Tensor:
