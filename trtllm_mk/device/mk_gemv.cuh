@@ -51,49 +51,53 @@ struct Geometry {
   static_assert(RS * ROW_STRIDE <= SLOT_STRIDE, "slot overflow");
 };
 
-// 4-bit weights (trtllm_mk/quant/kernel_layout.py; mirror: smem.py slot_geometry with bits 4): a slot
-// holds, per 16-row block, KC / QTILE tiles of 16 rows x QTILE columns as the layout stores them (one
-// bulk copy each; 16-byte chunks swizzled by row as kernel_layout.swizzle, so no row padding), then at
-// SZ_AT the scale words of its blocks, [NB][NGS groups][16 rows]. KC is a multiple of the tile and of
-// the group.
-constexpr int Q4_UNIT = cfg::QGROUP > cfg::QTILE ? cfg::QGROUP : cfg::QTILE;
-constexpr int q4_row_bytes(int kc) { return kc / 2 + 4 * (kc / (cfg::QGROUP > 0 ? cfg::QGROUP : 1)); }
-constexpr int q4_pieces_for(int kt, int pair) {
+// Quantized weights, WB = 4 (int4 codes) or 8 (fp8 e4m3) bits (trtllm_mk/quant/kernel_layout.py; mirror:
+// smem.py slot_geometry): a slot holds, per 16-row block, KC / QTILE tiles of 16 rows x QTILE columns
+// as the layout stores them (one bulk copy each; 16-byte chunks swizzled by row as
+// kernel_layout.swizzle, so no row padding), then at SZ_AT the scale words of its blocks,
+// [NB][NGS groups][16 rows]. A 16-byte chunk holds one step of STEP_COLS columns (32 for 4-bit: two
+// mma k-steps; 16 for 8-bit: one). KC is a multiple of the tile and of the group.
+constexpr int Q_UNIT = cfg::QGROUP > cfg::QTILE ? cfg::QGROUP : cfg::QTILE;
+constexpr int q_row_bytes(int kc, int wb) { return kc * wb / 8 + 4 * (kc / (cfg::QGROUP > 0 ? cfg::QGROUP : 1)); }
+constexpr int q_pieces_for(int kt, int pair, int wb) {
   int n = 1;
-  while (!(kt % n == 0 && (kt / n) % Q4_UNIT == 0 && 16 * pair * q4_row_bytes(kt / n) <= cfg::SLOT_BYTES)) ++n;
+  while (!(kt % n == 0 && (kt / n) % Q_UNIT == 0 && 16 * pair * q_row_bytes(kt / n, wb) <= cfg::SLOT_BYTES)) ++n;
   return n;
 }
-constexpr int q4_blocks_for(int kc, int pair) {
-  int nb = cfg::SLOT_BYTES / (16 * q4_row_bytes(kc));
+constexpr int q_blocks_for(int kc, int pair, int wb) {
+  int nb = cfg::SLOT_BYTES / (16 * q_row_bytes(kc, wb));
   nb = nb >= MAX_BLOCKS ? MAX_BLOCKS : nb >= 2 ? 2 : 1;
   nb = min_i(nb, cfg::CWARPS);
   return nb < pair ? pair : nb;
 }
-template <int KT, int PAIR>
-struct Geometry<KT, PAIR, 4> {
-  static constexpr int NKC = q4_pieces_for(KT, PAIR);
+template <int KT, int PAIR, int WB>
+struct QGeometry {
+  static constexpr int NKC = q_pieces_for(KT, PAIR, WB);
   static constexpr int KC = KT / NKC;
-  static constexpr int NB = q4_blocks_for(KC, PAIR);
+  static constexpr int NB = q_blocks_for(KC, PAIR, WB);
   static constexpr int RS = 16 * NB;
   static constexpr int OUT_ROWS = RS / PAIR;
-  static constexpr int TILE_ROW = cfg::QTILE / 2;             // bytes of one tile row
+  static constexpr int TILE_ROW = cfg::QTILE * WB / 8;        // bytes of one tile row
   static constexpr int TILE_BYTES = 16 * TILE_ROW;            // one tile, one bulk copy
   static constexpr int TPR = KC / cfg::QTILE;                 // tiles per block and slot
-  static constexpr int CHUNKS = cfg::QTILE / 32;              // 16-byte chunks per tile row
+  static constexpr int CHUNKS = TILE_ROW / 16;                // 16-byte chunks (steps) per tile row
+  static constexpr int STEP_COLS = 128 / WB;                  // columns per chunk
   static constexpr int BLOCK_BYTES = TPR * TILE_BYTES;        // codes of one 16-row block per slot
   static constexpr int NGS = KC / cfg::QGROUP;                // scale groups per row and slot
   static constexpr int SZ_BLOCK = NGS * 16 * 4;               // scale bytes of one block per slot
   static constexpr int SZ_AT = NB * BLOCK_BYTES;              // where the slot's scale words start
-  static constexpr int NK32 = KC / 32;                        // 32-column steps (two k-steps) per slot
+  static constexpr int NSTEP = KC / STEP_COLS;                // steps per slot
   static constexpr int WPB = cfg::CWARPS / NB;
   static constexpr int ROW_STRIDE = 0;                        // rows are not strided (tiles, swizzled)
   static constexpr int SWZ_SHIFT = TILE_ROW < 128 ? 1 : 0;    // two tile rows per 128-byte line
   static constexpr int SWZ_MASK = (CHUNKS < 8 ? CHUNKS : 8) - 1;
   static_assert(KT < 0 || (cfg::QTILE % 128 == 0 && cfg::QTILE >= 128), "tiles of 128, 256 or 512 columns");
-  static_assert(KT % Q4_UNIT == 0, "K range must hold whole tiles and groups");
+  static_assert(KT % Q_UNIT == 0, "K range must hold whole tiles and groups");
   static_assert(cfg::CWARPS % NB == 0, "blocks per slot must divide the consumer warps");
   static_assert(SZ_AT + NB * SZ_BLOCK <= SLOT_STRIDE, "slot overflow");
 };
+template <int KT, int PAIR> struct Geometry<KT, PAIR, 4> : QGeometry<KT, PAIR, 4> {};
+template <int KT, int PAIR> struct Geometry<KT, PAIR, 8> : QGeometry<KT, PAIR, 8> {};
 
 // Where weight row j of a slot group comes from: row `row` of a [*, ld] matrix at `w`, from column
 // `col` on; `sz` is that matrix's scale words when its weights are 4-bit. `rowp` is the bf16 row itself.
@@ -107,10 +111,10 @@ __device__ __forceinline__ WeightRef weight_at(const bf16* w, const uint32_t* sz
   return {w + (size_t)row * ld + col, w, sz, row, ld, col};
 }
 
-// A layer's scale table: the real one in a 4-bit kernel; in a bf16 kernel an all-null one (never read).
+// A layer's scale table: the real one in a quantized kernel; in a bf16 kernel an all-null one (never read).
 __device__ const LayerScales NO_SCALES{};
 __device__ __forceinline__ const LayerScales& layer_scales(const Params& p, int layer) {
-  if constexpr (cfg::WBITS == 4) return p.layer_scales[layer];
+  if constexpr (cfg::WBITS != 16) return p.layer_scales[layer];
   else return NO_SCALES;
 }
 
@@ -165,7 +169,7 @@ struct NoTally {
 template <int KIND>
 __device__ void gemv_load(Ctx& c, const TaskArgs& a) {
   using G = GemvGeometry<KIND>;
-  constexpr bool Q4 = GemvKind<KIND>::WBITS == 4;
+  constexpr bool QW = GemvKind<KIND>::WBITS != 16;   // quantized: tiles and scale words
   const int groups = (a.r1 - a.r0 + G::OUT_ROWS - 1) / G::OUT_ROWS;
 #if defined(MK_USE_BULK_COPY)
   const uint64_t evict_first = evict_first_policy();
@@ -178,7 +182,7 @@ __device__ void gemv_load(Ctx& c, const TaskArgs& a) {
       c.loader_wait(&c.empty()[slot], (use & 1) ^ 1);  // first use of a slot passes at once
       unsigned char* dst = c.ring() + (size_t)slot * SLOT_STRIDE;
 #if defined(MK_USE_BULK_COPY)
-      if constexpr (Q4) {
+      if constexpr (QW) {
         // per 16-row block with valid rows: its TPR code tiles and its scale words, one copy each
         constexpr int ITEMS = G::TPR + 1;
         if (c.lane() == 0)
@@ -207,7 +211,7 @@ __device__ void gemv_load(Ctx& c, const TaskArgs& a) {
         }
       }
 #else
-      if constexpr (Q4) {
+      if constexpr (QW) {
         for (int b = 0; b < G::NB; ++b) {
           if ((16 * b) % G::OUT_ROWS >= valid) continue;
           const WeightRef r = GemvKind<KIND>::weight_ref(*c.p, a, grp, 16 * b);
@@ -249,7 +253,7 @@ __device__ __noinline__ Ctx prefetch_next_step(Ctx c, TaskArgs a) {
     for (int grp = 0, n = 0; grp < groups; ++grp) {
       const int valid = min_i(G::OUT_ROWS, a.r1 - a.r0 - grp * G::OUT_ROWS);
       for (int kc = 0; kc < G::NKC && n < cfg::STAGES; ++kc, ++n) {
-        if constexpr (GemvKind<KIND>::WBITS == 4) {
+        if constexpr (GemvKind<KIND>::WBITS != 16) {
           for (int i = c.lane(); i < G::NB * G::TPR; i += 32)
             if ((16 * (i / G::TPR)) % G::OUT_ROWS < valid)
               bulk_prefetch_l2(tile_src<KIND>(GemvKind<KIND>::weight_ref(*c.p, a, grp, 16 * (i / G::TPR)), kc, i % G::TPR),
@@ -419,22 +423,42 @@ __device__ __forceinline__ void dequant_q4(uint32_t q, uint32_t sz, uint32_t (&o
   }
 }
 
-// One ring slot of 4-bit weights against the staged activation. Warp (blk, kw) takes the SPW
-// consecutive 32-column steps [kw * SPW, (kw + 1) * SPW) of its 16-row block (those that exist), two
-// at a time: one
-// ldmatrix.x4 brings the code words of both steps for rows g and g + 8 (matrix i: rows 8 (i & 1) ..,
-// step i >> 1; step s is chunk s % CHUNKS of tile s / CHUNKS, swizzled as below), two
-// more the activation of the four k-steps (matrix i: the 8 columns at 8 i; rows beyond the batch
-// read row 0, whose products land only in output columns the epilogue ignores). Chunk c of row r sits
-// at c ^ ((r >> SWZ_SHIFT) & SWZ_MASK) (kernel_layout.swizzle). Scale words are read
-// once per pair of steps (twice when a group is one step). Pairs alternate over NACC accumulators.
+// 8-bit (fp8 e4m3) weights to mma A fragments. A lane's word of one row and 16-column step holds its
+// four codes (quant/kernel_layout.py BLOCK_ORDER8: columns 2t, 2t+1, 2t+8, 2t+9). Each code moves into
+// the top of a bf16 with its sign in place and its 4 exponent and 3 mantissa bits 4 lower: the bf16
+// of (code's value) * 2^-120, exact (subnormals included); the scale word holds bf16(scale) * 2^120,
+// so one bf16 multiply gives bf16(value * scale), rounded once. out[0], out[1]: a0 / a2.
+__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2_scaled(uint32_t q, uint32_t sel) {
+  const uint32_t t = __byte_perm(q, 0, sel);             // [0, code, 0, code] as bytes: code << 8 per half
+  return lop3_and_or(t >> 4, 0x07F007F0u, t & 0x80008000u);
+}
+__device__ __forceinline__ void dequant_fp8(uint32_t q, uint32_t sz, uint32_t (&out)[2]) {
+  const uint32_t s2 = __byte_perm(sz, 0, 0x1010);
+  const __nv_bfloat162 s = *reinterpret_cast<const __nv_bfloat162*>(&s2);
+  const uint32_t lo = e4m3x2_to_bf16x2_scaled(q, 0x1404), hi = e4m3x2_to_bf16x2_scaled(q, 0x3424);
+  const __nv_bfloat162 w0 = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&lo), s);
+  const __nv_bfloat162 w1 = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&hi), s);
+  out[0] = *reinterpret_cast<const uint32_t*>(&w0);
+  out[1] = *reinterpret_cast<const uint32_t*>(&w1);
+}
+
+// One ring slot of quantized weights against the staged activation. Warp (blk, kw) takes the SPW
+// consecutive steps [kw * SPW, (kw + 1) * SPW) of its 16-row block (those that exist), two at a time:
+// one ldmatrix.x4 brings the code words of both steps for rows g and g + 8 (matrix i: rows 8 (i & 1) ..,
+// step i >> 1; step s is chunk s % CHUNKS of tile s / CHUNKS, and chunk c of row r sits at
+// c ^ ((r >> SWZ_SHIFT) & SWZ_MASK): kernel_layout.swizzle), one or two more the activation of their
+// k-steps (matrix i: the 8 columns at 8 i; rows beyond the batch read row 0, whose products land only
+// in output columns the epilogue ignores). Scale words are read once per pair of steps (twice when a
+// group is one step). Steps alternate over NACC accumulators.
 template <int KIND, int NACC>
-__device__ __forceinline__ void q4_slot_mma(float (&acc)[NACC][4], uint32_t slot0, uint32_t act0, int blk, int kw, int lane) {
+__device__ __forceinline__ void q_slot_mma(float (&acc)[NACC][4], uint32_t slot0, uint32_t act0, int blk, int kw, int lane) {
   using G = GemvGeometry<KIND>;
-  constexpr int SPW = ((G::NK32 + G::WPB - 1) / G::WPB + 1) / 2 * 2;   // steps per warp and slot (even)
-  constexpr bool EXACT = SPW * G::WPB == G::NK32;                     // else the last warps run short or idle
-  constexpr int GPK = cfg::QGROUP / 32;        // steps per group
-  static_assert(G::NK32 % 2 == 0, "32-column steps come in pairs");
+  constexpr int WB = GemvKind<KIND>::WBITS;
+  constexpr int SPW = ((G::NSTEP + G::WPB - 1) / G::WPB + 1) / 2 * 2;   // steps per warp and slot (even)
+  constexpr bool EXACT = SPW * G::WPB == G::NSTEP;                     // else the last warps run short or idle
+  constexpr int GPK = cfg::QGROUP / G::STEP_COLS;                       // steps per group
+  constexpr int STEP_ACT = G::STEP_COLS * 2;                            // activation bytes per step
+  static_assert(G::NSTEP % 2 == 0, "steps come in pairs");
   const int g = lane >> 2, r = lane & 7, mi = lane >> 3, swz = (r >> G::SWZ_SHIFT) & G::SWZ_MASK;
   const uint32_t wl = slot0 + blk * G::BLOCK_BYTES + (r + (mi & 1) * 8) * G::TILE_ROW;   // this lane's ldmatrix row
   const uint32_t z0 = slot0 + G::SZ_AT + blk * G::SZ_BLOCK + g * 4;                      // row g's scale word, group 0
@@ -442,12 +466,12 @@ __device__ __forceinline__ void q4_slot_mma(float (&acc)[NACC][4], uint32_t slot
 #pragma unroll
   for (int p = 0; p < SPW / 2; ++p) {
     const int s = kw * SPW + 2 * p;
-    if (!EXACT && s >= G::NK32) break;
+    if (!EXACT && s >= G::NSTEP) break;
     const int c = s % G::CHUNKS + (mi >> 1);
     uint32_t q[4], fb[8], sz0[2], sz1[2];
     ldmatrix_x4(wl + (s / G::CHUNKS) * G::TILE_BYTES + ((c ^ swz) << 4), q[0], q[1], q[2], q[3]);
-    ldmatrix_x4(al + s * 64, fb[0], fb[1], fb[2], fb[3]);
-    ldmatrix_x4(al + s * 64 + 64, fb[4], fb[5], fb[6], fb[7]);
+    ldmatrix_x4(al + s * STEP_ACT, fb[0], fb[1], fb[2], fb[3]);
+    if constexpr (WB == 4) ldmatrix_x4(al + s * STEP_ACT + 64, fb[4], fb[5], fb[6], fb[7]);
     sz0[0] = lds32(z0 + (s / GPK) * 64);
     sz0[1] = lds32(z0 + (s / GPK) * 64 + 32);
     if constexpr (GPK == 1) {
@@ -457,17 +481,27 @@ __device__ __forceinline__ void q4_slot_mma(float (&acc)[NACC][4], uint32_t slot
       sz1[0] = sz0[0];
       sz1[1] = sz0[1];
     }
-    uint32_t a0[4], a1[4], b0[4], b1[4];
-    dequant_q4(q[0], sz0[0], a0);   // row g, step s
-    dequant_q4(q[1], sz0[1], a1);   // row g + 8, step s
-    dequant_q4(q[2], sz1[0], b0);   // row g, step s + 1
-    dequant_q4(q[3], sz1[1], b1);   // row g + 8, step s + 1
     float (&x)[4] = acc[(2 * p) % NACC];
     float (&y)[4] = acc[(2 * p + 1) % NACC];
-    mma_bf16_16816(x, a0[0], a1[0], a0[1], a1[1], fb[0], fb[1]);
-    mma_bf16_16816(y, b0[0], b1[0], b0[1], b1[1], fb[4], fb[5]);
-    mma_bf16_16816(x, a0[2], a1[2], a0[3], a1[3], fb[2], fb[3]);
-    mma_bf16_16816(y, b0[2], b1[2], b0[3], b1[3], fb[6], fb[7]);
+    if constexpr (WB == 4) {
+      uint32_t a0[4], a1[4], b0[4], b1[4];
+      dequant_q4(q[0], sz0[0], a0);   // row g, step s
+      dequant_q4(q[1], sz0[1], a1);   // row g + 8, step s
+      dequant_q4(q[2], sz1[0], b0);   // row g, step s + 1
+      dequant_q4(q[3], sz1[1], b1);   // row g + 8, step s + 1
+      mma_bf16_16816(x, a0[0], a1[0], a0[1], a1[1], fb[0], fb[1]);
+      mma_bf16_16816(y, b0[0], b1[0], b0[1], b1[1], fb[4], fb[5]);
+      mma_bf16_16816(x, a0[2], a1[2], a0[3], a1[3], fb[2], fb[3]);
+      mma_bf16_16816(y, b0[2], b1[2], b0[3], b1[3], fb[6], fb[7]);
+    } else {
+      uint32_t a0[2], a1[2], b0[2], b1[2];
+      dequant_fp8(q[0], sz0[0], a0);
+      dequant_fp8(q[1], sz0[1], a1);
+      dequant_fp8(q[2], sz1[0], b0);
+      dequant_fp8(q[3], sz1[1], b1);
+      mma_bf16_16816(x, a0[0], a1[0], a0[1], a1[1], fb[0], fb[1]);
+      mma_bf16_16816(y, b0[0], b1[0], b0[1], b1[1], fb[2], fb[3]);
+    }
   }
 }
 
@@ -482,7 +516,7 @@ __device__ void gemv_compute(Ctx& c, const TaskArgs& a) {
   using G = GemvGeometry<KIND>;
   constexpr int AS = GemvKind<KIND>::KT + ACT_PAD;
   constexpr int B = cfg::B;
-  constexpr bool Q4 = GemvKind<KIND>::WBITS == 4;
+  constexpr bool QW = GemvKind<KIND>::WBITS != 16;
   const Params& p = *c.p;
   // a.stage == 0: the previous task on this SM staged the same input (codegen proves it), so the
   // activation is still resident in act[]
@@ -496,7 +530,7 @@ __device__ void gemv_compute(Ctx& c, const TaskArgs& a) {
   const uint32_t a_lane = (uint32_t)((blk * 16 + lrow) * G::ROW_STRIDE + lcol * 2);
   const bool bvalid = g < B;
   const uint32_t act_lane = smem_addr(c.act() + (bvalid ? g : 0) * AS + t * 2);   // bytes, shared space
-  // 4-bit kinds read the activation with ldmatrix: lane l addresses row l % 8 (row 0 beyond the batch)
+  // quantized kinds read the activation with ldmatrix: lane l addresses row l % 8 (row 0 beyond the batch)
   const uint32_t act_ldm = smem_addr(c.act() + ((lane & 7) < B ? (lane & 7) : 0) * AS);
   const uint32_t ring0 = smem_addr(c.ring());
   const int groups = (a.r1 - a.r0 + G::OUT_ROWS - 1) / G::OUT_ROWS;
@@ -516,8 +550,8 @@ __device__ void gemv_compute(Ctx& c, const TaskArgs& a) {
       c.consumer_wait(&c.full()[slot], use & 1);
       const uint32_t wbase = ring0 + slot * SLOT_STRIDE + a_lane;
       const uint32_t ak = act_lane + kc * G::KC * 2;
-      if constexpr (Q4) {
-        q4_slot_mma<KIND, NACC>(acc, ring0 + slot * SLOT_STRIDE, act_ldm + kc * G::KC * 2, blk, kw, lane);
+      if constexpr (QW) {
+        q_slot_mma<KIND, NACC>(acc, ring0 + slot * SLOT_STRIDE, act_ldm + kc * G::KC * 2, blk, kw, lane);
       } else {
 #pragma unroll
       for (int j0 = 0; j0 < STEPS; j0 += NACC) {

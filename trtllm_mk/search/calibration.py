@@ -78,10 +78,10 @@ class Calibration:
     # H100 64 KB slots were 3-7% slower than 32 KB slots at the same ring bytes (every release of a
     # streaming SM took 2-3x as long), which nothing in this model prices (benchmarks/NOTES.md).
     max_slot_bytes: int = 0
-    # Consumer time per 4-bit weight against a bf16 weight's: the same mma after shifts, masks and two
-    # bf16x2 operations per pair of codes, but a quarter of the shared-memory reads (issue-bound where
-    # bf16 is shared-memory bound; an estimate until the device calibration measures it).
-    q4_consumer_cost: float = 1.0
+    # Consumer time per quantized (4- or 8-bit) weight against a bf16 weight's: the same mma after
+    # shifts, masks and bf16x2 operations per pair of codes, but fewer shared-memory reads (issue-bound
+    # where bf16 is shared-memory bound; the 4-bit traces put it near 1).
+    quant_consumer_cost: float = 1.0
     # Per output row group (16 x blocks rows): cross-warp reduction barrier and the epilogue stores.
     group_overhead_us: float = 0.1
     # Shared-memory bandwidth per SM per clock (bytes); the same on sm_80, sm_89 and sm_90.

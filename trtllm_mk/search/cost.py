@@ -103,18 +103,18 @@ def task_cost(task: Task, graph: StepGraph, rates: Rates, cal: Calibration,
               geo: SlotGeometry | None = None) -> TaskCost:
     plan, d = graph.plan, graph.dims
     if task.kind.streams_weights:
-        q4 = d.weight_bits == 4 and task.kind != Kind.LMHEAD
+        qw = d.weight_bits != 16 and task.kind != Kind.LMHEAD   # quantized layer weights (the LM head is bf16)
         if geo is None:
             geo = slot_geometry(task.k1 - task.k0, task.kind.module.MATRICES, plan.slot_bytes,
-                                plan.consumer_warps, d.weight_bits if q4 else 16, d.weight_group if q4 else 0,
-                                d.weight_tile if q4 else 0)
+                                plan.consumer_warps, d.weight_bits if qw else 16, d.weight_group if qw else 0,
+                                d.weight_tile if qw else 0)
         nslots = geo.slots_for(task.rows)
         ngroups = -(-task.rows // geo.out_rows)
         # the consumers reduce whole slots (every 16-row block, valid rows or not), while the loader
         # copies only a partial last group's rows: a task whose rows are not a multiple of the slot
         # group's streams fewer bytes per slot through the same ring (fill) at the same consumer cost
-        # the consumer's work is per weight: a 4-bit slot costs its bf16-equivalent bytes, dequantized
-        work = geo.rows_per_slot * geo.k_chunk * 2 * cal.q4_consumer_cost if q4 else geo.fill_bytes
+        # the consumer's work is per weight: a quantized slot costs its bf16-equivalent bytes, dequantized
+        work = geo.rows_per_slot * geo.k_chunk * 2 * cal.quant_consumer_cost if qw else geo.fill_bytes
         comp = nslots * work / rates.gemv + nslots * cal.slot_overhead_us + ngroups * cal.group_overhead_us
         slot_t = comp / nslots
         fill = task.weight_bytes / nslots

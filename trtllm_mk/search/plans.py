@@ -80,9 +80,9 @@ def smallest_fitting_ksplit(spec: ModelSpec, batch: int, gpu: GpuSpec) -> tuple[
     unless the whole-K activations alone overflow (large batch on a 99 KB GPU)."""
     o_ks, d_ks = _o_splits(spec, spec.num_kv_heads), _down_splits(spec, 16)
     # the smallest ring: two slots of the smallest size that holds one piece of every kind (4-bit
-    # weights take whole tiles, which 4 KB may not hold)
+    # and 8-bit weights take whole tiles, which 4 KB may not hold)
     for o, d in sorted(((o, d) for o in o_ks for d in d_ks), key=lambda od: (od[0] * od[1], od)):
-        for slot in SLOT_SIZES[:3]:
+        for slot in SLOT_SIZES:
             if fits(gpu, spec, batch, TilePlan(o_ksplit=o, down_ksplit=d, stages=2, slot_bytes=slot)):
                 return o, d
     raise ValueError(f"no tile plan fits {gpu.name}'s {gpu.smem_per_block_optin} B of shared memory at batch {batch}")
