@@ -1,8 +1,8 @@
 """Quantized checkpoints as engines: a tiny Llama written by transformers, quantized by our own quantize
-command, built by the build command (search, nvcc) into a W4A16 engine whose report counts the
-quantized bytes, and decoded on the CPU executor (``run --simulate``) exactly as the reference decoder
-decodes the weights the kernel computes with. FP8 checkpoints (ModelOpt, compressed-tensors) configure
-an FP8 engine (``weight_bits`` 8) and load in its layout. What the kernel does not implement (8-bit
+command (GPTQ, AWQ, compressed-tensors W4A16; ModelOpt and compressed-tensors FP8), built by the build
+command (search, nvcc) into a W4A16 or FP8 engine whose report counts the quantized bytes, and decoded
+on the CPU executor (``run --simulate``) exactly as the reference decoder decodes the weights the
+kernel computes with. What the kernel does not implement (8-bit
 integers, FP8 block scales, activation order, layouts it cannot take) is refused in one line, before
 any work."""
 from __future__ import annotations
@@ -47,6 +47,7 @@ FP8_FORMATS = {
     "ct-fp8": (["--format", "ct-fp8"], 8, 256, "FP8 (e4m3, per-channel scales)"),
     "ct-fp8-per-tensor": (["--format", "ct-fp8", "--per-tensor"], 8, 256, "FP8 (e4m3, per-channel scales)"),
 }
+ALL_FORMATS = {**FORMATS, **FP8_FORMATS}
 
 
 @pytest.fixture(scope="module")
@@ -83,11 +84,11 @@ def _cli_error(capsys, main, argv) -> str:
     return err
 
 
-@pytest.fixture(scope="module", params=list(FORMATS))
+@pytest.fixture(scope="module", params=list(ALL_FORMATS))
 def built(request, tmp_path_factory, source):
-    """(format, checkpoint, engine dir, build stdout) of a 4-bit engine built by the build command."""
+    """(format, checkpoint, engine dir, build stdout) of a 4-bit or FP8 engine built by the build command."""
     from trtllm_mk.cli.build import main
-    args = FORMATS[request.param][0]
+    args = ALL_FORMATS[request.param][0]
     d = tmp_path_factory.mktemp(request.param)
     ckpt = _quantize(source, d / "ckpt", *args)
     buf = io.StringIO()
@@ -112,7 +113,7 @@ def _reference_tokens(spec, weights: dict, n: int) -> list[int]:
 
 def test_the_build_reports_the_quantized_bytes(built):
     fmt, ckpt, engine, out = built
-    _, bits, group, wf = FORMATS[fmt]
+    _, bits, group, wf = ALL_FORMATS[fmt]
     rep = json.loads((engine / "report.json").read_text())
     assert rep["weight_format"] == wf
     assert f"| decoder layer weights | {wf} |" in (engine / "report.md").read_text()
@@ -149,7 +150,7 @@ def test_run_simulate_decodes_as_the_reference_on_the_kernels_weights(built, cap
 def test_the_engine_binds_the_kernel_layout_and_prefills_on_its_weights(built):
     fmt, ckpt, engine, _ = built
     from trtllm_mk.runtime.hybrid import HybridEngine
-    bits, group = FORMATS[fmt][1:3]
+    bits, group = ALL_FORMATS[fmt][1:3]
     eng = HybridEngine(engine, simulate=True)
     try:
         want = _kernel_weights_of(ckpt)
@@ -291,8 +292,8 @@ def test_describe_counts_the_kernels_bytes():
 @pytest.mark.parametrize("fmt", list(FP8_FORMATS))
 def test_fp8_checkpoints_configure_an_fp8_engine(tmp_path, source, capsys, fmt):
     """ModelOpt and compressed-tensors FP8 checkpoints (per-channel, per-tensor) give a spec with
-    weight_bits 8 and the tile as group; the deployment summary names the format and counts its bytes.
-    (The build's kernel compiles with the FP8 GEMV kinds: test_a_quantized_checkpoint_decodes_... on a GPU.)"""
+    weight_bits 8 and the tile as group; the deployment summary names the format and counts its bytes
+    (the built engines: the ``built`` fixture's tests)."""
     from trtllm_mk.cli.build import main
     from trtllm_mk.quant.kernel_layout import Fp8Layout, kernel_tensors, tile_cols
     from trtllm_mk.quant.kernel_support import weight_format
@@ -364,8 +365,9 @@ def test_an_fp8_engine_loads_its_checkpoint_in_the_kernel_layout(tmp_path, sourc
 
 
 def test_random_fp8_weights_for_a_shapes_only_model(tmp_path):
-    """A shapes-only model with an FP8 quantization section is an FP8 spec; --weights random quantizes
-    random weights to FP8 with per-channel scales, in the kernel layout."""
+    """A shapes-only model with an FP8 quantization section builds an FP8 engine; --weights random
+    quantizes random weights to FP8 with per-channel scales, in the kernel layout, and decodes them as
+    the reference does."""
     from trtllm_mk.model.random_weights import random_weights
     from trtllm_mk.quant.kernel_layout import kernel_weights, quantize_model
     from trtllm_mk.runtime.hybrid import _load_engine_weights
@@ -379,6 +381,16 @@ def test_random_fp8_weights_for_a_shapes_only_model(tmp_path):
     assert bound.keys() == want_bind.keys() and all(torch.equal(bound[k], want_bind[k]) for k in bound)
     assert all(torch.equal(dense[k], want[k]) for k in want)
     assert bound["model.layers.0.mlp.up_proj.weight"].dtype == torch.uint8
+    # built and decoded on the CPU executor: the reference's tokens on those weights
+    from trtllm_mk.build import build_engine
+    from trtllm_mk.runtime.hybrid import HybridEngine
+    build_engine(cfg, tmp_path / "engine", show_progress=False)
+    eng = HybridEngine(tmp_path / "engine", weights="random", seed=5, simulate=True)
+    try:
+        got = eng.generate([PROMPT], 6, eos_ids=()).tokens[0]
+    finally:
+        eng.close()
+    assert got == _reference_tokens(spec, {k: v.float() for k, v in want.items()}, 6)
 
 
 def test_fp8_block_scales_and_mismatched_checkpoints_are_refused(tmp_path, source, capsys):
@@ -431,7 +443,7 @@ def test_a_quantized_checkpoint_decodes_on_the_megakernel_as_the_reference_does(
     from trtllm_mk.build import build_engine
     from trtllm_mk.runtime.hybrid import HybridEngine
     new = 64
-    ckpt = _quantize(source, tmp_path / "ckpt", *{**FORMATS, **FP8_FORMATS}[fmt][0])
+    ckpt = _quantize(source, tmp_path / "ckpt", *ALL_FORMATS[fmt][0])
     out, _ = build_engine(load_config(_yaml(tmp_path, ckpt, gpu="auto")), tmp_path / "engine", show_progress=False)
     eng = HybridEngine(out)
     try:
