@@ -69,8 +69,8 @@ if has sanitize; then
   # racecheck cannot credit, see EMPTY_ARRIVALS in mk_kernel.cuh) and the all-lanes-release variant
   # (and memcheck / all-lanes racecheck again on a plan whose OPROJ merges the attention partials)
   # (and, with every row sampling through the candidate search, memcheck and all-lanes racecheck)
-  # (and, with 4-bit weights, memcheck and all-lanes racecheck: the fifth field)
-  for run in ${SANITIZE_RUNS:-memcheck:0:0:0:0 racecheck:0:0:0:0 racecheck:1:0:0:0 memcheck:0:1:0:0 racecheck:1:1:0:0 memcheck:0:0:1:0 racecheck:1:0:1:0 memcheck:0:0:0:1 racecheck:1:0:0:1}; do
+  # (and, with 4-bit and FP8 weights, memcheck and all-lanes racecheck: the fifth field, 1 or 8)
+  for run in ${SANITIZE_RUNS:-memcheck:0:0:0:0 racecheck:0:0:0:0 racecheck:1:0:0:0 memcheck:0:1:0:0 racecheck:1:1:0:0 memcheck:0:0:1:0 racecheck:1:0:1:0 memcheck:0:0:0:1 racecheck:1:0:0:1 memcheck:0:0:0:8 racecheck:1:0:0:8}; do
     IFS=: read -r tool all merge sample w4 <<< "$run"
     w4=${w4:-0}
     log="$OUT/sanitize_${tool}_${all}_${merge}_${sample}_$w4.log"

@@ -3,7 +3,8 @@ step by step with HuggingFace transformers (fp32) on random weights; then a timi
 Usage: python scripts/mk_smoke.py [tiny-llama|tiny-qwen3|tiny-qwen2|llama-1b] [batch] [--prebuild]
 (--prebuild: compile the kernel into the cubin cache for a 132-SM H100 without a GPU; MK_SMOKE_MERGE=1:
 a plan whose OPROJ merges the attention partials, TilePlan.o_merge; MK_SMOKE_W4=1: the decoder layers'
-weights RTN-quantized to 4 bits in groups of 64, the kernel streaming them packed)"""
+weights RTN-quantized to 4 bits in groups of 64, the kernel streaming them packed; MK_SMOKE_W4=8: FP8
+e4m3 with per-channel scales)"""
 import dataclasses
 import os
 import sys
@@ -46,9 +47,13 @@ def main():
     B = int(args[1]) if len(args) > 1 else 1
     cfg = SHAPES[name]
     spec = spec_from_hf_config(cfg, name)
-    w4 = os.environ.get("MK_SMOKE_W4") == "1"
-    if w4:
+    quant = os.environ.get("MK_SMOKE_W4", "0")
+    w4 = quant in ("1", "8")
+    if quant == "1":
         spec = dataclasses.replace(spec, weight_bits=4, weight_group=64)
+    elif quant == "8":
+        from trtllm_mk.quant.kernel_layout import tile_cols
+        spec = dataclasses.replace(spec, weight_bits=8, weight_group=tile_cols(spec))
     nsm = 132 if prebuild else torch.cuda.get_device_properties(0).multi_processor_count
     big = spec.hidden_size >= 1024
     small = 16 if w4 else 8   # 4-bit tiles hold 16 rows
@@ -74,7 +79,8 @@ def main():
     bind = w
     if w4:   # the kernel binds the packed layout; the reference below runs the kernel's own weights
         from trtllm_mk.quant.kernel_layout import kernel_weights, quantize_model
-        bind, w = kernel_weights(spec, quantize_model(spec, w, symmetric=False))
+        bind, w = kernel_weights(spec, quantize_model(spec, w, symmetric=False) if quant == "1"
+                                 else quantize_model(spec, w))
     cache = PagedKVCache.allocate(spec, B, max_seq, 32, device=dev, fill=1e4)
     dec = MegakernelDecoder(sch, cubin, layout, bind, cache, rope_inv_freq(spec))
     if os.environ.get("MK_SMOKE_SAMPLE") == "1":   # every row samples: top-k + top-p, 5 top log-probabilities
