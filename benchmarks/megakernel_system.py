@@ -16,8 +16,6 @@ With 4-bit weights (``benchmarks.w4a16_weights.W4A16Weights``) the kernel binds 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import sys
 from pathlib import Path
 
@@ -28,7 +26,7 @@ from benchmarks.baselines import SystemRun, register_system  # noqa: E402
 from trtllm_mk.config import MegakernelConfig  # noqa: E402
 from trtllm_mk.gpus import GpuSpec, detect_gpu, get_gpu  # noqa: E402
 from trtllm_mk.kv_cache import PagedKVCache  # noqa: E402
-from trtllm_mk.search import search  # noqa: E402
+from trtllm_mk.search.cached import cached_search  # noqa: E402
 
 NAME = "trtllm_mk megakernel"
 SEARCH_BUDGET_S = MegakernelConfig.search_budget_s   # the configs' default: the benchmark measures the plan a build ships
@@ -36,34 +34,11 @@ TOKENS_PER_BLOCK = 32
 HEADROOM = 1024   # decode steps the cache has room for beyond the context
 
 
-PACKAGE = Path(__file__).resolve().parents[1] / "trtllm_mk"
-
-
-def _schedule_key(spec, batch: int, context_len: int, gpu: GpuSpec) -> str:
-    """Everything the search's result depends on: its arguments, the calibration file and the package
-    source (the search is deterministic for these, see trtllm_mk/search/search.py)."""
-    from trtllm_mk.search.calibration import load_calibration
-    h = hashlib.sha256(json.dumps([spec.to_dict(), batch, context_len, gpu.name, SEARCH_BUDGET_S, 0],
-                                  sort_keys=True, default=str).encode())
-    cal = load_calibration(gpu).source
-    if Path(cal).is_file():
-        h.update(Path(cal).read_bytes())
-    for f in sorted(PACKAGE.rglob("*.py")):
-        h.update(f.relative_to(PACKAGE).as_posix().encode() + f.read_bytes())
-    return h.hexdigest()[:24]
 
 
 def schedule_for(spec, batch: int, context_len: int, gpu: GpuSpec):
     """The searched schedule of this deployment, from the schedule cache when a prebuild left it."""
-    from trtllm_mk.codegen.compile import cache_dir
-    from trtllm_mk.schedule import Schedule
-    path = cache_dir() / "schedules" / f"{_schedule_key(spec, batch, context_len, gpu)}.json"
-    if path.is_file():
-        return Schedule.load(path)
-    sched, _ = search(spec, batch, gpu, context_len=context_len, budget_s=SEARCH_BUDGET_S, seed=0)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    sched.save(path)
-    return sched
+    return cached_search(spec, batch, gpu, context_len, SEARCH_BUDGET_S)
 
 
 def megakernel_system(spec, weights, batch, context_len, device) -> SystemRun:

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Everything the GPU machine does, in stages that each fit one device call; results under $OUT.
-#   bash scripts/gpu_check.sh [build] [smoke] [tests] [quant] [sanitize] [trace] [calibrate] [ab] [sampling] [bench] [serve]
-#   (default: all but ab and serve)
+#   bash scripts/gpu_check.sh [build] [smoke] [tests] [quant] [sanitize] [trace] [calibrate] [ab] [sampling] [bench] [serve] [tp]
+#   (default: all but ab, serve and tp)
+# tp: tensor parallelism: tests/test_parallel_gpu.py (ranks on one GPU's SMs), then, with several GPUs,
+#   scripts/tp_check.py under torchrun: the check (TP_CHECK_ARGS) and the speed run (TP_SPEED_ARGS, default
+#   Llama-3.1-8B full depth, batch 1, context 512) over every GPU (TP_SIZE, default all of them).
 # quant: 4-bit weights (W4A16): tests/test_quant_gpu.py (the tests stage then leaves it out), then the
 #   W4A16 decode benchmark (megakernel, tinygemm int4 torch.compile, bf16 torch.compile) under $OUT/quant_bench.
 #   QUANT_PARTS (default "tests bench"), QUANT_TESTS_TIMEOUT, QUANT_BENCH_ARGS (default: llama-3.2-1b and
@@ -141,6 +144,24 @@ if has serve; then
         --out "$OUT/serve_load_bs${b}_c$c" --no-progress 2>&1 | tail -12 | tee -a "$OUT/serve.txt"
     done
   done
+fi
+if has tp; then
+  # the check between GPUs first (it needs several), then the ranks on one GPU's SMs, then the speed run
+  ngpu=$(nvidia-smi -L | wc -l)
+  tp=${TP_SIZE:-$ngpu}
+  if (( tp > 1 )); then
+    eval "tp_check=(${TP_CHECK_ARGS:---model llama-3.2-1b --layers 4 --steps 32})"
+    timeout $(part_s ${TP_CHECK_TIMEOUT:-120}) torchrun --nproc-per-node $tp scripts/tp_check.py "${tp_check[@]}" \
+      --out "$OUT" > "$OUT/tp_check.log" 2>&1; echo "tp_check rc=$?"; tail -25 "$OUT/tp_check.log"
+  fi
+  timeout $(part_s ${TP_TESTS_TIMEOUT:-150}) python -m pytest -q -s -m gpu tests/test_parallel_gpu.py -rs \
+    > "$OUT/tp_tests.log" 2>&1
+  grep -E "rel err|passed|failed|FAILED|Error" "$OUT/tp_tests.log" | tail -20
+  if (( tp > 1 )); then
+    eval "tp_speed=(${TP_SPEED_ARGS:---model llama-3.1-8b --layers 0 --steps 100 --speed})"
+    timeout $(part_s ${TP_SPEED_TIMEOUT:-120}) torchrun --nproc-per-node $tp scripts/tp_check.py "${tp_speed[@]}" \
+      --out "$OUT" > "$OUT/tp_speed.log" 2>&1; echo "tp_speed rc=$?"; tail -12 "$OUT/tp_speed.log"
+  fi
 fi
 if [[ -n "${PACK_OUT:-}" ]]; then
   # a transport that brings back only a few files: one archive of everything under $OUT

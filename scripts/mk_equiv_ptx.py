@@ -71,6 +71,7 @@ d.inv_freq = Fake(next(n))
 d.buf = types.SimpleNamespace(**{f.name: Fake(next(n)) for f in dataclasses.fields(mkm.DecodeBuffers)})
 d._layer_table = Fake(next(n))
 d._scale_table = None
+d.rank, d._peer_table = 0, None   # one GPU (tensor parallelism: MegakernelDecoder.connect)
 for trace in (None, Fake(next(n))):
     d._trace = trace
     sys.stdout.write(d._pack_params().hex() + "\n")

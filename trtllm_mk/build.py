@@ -50,9 +50,9 @@ def check_buildable(cfg: DeploymentConfig) -> None:
     where = cfg.source or cfg.name
     if cfg.tensor_parallel_size > 1:
         raise ConfigError(f"{where}: tensor_parallel_size: {cfg.tensor_parallel_size} GPUs cannot be built into an "
-                          "engine yet: the multi-GPU megakernel (all-reduce tasks) is not implemented "
-                          "(trtllm_mk.parallel shards the weights and emulates the ranks on the CPU); "
-                          "use tensor_parallel_size: 1")
+                          "engine yet: the tensor-parallel megakernel runs from Python (trtllm_mk.parallel.gpu_ranks; "
+                          "scripts/tp_check.py under torchrun), but its engine directory and the torchrun launch of "
+                          "run / bench are not implemented; use tensor_parallel_size: 1")
     from .model.moe import check_buildable_moe
     check_buildable_moe(cfg.model_spec, where)
     scheme = cfg.quant_scheme

@@ -47,6 +47,7 @@ def kernel_json(schedule: Schedule, layout: KernelLayout, target: str, resources
         "event_offsets": layout.event_offsets, "target": target,
         "qk_norm": schedule.spec.qk_norm, "qkv_bias": schedule.spec.qkv_bias,
         "weight_bits": schedule.spec.weight_bits, "weight_group": schedule.spec.weight_group,
+        **({"tensor_parallel": layout.tensor_parallel} if layout.tensor_parallel > 1 else {}),
         "dims": {"L": d.layers, "H": d.hidden, "I": d.intermediate, "V": d.vocab, "NH": d.heads, "NKV": d.kv_heads,
                  "D": d.head_dim, "G": d.group, "QKVR": d.qkv_rows},
         "params": seam.params_layout_json(),
@@ -58,7 +59,8 @@ def layout_from_kernel_json(k: dict) -> KernelLayout:
     return KernelLayout(grid=k["grid"], block=k["block"], smem_bytes=k["smem_bytes"],
                         event_offsets=dict(k["event_offsets"]), num_counters=k["num_counters"],
                         n_lm_tiles=k["n_lm_tiles"], history_len=k["history_len"],
-                        tokens_per_block=k["tokens_per_block"], trace_tasks=k.get("trace_tasks", 0))
+                        tokens_per_block=k["tokens_per_block"], trace_tasks=k.get("trace_tasks", 0),
+                        tensor_parallel=k.get("tensor_parallel", 1))
 
 
 _KIND_TEMPLATE = re.compile(r"^(run_task|prefetch_next_step)<(\d+)>$")

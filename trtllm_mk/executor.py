@@ -187,8 +187,11 @@ class CpuExecutor:
         self.attn_out = torch.zeros(B, dm.q_dim, dtype=f32)
         self.act = torch.zeros(B, dm.intermediate, dtype=f32)
         self.logits = torch.zeros(B, dm.vocab, dtype=f32)
-        self.lm_val = torch.zeros(B, dm.n_lm_tiles, dtype=f32)
-        self.lm_idx = torch.zeros(B, dm.n_lm_tiles, dtype=i32)
+        # one rank of a tensor-parallel model (parallel/cpu_executor.py shares x, lm_val and lm_idx
+        # between the ranks and sets rank); alone, rank 0 of 1
+        self.tp, self.rank = dm.tensor_parallel, 0
+        self.lm_val = torch.zeros(B, self.tp * dm.n_lm_tiles, dtype=f32)
+        self.lm_idx = torch.zeros(B, self.tp * dm.n_lm_tiles, dtype=i32)
         self.tokens = torch.zeros(B, dtype=i32)
         self.pos = torch.zeros(B, dtype=i32)
         self.history = torch.full((B, cache.max_seq_len), -1, dtype=i32)
@@ -222,6 +225,16 @@ class CpuExecutor:
                 lw["q_norm"] = _bf16(w[p + "self_attn.q_norm.weight"])
                 lw["k_norm"] = _bf16(w[p + "self_attn.k_norm.weight"])
             self.layers.append(lw)
+
+    @property
+    def vocab_base(self) -> int:
+        """The first token id of this rank's vocabulary shard."""
+        return self.rank * self.graph.dims.vocab
+
+    @property
+    def lm_tile_base(self) -> int:
+        """This rank's first column of lm_val / lm_idx."""
+        return self.rank * self.graph.dims.n_lm_tiles
 
     # ------------------------------------------------------------------ stepping
     def set_sampling(self, row: int, params) -> None:

@@ -106,7 +106,20 @@ PARAMS = (
     ParamField("top_ids", "int*", BUFFER, "[B, MAX_TOP_LOGPROBS] the most likely tokens (logprobs > 1)"),
     ParamField("cand_hist", "uint32_t*", BUFFER, "[B, CAND_HIST_BINS] logits per key bin (zero between steps)"),
     ParamField("layer_scales", "const LayerScales*", WEIGHT, "[L] quantized weights' scale words (null: bf16 weights)"),
+    ParamField("peers", "const PeerBuffers*", BUFFER, "[TP] every rank's cross-rank buffers, this rank's too (null: TP = 1)"),
+    ParamField("rank", "int64_t", SCALAR, "this rank of TP (0 without tensor parallelism)"),
 )
+
+# mk::PeerBuffers: the buffers of one tensor-parallel rank that the other ranks write into
+# (graph/builder.py, tensor parallelism): device pointers valid on every rank's GPU (peer-mapped
+# or symmetric memory), each the same buffer as the rank's own Params field of that name.
+PEER_FIELDS = (
+    ("x", "long long*", "the residual stream: OPROJ / DOWN add, EMBED writes"),
+    ("counters", "uint32_t*", "event counters: cross-rank events are signalled on every rank"),
+    ("lm_val", "float*", "[B, TP * N_LM_TILES] LM-head tile maxima of every rank"),
+    ("lm_idx", "int*", "[B, TP * N_LM_TILES] their global token ids"),
+)
+PEER_FIELD_NAMES = tuple(n for n, _, _ in PEER_FIELDS)
 
 TASK_ARGS = (
     TaskArg("layer"), TaskArg("r0"), TaskArg("r1"), TaskArg("k0"), TaskArg("k1"), TaskArg("group"), TaskArg("split"),
@@ -224,7 +237,8 @@ def params_layout_json() -> dict:
             "layer_fields": list(LAYER_FIELD_NAMES), "layer_scale_fields": list(LAYER_SCALE_NAMES),
             "error_fields": [f for f, _ in ERROR_FIELDS], "error_codes": dict(ERROR_CODES),
             "sampling_slot_bytes": SAMPLING_SLOT_BYTES, "max_top_logprobs": MAX_TOP_LOGPROBS,
-            "cand_hist_bins": CAND_HIST_BINS}
+            "cand_hist_bins": CAND_HIST_BINS,
+            "peer_fields": list(PEER_FIELD_NAMES)}
 
 
 def _kind_enum() -> str:
@@ -256,6 +270,9 @@ def emit_cuda() -> str:
     lines += ["};", f"static_assert(sizeof(SamplingSlot) == {SAMPLING_SLOT_BYTES}, \"SamplingSlot layout (trtllm_mk/seam.py)\");"]
     lines += [f"constexpr int CANDIDATES = {CANDIDATES};", f"constexpr int MAX_TOP_LOGPROBS = {MAX_TOP_LOGPROBS};",
               f"constexpr int CAND_HIST_BINS = {CAND_HIST_BINS};"]
+    lines += ["", "// One tensor-parallel rank's buffers that the other ranks write into.", "struct PeerBuffers {"]
+    lines += [f"  {t} {n};  // {doc}" for n, t, doc in PEER_FIELDS]
+    lines += ["};"]
     lines += ["", "// Kernel parameters, passed by value as a __grid_constant__.", "struct Params {"]
     lines += [f"  {f.ctype} {f.name};  // {f.doc}" for f in PARAMS]
     lines += ["};"]

@@ -744,6 +744,8 @@ int32_t DecodeStepPlugin::enqueue(const nvinfer1::PluginTensorDesc* inputDesc, c
     L.put(p, "top_ids", st.top_ids);
     L.put(p, "cand_hist", st.cand_hist);
     L.put(p, "layer_scales", 0);   // bf16 weights: no scale words (layer_table_inputs refuses 4-bit engines)
+    L.put(p, "peers", 0);          // one GPU: no tensor-parallel peers
+    L.put(p, "rank", 0);
     st.module->launch(p.data(), p.size(), stream);
     if (!capturing) st.record_kernel(slot, stream);
     return 0;

@@ -54,7 +54,8 @@ constexpr const char* kParamsFilled[] = {
     "layers", "embed", "final_norm", "lm_head", "inv_freq", "x", "qkv", "part_o", "part_ml", "attn_out", "act",
     "logits", "lm_val", "lm_idx", "tokens", "pos", "history", "kv_pool", "block_table", "counters", "control",
     "error", "num_blocks", "block_table_stride", "trace", "sampling", "lm_lse", "logprobs", "top_ids", "cand_hist",
-    "layer_scales"};   // null: the plugin binds bf16 weights only (a 4-bit engine is refused below)
+    "layer_scales",   // null: the plugin binds bf16 weights only (a 4-bit engine is refused below)
+    "peers", "rank"};  // null / 0: one GPU (tensor-parallel engines run through the PyTorch runtime)
 
 // For each entry of the kernel's layer table, the index of the layer input that fills it; throws
 // KernelJsonError when the kernel's Params or layer table has an entry the plugin cannot fill.

@@ -42,16 +42,21 @@ class KernelLayout:
     history_len: int
     tokens_per_block: int
     trace_tasks: int = 0   # most tasks any SM runs per step (rows per SM of the optional trace)
+    tensor_parallel: int = 1   # ranks (each runs this kernel with its own rank and peers)
 
 
-def _event_layout(graph: StepGraph) -> tuple[dict[str, int], list[int]]:
-    offsets, counts = {}, []
+def _event_layout(graph: StepGraph) -> tuple[dict[str, int], list[int], list[int]]:
+    """(first counter of each event, signals a counter receives per step, whether it is cross-rank).
+    A cross-rank counter receives every rank's signals (graph.builder, tensor parallelism)."""
+    offsets, counts, cross = {}, [], []
+    tp = graph.dims.tensor_parallel
     for name in sorted(graph.events):
         ev = graph.events[name]
         offsets[name] = len(counts)
         for row in ev.counts:
-            counts.extend(row)
-    return offsets, counts
+            counts.extend(c * (tp if ev.cross_rank else 1) for c in row)
+            cross.extend([int(ev.cross_rank)] * len(row))
+    return offsets, counts, cross
 
 
 def act_smem_bytes(graph: StepGraph) -> int:
@@ -161,7 +166,7 @@ def generate_source(schedule: Schedule, tokens_per_block: int, max_seq_len: int,
     d, p, spec = graph.dims, graph.plan, schedule.spec
     if d.head_dim % 32:
         raise ValueError(f"head_dim {d.head_dim} must be a multiple of 32 for the megakernel")
-    offsets, counts = _event_layout(graph)
+    offsets, counts, cross = _event_layout(graph)
     smem_map = kernel_smem_layout(graph)
     smem = smem_map.total
     trace_tasks = max((len(pr.head) + d.layers * len(pr.layer) + len(pr.tail) for pr in schedule.programs), default=0)
@@ -182,7 +187,7 @@ def generate_source(schedule: Schedule, tokens_per_block: int, max_seq_len: int,
                   TRACE_TASKS=max(1, trace_tasks), KV_SLOTS=kv_slots, KV_CAP=kv_cap,
                   INFLIGHT=p.inflight_slots, INFLIGHT_CHAIN=p.inflight_chain, MAX_REFS=MAX_REFS,
                   RESID_FRAC_BITS=RESID_FRAC_BITS, WBITS=spec.weight_bits, QGROUP=spec.weight_group,
-                  QTILE=graph.dims.weight_tile)
+                  QTILE=graph.dims.weight_tile, TP=d.tensor_parallel, LM_TILES_ALL=d.tensor_parallel * d.n_lm_tiles)
     for k, v in consts.items():
         lines.append(f"constexpr int {k} = {v};")
     lines.append(f"constexpr bool QK_NORM = {'true' if spec.qk_norm else 'false'};")
@@ -192,6 +197,7 @@ def generate_source(schedule: Schedule, tokens_per_block: int, max_seq_len: int,
     for name, off in offsets.items():
         lines.append(f"constexpr int EV_{name.upper()} = {off};")
     lines.append(f"__constant__ uint32_t EV_COUNT[{len(counts)}] = {{{', '.join(map(str, counts))}}};")
+    lines.append(f"__constant__ uint8_t EV_CROSS[{len(cross)}] = {{{', '.join(map(str, cross))}}};   // signalled on every rank")
     lines.append("}  // namespace cfg")
     lines.append(_inline_headers(smem_map, p.slot_bytes + SLOT_PAD))
     lines.append(_host_model_checks(schedule, kv_cap))
@@ -222,5 +228,5 @@ def generate_source(schedule: Schedule, tokens_per_block: int, max_seq_len: int,
     layout = KernelLayout(grid=schedule.num_sms, block=(p.consumer_warps + 2) * 32, smem_bytes=smem,
                           event_offsets=offsets, num_counters=len(counts), n_lm_tiles=d.n_lm_tiles,
                           history_len=max_seq_len, tokens_per_block=tokens_per_block,
-                          trace_tasks=max(1, trace_tasks))
+                          trace_tasks=max(1, trace_tasks), tensor_parallel=d.tensor_parallel)
     return "\n".join(lines) + "\n", layout

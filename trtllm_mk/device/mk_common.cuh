@@ -211,10 +211,15 @@ __device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
 
 // ---------------------------------------------------------------- event counters
 // Monotonic counters in global memory: a producer adds 1 after its stores (fence + atomic = release),
-// a consumer waits until counter >= count * (step + 1) with acquire loads. Wrap-around safe.
+// a consumer waits until counter >= count * (step + 1) with acquire loads. Wrap-around safe. Under
+// tensor parallelism the other ranks' GPUs signal the cross-rank events, so waits acquire at system
+// scope (a GPU-scope acquire does not synchronize with another GPU's release).
 __device__ __forceinline__ uint32_t ld_acquire(const uint32_t* p) {
   uint32_t v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  if constexpr (cfg::TP > 1)
+    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  else
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
 
@@ -222,6 +227,10 @@ __device__ __forceinline__ uint32_t ld_acquire(const uint32_t* p) {
 // is cumulative over those stores (the pattern of CUTLASS's generic barrier), so no full fence is needed.
 __device__ __forceinline__ void signal_event(uint32_t* p) {
   asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(p) : "memory");
+}
+// The same for a counter another rank's GPU waits on (a cross-rank event; the counter may be a peer's).
+__device__ __forceinline__ void signal_event_sys(uint32_t* p) {
+  asm volatile("red.release.sys.global.add.u32 [%0], 1;" ::"l"(p) : "memory");
 }
 
 // ErrorInfo and ErrorCode are generated (trtllm_mk/seam.py) ahead of this file.

@@ -150,10 +150,17 @@ __device__ __forceinline__ const uint32_t* scale_src(const WeightRef& r, int kc)
 }
 
 // The epilogue of the kinds whose K-split partials add into the residual stream (OPROJ, DOWN): in
-// fixed point, so the sum is the same in every arrival order.
+// fixed point, so the sum is the same in every arrival order. Under tensor parallelism the partial
+// goes into every rank's residual: the all-reduce, as remote adds that need no agreed order.
 struct AddsToResidual {
   static __device__ __forceinline__ void epilogue(const Params& p, const TaskArgs&, int r, int b, float v, float) {
-    add_resid(p.x + (size_t)b * cfg::H + r, v);
+    const size_t at = (size_t)b * cfg::H + r;
+    if constexpr (cfg::TP > 1) {
+#pragma unroll
+      for (int k = 0; k < cfg::TP; ++k) add_resid(p.peers[k].x + at, v);
+    } else {
+      add_resid(p.x + at, v);
+    }
   }
 };
 

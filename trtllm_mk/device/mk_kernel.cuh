@@ -42,6 +42,18 @@ __device__ __forceinline__ void hand_off_signals(Ctx& c, const TaskArgs& a) {
   }
 }
 
+// One signal of a finished task: a cross-rank event (tensor parallelism) is signalled on every rank.
+__device__ __forceinline__ void signal_counter(const Ctx& c, int index) {
+  if constexpr (cfg::TP > 1) {
+    if (cfg::EV_CROSS[index]) {
+#pragma unroll
+      for (int r = 0; r < cfg::TP; ++r) signal_event_sys(c.p->peers[r].counters + index);
+      return;
+    }
+  }
+  signal_event(c.p->counters + index);
+}
+
 // Signaller side: publish the task's events once the consumers have handed it over.
 __device__ __forceinline__ void publish_signals(Ctx& c, const TaskArgs& a) {
   if (a.ns == 0) return;
@@ -51,7 +63,7 @@ __device__ __forceinline__ void publish_signals(Ctx& c, const TaskArgs& a) {
     mbar_wait(&c.sig_full()[slot], use & 1);
 #pragma unroll
     for (int i = 0; i < cfg::MAX_REFS; ++i)
-      if (i < a.ns) signal_event(c.p->counters + a.s[i]);
+      if (i < a.ns) signal_counter(c, a.s[i]);
     mbar_arrive(&c.sig_empty()[slot]);
   }
 }

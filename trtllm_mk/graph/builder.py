@@ -14,6 +14,18 @@ Event granularity per edge follows producer and consumer partitions:
                         read for their norm, so DOWN must wait for all of them (the race checker
                         rejects the per-chunk variant).
   lm_done     [1, 1]    ARGMAX reduces every LM-head tile.
+
+Tensor parallelism (ModelSpec.tensor_parallel > 1: the spec is one rank's share, parallel/layout.py).
+Every rank holds the whole residual x. OPROJ and DOWN add their partial sums into every rank's x (the
+all-reduce, fused into the GEMVs: fixed-point adds give the same bits in any order), EMBED writes the
+rows of the tokens in its vocabulary range into every rank's x, and LMHEAD publishes its tile's maximum
+into every rank's lm_val / lm_idx (ARGMAX then reduces all ranks' tiles). The events that order these
+cross-rank writes are CROSS_RANK_EVENTS: each rank's task signals every rank's counter, and a wait
+needs the signals of all ranks. resid_ready, oproj_done and lm_done carry the data (all ranks' adds or
+maxima have landed); qkv_all and gateup_done guard x against a peer's adds while this rank's QKV or
+GATEUP tiles still read it for their norm, so under tensor parallelism every OPROJ waits on qkv_all.
+A rank cannot run ahead into the next step's writes: its step ends after lm_done, which needs every
+rank's LM-head tiles, and those read x last.
 """
 from __future__ import annotations
 
@@ -21,6 +33,10 @@ from ..errors import ModelError
 from ..model.families import FAMILIES
 from ..model.spec import ModelSpec
 from .tasks import HEAD, LAYER, MAX_BATCH, TAIL, Access, Dims, Event, EventRef, Kind, StepGraph, Task, TilePlan
+
+
+# events signalled by every rank on every rank under tensor parallelism (module docstring)
+CROSS_RANK_EVENTS = frozenset({"resid_ready", "oproj_done", "qkv_all", "gateup_done", "lm_done"})
 
 
 def _tiles(n: int, size: int) -> list[tuple[int, int]]:
@@ -86,6 +102,7 @@ class Lowering:
         self.QD = self.nh * self.d
         self.groups_per_chunk = self.nkv // plan.o_ksplit   # KV groups per OPROJ K-chunk
         self.lm_tiles = _tiles(self.V, plan.lm_rows)
+        self.tp = spec.tensor_parallel   # ranks sharing the model (module docstring)
 
     tiles = staticmethod(_tiles)
 
@@ -95,11 +112,13 @@ class Lowering:
         return (Access("part_o", g0 * S * G * d, g1 * S * G * d), Access("part_ml", g0 * S * G * 2, g1 * S * G * 2))
 
 
-def derive_events(head: list[Task], layer: list[Task], tail: list[Task], num_layers: int) -> dict[str, Event]:
-    """Event tensors from the tasks' signals: a slot's count is how many tasks signal it per step
-    (a LAYER task's relative row ``i`` is row ``layer + i`` of every layer). An event that a LAYER
-    task signals or waits on has a row per layer (plus the rows its relative indices reach); the
-    others have as many rows as their references reach."""
+def derive_events(head: list[Task], layer: list[Task], tail: list[Task], num_layers: int,
+                  tensor_parallel: int = 1) -> dict[str, Event]:
+    """Event tensors from the tasks' signals: a slot's count is how many tasks of one rank signal it
+    per step (a LAYER task's relative row ``i`` is row ``layer + i`` of every layer). An event that a
+    LAYER task signals or waits on has a row per layer (plus the rows its relative indices reach); the
+    others have as many rows as their references reach. With ``tensor_parallel`` > 1 the events of
+    CROSS_RANK_EVENTS are marked cross-rank."""
     L = num_layers
     refs: dict[str, list[tuple[str, EventRef]]] = {}
     for phase, tasks in ((HEAD, head), (LAYER, layer), (TAIL, tail)):
@@ -119,7 +138,8 @@ def derive_events(head: list[Task], layer: list[Task], tail: list[Task], num_lay
                         continue
                     for row in ([layer_i + r.index for layer_i in range(L)] if phase == LAYER else [r.index]):
                         counts[row][r.slot] += 1
-        events[name] = Event(name, rows, slots, tuple(tuple(c) for c in counts), per_layer)
+        events[name] = Event(name, rows, slots, tuple(tuple(c) for c in counts), per_layer,
+                             cross_rank=tensor_parallel > 1 and name in CROSS_RANK_EVENTS)
     return events
 
 
@@ -143,10 +163,11 @@ def build_step_graph(spec: ModelSpec, batch: int, plan: TilePlan, context_len: i
                 tasks.append(Task(kind=kind, phase=phase, index=len(tasks), **kw))
         phases[phase] = tasks
     head, layer, tail = phases[HEAD], phases[LAYER], phases[TAIL]
-    events = derive_events(head, layer, tail, c.L)
+    events = derive_events(head, layer, tail, c.L, c.tp)
     dims = Dims(batch=c.B, layers=c.L, hidden=c.H, intermediate=c.I, vocab=c.V, heads=c.nh, kv_heads=c.nkv,
                 head_dim=c.d, group=c.G, splits=c.S, group_rows=c.GR, qkv_rows=c.QKVR, q_dim=c.QD,
                 n_lm_tiles=len(c.lm_tiles), context_len=context_len, weight_bits=spec.weight_bits,
-                weight_group=spec.weight_group, weight_tile=tile_cols(spec) if spec.quantized else 0)
+                weight_group=spec.weight_group, weight_tile=tile_cols(spec) if spec.quantized else 0,
+                tensor_parallel=c.tp)
     return StepGraph(num_layers=c.L, batch=c.B, plan=plan, head=head, layer=layer, tail=tail,
                      events=events, dims=dims)

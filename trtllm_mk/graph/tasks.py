@@ -115,6 +115,9 @@ class Event:
     slots: int
     counts: tuple[tuple[int, ...], ...]
     per_layer: bool            # rows are indexed by layer (LAYER tasks use relative indices)
+    # under tensor parallelism: every rank's tasks signal every rank's counter, so a wait needs the
+    # signals of all ranks (graph.builder CROSS_RANK_EVENTS)
+    cross_rank: bool = False
 
 
 @dataclass(frozen=True)
@@ -175,6 +178,7 @@ class Dims:
     weight_bits: int = 16   # the decoder layers' GEMV weights: 16 (bf16) or 4 (ModelSpec.weight_bits)
     weight_group: int = 0   # columns per scale word of 4-bit weights
     weight_tile: int = 0    # columns per 16-row tile of 4-bit weights (quant/kernel_layout.py tile_cols)
+    tensor_parallel: int = 1   # ranks sharing the model (ModelSpec.tensor_parallel)
 
 
 @dataclass

@@ -286,9 +286,9 @@ __device__ void argmax_compute(Ctx& c, const TaskArgs& a, const int (&pos)[cfg::
     const SamplingSlot s = p.sampling[b];
     float best = -INFINITY;
     int bi = 0x7fffffff;
-    for (int t = threadIdx.x; t < cfg::N_LM_TILES; t += CTHREADS) {
-      const float v = ld_act(p.lm_val + b * cfg::N_LM_TILES + t);
-      const int idx = ld_act(p.lm_idx + b * cfg::N_LM_TILES + t);
+    for (int t = threadIdx.x; t < cfg::LM_TILES_ALL; t += CTHREADS) {   // every rank's tiles
+      const float v = ld_act(p.lm_val + b * cfg::LM_TILES_ALL + t);
+      const int idx = ld_act(p.lm_idx + b * cfg::LM_TILES_ALL + t);
       if (argmax_better(v, idx, best, bi)) { best = v; bi = idx; }
     }
     block_argmax(c, best, bi);
@@ -319,7 +319,13 @@ __device__ void argmax_compute(Ctx& c, const TaskArgs& a, const int (&pos)[cfg::
         }
       }
 #if defined(MK_USE_BULK_COPY)
-      if (diag::PREFETCH_NEXT) bulk_prefetch_l2(p.embed + (size_t)bi * cfg::H, cfg::H * 2);   // the next step's EMBED row
+      if constexpr (cfg::TP > 1) {   // the rank holding the row in its shard of the table prefetches it
+        const int local = bi - (int)p.rank * cfg::V;
+        if (diag::PREFETCH_NEXT && (unsigned)local < (unsigned)cfg::V)
+          bulk_prefetch_l2(p.embed + (size_t)local * cfg::H, cfg::H * 2);
+      } else {
+        if (diag::PREFETCH_NEXT) bulk_prefetch_l2(p.embed + (size_t)bi * cfg::H, cfg::H * 2);   // the next step's EMBED row
+      }
 #endif
     }
     consumer_sync(CTHREADS);

@@ -30,7 +30,8 @@ def lower(c) -> list[dict]:
     for a, b in c.tiles(c.H, plan.down_rows):
         for k in range(plan.down_ksplit):
             k0, k1 = k * d_chunk, (k + 1) * d_chunk
-            split = plan.down_ksplit > 1   # K-split partials accumulate atomically (fixed point: any order)
+            # K-split (or other ranks') partials accumulate atomically (fixed point: any order)
+            split = plan.down_ksplit > 1 or c.tp > 1
             out.append(dict(r0=a, r1=b, k0=k0, k1=k1,
                             waits=(EventRef("gateup_done", 0, 0),), signals=(EventRef("resid_ready", 1, 0),),
                             reads=(Access("act", k0, k1),) + (() if split else (Access("x", a, b),)),

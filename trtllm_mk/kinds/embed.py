@@ -9,7 +9,13 @@ DEF = KindDef("EMBED", streams_weights=False, args=("r0", "r1"), device_file="em
 def execute(ex, t, layer: int) -> None:
     """CPU-executor semantics (trtllm_mk.executor.CpuExecutor ``ex``): see graph.tasks."""
     from ..residual import to_fixed
-    ex.x[:, t.r0:t.r1] = to_fixed(ex.embed[ex.tokens.long(), t.r0:t.r1])
+    if ex.tp == 1:
+        ex.x[:, t.r0:t.r1] = to_fixed(ex.embed[ex.tokens.long(), t.r0:t.r1])
+        return
+    # one rank's vocabulary shard: it writes the rows of the tokens it holds (into the x every rank shares)
+    local = ex.tokens.long() - ex.vocab_base
+    own = (local >= 0) & (local < ex.embed.shape[0])
+    ex.x[own, t.r0:t.r1] = to_fixed(ex.embed[local[own], t.r0:t.r1])
 
 
 def duration_us(task, graph, rates, cal) -> float:

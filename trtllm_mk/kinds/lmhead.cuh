@@ -119,8 +119,15 @@ struct GemvKind<LMHEAD> {
           const int oi = reinterpret_cast<int*>(c.scratch())[128 + w * cfg::B + b];
           if (argmax_better(ov, oi, bv, bi)) { bv = ov; bi = oi; }
         }
-        p.lm_val[b * cfg::N_LM_TILES + a.tile] = bv;
-        p.lm_idx[b * cfg::N_LM_TILES + a.tile] = bi;
+        if constexpr (cfg::TP > 1) {   // this rank's column of every rank's maxima, with global token ids
+          const int col = b * cfg::LM_TILES_ALL + (int)p.rank * cfg::N_LM_TILES + a.tile;
+          const int gi = bi == 0x7fffffff ? bi : bi + (int)p.rank * cfg::V;
+#pragma unroll
+          for (int k = 0; k < cfg::TP; ++k) { p.peers[k].lm_val[col] = bv; p.peers[k].lm_idx[col] = gi; }
+        } else {
+          p.lm_val[b * cfg::N_LM_TILES + a.tile] = bv;
+          p.lm_idx[b * cfg::N_LM_TILES + a.tile] = bi;
+        }
         if ((t.lse | t.lse_z) >> b & 1u) {
           const int groups = (a.r1 - a.r0 + G::OUT_ROWS - 1) / G::OUT_ROWS;
           const float* part = c.red() + (groups & 1) * cfg::CWARPS * 16 * cfg::B;

@@ -15,8 +15,10 @@ def execute(ex, t, layer: int) -> None:
     ex.logits[:, t.r0:t.r1] = out
     # as on the device: NaN never wins, and a tile with no logit above -inf has no candidate
     val, idx = torch.nan_to_num(out, nan=-torch.inf, posinf=torch.inf).max(-1)   # first index of the max
-    ex.lm_val[:, t.index] = val
-    ex.lm_idx[:, t.index] = torch.where(val > -torch.inf, idx.to(torch.int32) + t.r0, NO_TOKEN)
+    # under tensor parallelism: this rank's columns of every rank's lm_val / lm_idx, global token ids
+    col = ex.lm_tile_base + t.index
+    ex.lm_val[:, col] = val
+    ex.lm_idx[:, col] = torch.where(val > -torch.inf, idx.to(torch.int32) + t.r0 + ex.vocab_base, NO_TOKEN)
 
 # GEMV cost hooks (kinds/gemv.py)
 MATRICES = 1

@@ -42,7 +42,7 @@ def lower(c) -> list[dict]:
     for a, b in c.tiles(c.H, plan.o_rows):
         for k in range(plan.o_ksplit):
             k0, k1 = k * o_chunk, (k + 1) * o_chunk
-            split = plan.o_ksplit > 1
+            split = plan.o_ksplit > 1 or c.tp > 1   # adds with other K-chunks' or other ranks' partials
             if plan.o_merge:   # the chunk's heads merged from the split partials while staging
                 ready = EventRef("attn_done", 0, k)
                 source = c.partials(k * c.groups_per_chunk, (k + 1) * c.groups_per_chunk)

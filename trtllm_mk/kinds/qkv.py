@@ -30,7 +30,8 @@ def lower(c) -> list[dict]:
         # With a K-split OPROJ, a chunk may add into x as soon as its own heads are combined, while
         # QKV tiles of other groups still read x for their norm: qkv_all orders every OPROJ after
         # every QKV (without K-split the single combine_done slot already implies it).
-        all_sig = (EventRef("qkv_all", 0, 0),) if c.plan.o_ksplit > 1 else ()
+        # Under tensor parallelism every OPROJ adds into every rank's x, so every OPROJ waits for it.
+        all_sig = (EventRef("qkv_all", 0, 0),) if c.plan.o_ksplit > 1 or c.tp > 1 else ()
         out.append(dict(r0=a, r1=b, k0=0, k1=c.H, waits=(EventRef("resid_ready", 0, 0),),
                         signals=tuple(EventRef("qkv_done", 0, g) for g in groups) + all_sig,
                         reads=(Access("x", 0, c.H),), writes=(Access("qkv", a, b),),

@@ -60,6 +60,9 @@ class ModelSpec:
     # head stay in ``dtype``
     weight_bits: int = 16
     weight_group: int = 0
+    # the model is one rank's share of a model split over this many GPUs (parallel/layout.py
+    # rank_spec): its residual adds, LM-head maxima and the events that order them reach every rank
+    tensor_parallel: int = 1
 
     # ---- derived shapes -------------------------------------------------------------------
     @property
@@ -217,6 +220,8 @@ class ModelSpec:
                 del d[f]
         if not self.quantized:
             del d["weight_bits"], d["weight_group"]
+        if self.tensor_parallel == 1:
+            del d["tensor_parallel"]
         return d
 
     @classmethod

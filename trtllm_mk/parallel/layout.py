@@ -92,4 +92,4 @@ def rank_spec(spec: ModelSpec, tp: int) -> ModelSpec:
     return dataclasses.replace(
         spec, name=f"{spec.name}-tp{tp}", num_heads=spec.num_heads // tp,
         num_kv_heads=max(1, spec.num_kv_heads // tp), intermediate_size=spec.intermediate_size // tp,
-        vocab_size=spec.vocab_size // tp)
+        vocab_size=spec.vocab_size // tp, tensor_parallel=tp)

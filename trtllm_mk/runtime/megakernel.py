@@ -63,25 +63,34 @@ class DecodeBuffers:
 
     @classmethod
     def allocate(cls, spec: ModelSpec, batch: int, schedule: Schedule, layout: KernelLayout,
-                 device: torch.device) -> "DecodeBuffers":
+                 device: torch.device, peer_alloc=None) -> "DecodeBuffers":
+        """``peer_alloc(shape, dtype)``: where the buffers other ranks write into live (seam.PEER_FIELDS;
+        tensor parallelism over several GPUs: memory every rank can reach); zero-filled."""
         f32 = dict(dtype=torch.float32, device=device)
         i32 = dict(dtype=torch.int32, device=device)
         S, G = schedule.plan.attn_splits, spec.group_size
         qkvr = spec.num_kv_heads * (G + 2) * spec.head_dim
+        tiles = layout.tensor_parallel * layout.n_lm_tiles   # every rank's LM-head tiles
+
+        def shared(shape, dtype):
+            if peer_alloc is None:
+                return torch.zeros(shape, dtype=dtype, device=device)
+            return peer_alloc(shape, dtype).zero_()
+
         return cls(
-            x=torch.empty(batch, spec.hidden_size, dtype=torch.int64, device=device),   # fixed point
+            x=shared((batch, spec.hidden_size), torch.int64),   # fixed point
             qkv=torch.empty(batch, qkvr, **f32),
             part_o=torch.empty(batch, spec.num_kv_heads, S, G, spec.head_dim, **f32),
             part_ml=torch.empty(batch, spec.num_kv_heads, S, G, 2, **f32),
             attn_out=torch.empty(batch, spec.q_size, **f32),
             act=torch.empty(batch, spec.intermediate_size, **f32),
             logits=torch.empty(batch, spec.vocab_size, **f32),
-            lm_val=torch.empty(batch, layout.n_lm_tiles, **f32),
-            lm_idx=torch.empty(batch, layout.n_lm_tiles, **i32),
+            lm_val=shared((batch, tiles), torch.float32),
+            lm_idx=shared((batch, tiles), torch.int32),
             tokens=torch.zeros(batch, **i32),
             pos=torch.zeros(batch, **i32),
             history=torch.full((batch, layout.history_len), -1, **i32),
-            counters=torch.zeros(layout.num_counters, **i32),
+            counters=shared((layout.num_counters,), torch.int32),
             control=torch.zeros(4, **i32),
             error=torch.zeros(ERROR_WORDS, dtype=torch.int32).pin_memory(),
             sampling=torch.zeros(batch, SAMPLING_SLOT_BYTES, dtype=torch.uint8, device=device),
@@ -107,7 +116,10 @@ class MegakernelDecoder:
     """One compiled megakernel bound to weights, a paged KV cache and its own activation buffers."""
 
     def __init__(self, schedule: Schedule, cubin: str | Path, layout: KernelLayout, weights: dict[str, torch.Tensor],
-                 cache: PagedKVCache, inv_freq: torch.Tensor, cooperative: bool = True):
+                 cache: PagedKVCache, inv_freq: torch.Tensor, cooperative: bool = True, peer_alloc=None):
+        """A tensor-parallel kernel (``layout.tensor_parallel`` > 1) binds one rank's shard and cache;
+        ``connect`` then tells it its rank and every rank's cross-rank buffers (``peer_alloc``: see
+        DecodeBuffers.allocate) before the first step."""
         spec, B = schedule.spec, schedule.batch
         self.spec, self.schedule, self.layout, self.batch = spec, schedule, layout, B
         dev = cache.pool.device
@@ -117,8 +129,9 @@ class MegakernelDecoder:
         self._check_bindings(weights, cache)
         self.weights, self.cache = weights, cache
         self.inv_freq = inv_freq.to(device=dev, dtype=torch.float32).contiguous()
-        self.buf = DecodeBuffers.allocate(spec, B, schedule, layout, dev)
+        self.buf = DecodeBuffers.allocate(spec, B, schedule, layout, dev, peer_alloc)
         self._trace: torch.Tensor | None = None
+        self.rank, self._peer_table = 0, None   # tensor parallelism: set by connect
         self._layer_table = self._pack_layer_table(weights, LAYER_FIELDS)
         self._scale_table = self._pack_layer_table(weights, SCALE_FIELDS) if spec.quantized else None
         self._params = self._pack_params()
@@ -162,11 +175,34 @@ class MegakernelDecoder:
         if self._scale_table is not None:
             ptrs["layer_scales"] = self._scale_table
         ptrs.update((f.name, getattr(b, f.name)) for f in fields(DecodeBuffers))   # every engine-owned buffer
+        if self._peer_table is not None:
+            ptrs["peers"] = self._peer_table
         values = {f: t.data_ptr() for f, t in ptrs.items()}
         values.setdefault("layer_scales", 0)
+        values.setdefault("peers", 0)
+        values["rank"] = self.rank
         values.update(num_blocks=self.cache.pool.shape[1], block_table_stride=self.cache.block_table.shape[1],
                       trace=self._trace.data_ptr() if self._trace is not None else 0)
         return seam.pack_params(values)
+
+    # ------------------------------------------------------------------ tensor parallelism
+    def peer_pointers(self) -> dict[str, int]:
+        """This rank's cross-rank buffers (seam.PEER_FIELDS) as device addresses on its own GPU."""
+        return {name: getattr(self.buf, name).data_ptr() for name in seam.PEER_FIELD_NAMES}
+
+    def connect(self, rank: int, peers: list[dict[str, int]]) -> None:
+        """Rank ``rank`` of ``len(peers)``: ``peers[r]`` holds rank r's cross-rank buffers as addresses
+        this GPU can reach (the same GPU's, a peer-mapped or a symmetric-memory mapping), ``peers[rank]``
+        this rank's own."""
+        tp = self.layout.tensor_parallel
+        if len(peers) != tp or not 0 <= rank < tp:
+            raise EngineError(f"the kernel runs {tp} tensor-parallel ranks; got rank {rank} of {len(peers)}")
+        if peers[rank] != self.peer_pointers():
+            raise EngineError(f"rank {rank}: its own entry of the peer table is not its buffers")
+        rows = [[p[name] for name in seam.PEER_FIELD_NAMES] for p in peers]
+        self._peer_table = torch.tensor(rows, dtype=torch.int64, device=self.device)
+        self.rank = rank
+        self._params = self._pack_params()
 
     # ------------------------------------------------------------------ tracing
     def set_trace(self, on: bool) -> None:
@@ -200,12 +236,17 @@ class MegakernelDecoder:
         ``trtllm_mk.sampling.SamplingParams``; None: greedy without log-probabilities). The kernel
         chooses in place (device/mk_sampling.cuh): the token lands in ``tokens``/``history``, the
         log-probabilities, when asked for, in ``logprobs``/``top_ids``."""
+        if self.layout.tensor_parallel > 1 and params is not None and not params.plain_greedy:
+            raise EngineError("a tensor-parallel kernel decodes greedily: sampling and log-probabilities need "
+                              "every rank's logits")
         raw = seam.pack_sampling_slot() if params is None else seam.pack_sampling_slot(
             params.temperature, params.top_k, params.top_p, params.seed, params.logprobs)
         self.buf.sampling[row].copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
 
     def step(self, stream: torch.cuda.Stream | None = None) -> None:
         """Launch one decode step (asynchronous). Reads/advances tokens, pos on the device."""
+        if self.layout.tensor_parallel > 1 and self._peer_table is None:
+            raise EngineError("a tensor-parallel kernel needs its peers: call connect(rank, peers) first")
         s = stream if stream is not None else torch.cuda.current_stream(self.device)
         self.module.launch(self._params, s.cuda_stream)
 

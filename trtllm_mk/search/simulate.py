@@ -47,6 +47,13 @@ from .calibration import Calibration
 from .cost import CostTable, Streaming, cost_table, streaming_key
 
 
+def link_sync_us() -> float:
+    """One cross-GPU synchronisation (parallel/allreduce_cost.py; its unmeasured default until a
+    multi-GPU machine's micro-benchmark is fitted)."""
+    from ..parallel.allreduce_cost import UNMEASURED
+    return UNMEASURED.sync_us
+
+
 @contextmanager
 def gc_paused():
     """Pause the cyclic garbage collector: the simulator allocates many small lists and no cycles,
@@ -123,8 +130,14 @@ class Simulator:
             offset[name], rows_of[name] = ncnt, rows
             ncnt += rows * ev.slots
         target = [0] * ncnt
+        # a cross-rank event (tensor parallelism) is seen a GPU-to-GPU synchronisation later
+        link_us = link_sync_us() if g.dims.tensor_parallel > 1 else 0.0
+        extra = [0.0] * ncnt
         for name in sorted(g.events):
             ev = g.events[name]
+            if ev.cross_rank:
+                for i in range(offset[name], offset[name] + rows_of[name] * ev.slots):
+                    extra[i] = link_us
             for r in range(rows_of[name]):
                 orig = r if (not ev.per_layer or r < Ls) else r + shift
                 for s in range(ev.slots):
@@ -190,7 +203,7 @@ class Simulator:
                 signals[u] = signals[u] + [base + p]
                 if p > 0:
                     waits[u] = waits[u] + [base + p - 1]
-        self.ncnt, self.target = ncnt, target
+        self.ncnt, self.target, self.extra = ncnt, target, extra + [0.0] * (ncnt - len(extra))
         self.waits, self.signals, self.kinds, self.layer_of, self.tmpl = waits, signals, kinds, layer_of, tmpl
 
     def _cost_arrays(self, streaming: Streaming) -> tuple:
@@ -247,7 +260,7 @@ class Simulator:
         gemv, W, pre, comp, slot_t, ring, rate, dur, stage = self._cost_arrays(streaming_sms(programs, self.graph))
         seqs = self.sequences(programs)
         reuse = self.staged_reuse(seqs)
-        waits, signals, target = self.waits, self.signals, self.target
+        waits, signals, target, extra = self.waits, self.signals, self.target, self.extra
         sync, lat = self.cal.sync_us, self.cal.mem_latency_us
         nsm = len(seqs)
         cnt = [0] * self.ncnt
@@ -283,8 +296,8 @@ class Simulator:
                         if cnt[c] < target[c]:
                             blocked = True
                             break
-                        if rt[c] > ready:
-                            ready = rt[c]
+                        if rt[c] + extra[c] > ready:
+                            ready = rt[c] + extra[c]
                     if blocked:
                         break
                     st = cons[s]
