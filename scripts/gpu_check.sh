@@ -157,6 +157,17 @@ if has tp; then
   timeout $(part_s ${TP_TESTS_TIMEOUT:-150}) python -m pytest -q -s -m gpu tests/test_parallel_gpu.py -rs \
     > "$OUT/tp_tests.log" 2>&1
   grep -E "rel err|passed|failed|FAILED|Error" "$OUT/tp_tests.log" | tail -20
+  if (( tp == 2 )); then   # the engine path: torchrun run against run --simulate of the same engine
+    python -m trtllm_mk build --config configs/tiny_cpu_tp2.yaml --output-dir /tmp/tiny_tp2 > "$OUT/tp_engine.log" 2>&1
+    for mode in gpu simulate; do
+      if [[ $mode == gpu ]]; then launch=(torchrun --nproc-per-node 2 -m trtllm_mk); else launch=(python -m trtllm_mk); fi
+      timeout $(part_s 90) "${launch[@]}" run --engine /tmp/tiny_tp2 --weights random --seed 3 --ignore-eos \
+        --prompt "3 141 59 26 5 358 97" --max-new-tokens 16 $([[ $mode == simulate ]] && echo --simulate) \
+        2>>"$OUT/tp_engine.log" | head -1 > "$OUT/tp_engine_$mode.txt"
+    done
+    cmp -s "$OUT/tp_engine_gpu.txt" "$OUT/tp_engine_simulate.txt" && echo "tp engine: torchrun run = run --simulate" \
+      || { echo "tp engine: outputs differ"; cat "$OUT"/tp_engine_*.txt; tail -5 "$OUT/tp_engine.log"; }
+  fi
   if (( tp > 1 )); then
     eval "tp_speed=(${TP_SPEED_ARGS:---model llama-3.1-8b --layers 0 --steps 100 --speed})"
     timeout $(part_s ${TP_SPEED_TIMEOUT:-120}) torchrun --nproc-per-node $tp scripts/tp_check.py "${tp_speed[@]}" \

@@ -323,11 +323,10 @@ def test_describe_shows_the_split_and_the_per_gpu_budget():
     assert "tensor parallel" not in describe(parse_config({**BASE, "model": "llama-3.1-8b"}))
 
 
-def test_building_a_tensor_parallel_deployment_stops_with_one_line(tmp_path):
-    path = tmp_path / "tp2.yaml"
-    path.write_text(yaml.safe_dump({**BASE, "model": "llama-3.1-8b", "tensor_parallel_size": 2}))
-    with pytest.raises(ConfigError, match="tensor_parallel_size: 2 GPUs cannot be built into an engine yet"):
-        check_buildable(load_config(path))
+def test_quantized_tensor_parallel_deployments_stop_with_one_line(tmp_path):
+    path = tmp_path / "tp2q.yaml"
+    path.write_text(yaml.safe_dump({**BASE, "model": "llama-3.1-8b", "tensor_parallel_size": 2,
+                                    "quantization": {"quant_algo": "W4A16_GPTQ", "group_size": 128}}))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = str(ROOT)
     r = subprocess.run([sys.executable, "-m", "trtllm_mk", "build", "--config", str(path), "--dry-run",
@@ -335,9 +334,8 @@ def test_building_a_tensor_parallel_deployment_stops_with_one_line(tmp_path):
                        text=True, timeout=120)
     assert r.returncode == 2, r.stderr
     err = r.stderr.strip().splitlines()
-    assert len(err) == 1 and "torchrun launch of run / bench are not implemented" in err[0]
-    assert "Traceback" not in r.stderr
-    assert not (tmp_path / "engine").exists()
+    assert len(err) == 1 and "tensor-parallel engine streams bf16 weights only" in err[0], r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "engine").exists()
 
 
 # ------------------------------------------------------------------------------------ all-reduce cost model
@@ -495,3 +493,110 @@ def test_a_rank_refuses_sampling():
     ex.set_sampling(0, None)
     with pytest.raises(ModelError, match="decodes greedily"):
         ex.set_sampling(0, SamplingParams(temperature=0.7))
+
+
+# ------------------------------------------------------------------------------------ engines and launch
+
+@pytest.fixture(scope="module")
+def tp_engines(tmp_path_factory):
+    """(TP=1 engine, TP=2 engine) of the tiny Llama: the shipped tiny_cpu configs."""
+    from trtllm_mk.build import build_engine
+    from trtllm_mk.config import with_overrides
+    out = tmp_path_factory.mktemp("tp_engines")
+    engines = []
+    for name in ("tiny_cpu", "tiny_cpu_tp2"):
+        cfg = with_overrides(load_config(ROOT / "configs" / f"{name}.yaml"), {"megakernel": {"search_budget_s": 2.0}})
+        build_engine(cfg, out / name, show_progress=False)
+        engines.append(out / name)
+    return engines
+
+
+def cli(*args, env_extra=None, cwd=None):
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    env["PYTHONPATH"] = str(ROOT)
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-m", "trtllm_mk", *args], capture_output=True, text=True, env=env,
+                          cwd=cwd, timeout=600)
+
+
+def test_a_tensor_parallel_engine_is_one_ranks_kernel_and_the_whole_model(tp_engines):
+    from trtllm_mk.engine import EngineDir
+    one, two = (EngineDir.open(e) for e in tp_engines)
+    assert two.schedule.spec.tensor_parallel == 2 and two.layout.tensor_parallel == 2
+    assert two.model_spec == one.model_spec == one.schedule.spec
+    assert two.schedule.spec == rank_spec(one.model_spec, 2)
+    assert json.loads((tp_engines[1] / "kernel.json").read_text())["tensor_parallel"] == 2
+    assert "constexpr int TP = 2;" in (tp_engines[1] / "megakernel.cu").read_text()
+
+
+def test_run_simulate_of_the_tp2_engine_gives_the_tokens_of_tp1(tp_engines):
+    """Both ranks in one process on the CPU executor, prefilled by the emulation: the tokens of the
+    single-GPU engine on the same random weights (a rounding-level difference could flip a near tie;
+    these prompts have none)."""
+    outs = []
+    for eng in tp_engines:
+        r = cli("run", "--engine", str(eng), "--weights", "random", "--seed", "3", "--prompt", "3 141 59 26 5 358 97",
+                "--max-new-tokens", "16", "--ignore-eos", "--simulate")
+        assert r.returncode == 0, r.stderr
+        outs.append(r.stdout.splitlines()[0])
+    assert outs[0] == outs[1] and len(outs[0].split()) == 17, outs
+    assert "tensor parallel" in r.stdout
+
+
+@pytest.mark.parametrize("env, fragment", [
+    ({}, "launch it with torchrun --nproc-per-node 2"),
+    ({"WORLD_SIZE": "4", "RANK": "0"}, "but torchrun started 4 processes"),
+])
+def test_a_tp_engine_launched_wrongly_gets_one_line(tp_engines, env, fragment):
+    r = cli("run", "--engine", str(tp_engines[1]), "--weights", "random", "--prompt", "1 2 3", env_extra=env)
+    assert r.returncode == 2
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and fragment in err[0] and "Traceback" not in r.stderr, r.stderr
+
+
+def test_tp_engines_refuse_sampling_and_serving_in_one_line(tp_engines):
+    r = cli("run", "--engine", str(tp_engines[1]), "--weights", "random", "--prompt", "1 2 3", "--simulate",
+            "--temperature", "0.7")
+    assert r.returncode == 2 and "decodes greedily" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = cli("serve", "--engine", str(tp_engines[1]), "--weights", "random", "--simulate")
+    assert r.returncode == 2 and "not served yet" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def _rank_prefill(rank, tp, port, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(tp),
+                      LOCAL_RANK=str(rank))
+    import torch.distributed as dist
+
+    from trtllm_mk.parallel.distributed import RankPrefill, join_ranks
+    r, group = join_ranks(tp, "the test", backend="gloo")
+    spec = kernel_spec("qwen3")
+    w = random_weights(spec, dtype=torch.float32, seed=3)
+    cache = PagedKVCache.allocate(rank_spec(spec, tp), 2, 64, 16, dtype=torch.float32, seed=1)
+    pre = RankPrefill(spec, shard_weights(spec, w, tp, r), tp, r, group)
+    logits = pre.prefill(PROMPTS[:2], cache)
+    first = pre.first_tokens(PROMPTS[2:4], cache)
+    torch.save({"logits": logits, "first": first, "pool": cache.pool}, Path(out) / f"rank{r}.pt")
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_the_prefill_over_torch_distributed_is_the_emulations(tmp_path, tp):
+    """One process per rank (gloo on the CPU): each rank's KV cache and the gathered logits are the
+    emulation's, and every rank finds the same first tokens."""
+    import socket
+
+    import torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_rank_prefill, args=(tp, port, str(tmp_path)), nprocs=tp, join=True)
+    spec = kernel_spec("qwen3")
+    emu = TensorParallelDecoder(spec, random_weights(spec, dtype=torch.float32, seed=3), tp)
+    caches = [PagedKVCache.allocate(rank_spec(spec, tp), 2, 64, 16, dtype=torch.float32, seed=1) for _ in range(tp)]
+    want = emu.prefill(PROMPTS[:2], caches)
+    want_first = cross_rank_argmax(emu.prefill_shards(PROMPTS[2:4], caches))
+    got = [torch.load(tmp_path / f"rank{r}.pt") for r in range(tp)]
+    for r, g in enumerate(got):
+        assert torch.allclose(g["logits"], want, rtol=1e-5, atol=1e-5), r
+        assert torch.equal(g["first"], want_first)
+        assert torch.allclose(g["pool"], caches[r].pool, rtol=1e-5, atol=1e-6)

@@ -508,9 +508,11 @@ def test_search_beats_naive_on_shipped_configs(path):
     cfg = load_config(path)
     if cfg.model_spec.is_moe:
         pytest.skip("a mixture-of-experts model: the megakernel has no expert kinds to search yet")
-    sched, stats = search_deployment(cfg, budget_s=3.0)
+    # the search's work budget counts simulated task instances, so an 80-layer model needs more of it
+    # to move off the naive plan
+    sched, stats = search_deployment(cfg, budget_s=3.0 if cfg.model_spec.num_layers <= 40 else 10.0)
     assert stats.predicted_us < stats.naive_us, path.name
-    assert fits(cfg.gpu_spec, cfg.model_spec, cfg.max_batch_size, sched.plan)
+    assert fits(cfg.gpu_spec, cfg.rank_spec, cfg.max_batch_size, sched.plan)   # one GPU's share
 
 
 # ------------------------------------------------------------------------------ report

@@ -311,6 +311,8 @@ def test_python_side_refuses_a_4bit_engine_in_one_line(real_kernel_json):
         check_bf16_engine(dict(real_kernel_json, weight_bits=4, weight_group=128), "eng")
     assert "eng: the engine streams 4-bit weights (W4A16 group 128); the TensorRT plugin binds bf16 weights only" \
         in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(UserError, match="eng: a tensor-parallel engine \\(2 GPUs\\); the TensorRT plugin runs one GPU"):
+        check_bf16_engine(dict(real_kernel_json, tensor_parallel=2), "eng")
 
 
 # ------------------------------------------------------------- the plugin against TensorRT's headers

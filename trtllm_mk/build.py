@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from .codegen import find_nvcc, kernel_smem_bytes
 from .config import DeploymentConfig
-from .engine import KernelBuild, compile_kernel, kernel_function_name, write_checkpoint_record, write_kernel, write_manifest
+from .engine import TP_MODEL_KEY, KernelBuild, compile_kernel, kernel_function_name, write_checkpoint_record, write_kernel, write_manifest
 from .engine_target import EngineTarget
 from .graph.tasks import StepGraph
 from .quant.kernel_support import UnsupportedQuantization, quantized_spec
@@ -45,14 +45,13 @@ class SpillError(EngineError):
 def check_buildable(cfg: DeploymentConfig) -> None:
     """Refuse what the megakernel cannot compute yet, before any work: quantized weights it does not
     stream (8-bit, FP8, activation order, groups its layout cannot take) are never dequantized into a
-    bf16 engine behind the user's back, a tensor-parallel deployment is never built as one GPU's
-    engine, nor is a mixture-of-experts model built dense."""
+    bf16 engine behind the user's back, nor is a mixture-of-experts model built dense; a
+    tensor-parallel engine takes bf16 weights."""
     where = cfg.source or cfg.name
-    if cfg.tensor_parallel_size > 1:
-        raise ConfigError(f"{where}: tensor_parallel_size: {cfg.tensor_parallel_size} GPUs cannot be built into an "
-                          "engine yet: the tensor-parallel megakernel runs from Python (trtllm_mk.parallel.gpu_ranks; "
-                          "scripts/tp_check.py under torchrun), but its engine directory and the torchrun launch of "
-                          "run / bench are not implemented; use tensor_parallel_size: 1")
+    if cfg.tensor_parallel_size > 1 and cfg.model_spec.quantized:
+        raise ConfigError(f"{where}: tensor_parallel_size {cfg.tensor_parallel_size} with quantized weights: the "
+                          "tensor-parallel engine streams bf16 weights only; use tensor_parallel_size: 1 or a bf16 "
+                          "checkpoint")
     from .model.moe import check_buildable_moe
     check_buildable_moe(cfg.model_spec, where)
     scheme = cfg.quant_scheme
@@ -154,7 +153,8 @@ def compile_without_spills(cfg: DeploymentConfig, candidates, show_progress: boo
 def build_engine(cfg: DeploymentConfig, output_dir: str | Path | None = None, show_progress: bool = True,
                  log=print) -> tuple[Path, dict]:
     """Build the engine of ``cfg``; returns (engine directory, report dict)."""
-    spec, gpu, mk = cfg.model_spec, cfg.gpu_spec, cfg.megakernel
+    # a tensor-parallel engine's schedule and kernel are one rank's (every rank runs them on its shard)
+    spec, gpu, mk = cfg.rank_spec, cfg.gpu_spec, cfg.megakernel
     out = Path(output_dir or mk.output_dir)
     check_buildable(cfg)
     find_nvcc()                                # before the search: a missing compiler is no late surprise
@@ -175,6 +175,8 @@ def build_engine(cfg: DeploymentConfig, output_dir: str | Path | None = None, sh
         chosen = compile_without_spills(cfg, ranked(), show_progress, log, spilled)
         t_compile = time.perf_counter() - t1
         schedule, kernel, graph = chosen.schedule, chosen.kernel, chosen.graph
+        if cfg.tensor_parallel_size > 1:
+            schedule.meta[TP_MODEL_KEY] = cfg.model_spec.to_dict()
         tmp = target.tmp
         (tmp / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1, sort_keys=True) + "\n")
         schedule.save(tmp / "schedule.json")

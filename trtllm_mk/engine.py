@@ -25,7 +25,11 @@ from .codegen import KERNEL_NAME, KernelLayout, arch_sm, compile_cubin, cubin_sm
 from .codegen.ptxas import PtxasReport, parse_ptxas
 from .errors import EngineError, UserError, read_json_object
 from .gpus import get_gpu
+from .model.spec import ModelSpec
 from .schedule import Schedule
+
+# schedule.meta of a tensor-parallel engine: the whole model's spec (the schedule's is one rank's share)
+TP_MODEL_KEY = "tensor_parallel_model"
 
 MANIFEST_FILES = ["config.json", "schedule.json", "megakernel.cu", "megakernel.cubin", "kernel.json", "checkpoint.json"]
 
@@ -155,6 +159,10 @@ def _check_consistency(eng: "EngineDir") -> None:
     if batch != sched.batch:
         raise EngineError(f"{eng.path}: config.json has max_batch_size {batch} but the schedule decodes batch "
                           f"{sched.batch}; rebuild the engine")
+    tp = cfg.get("tensor_parallel_size", 1)
+    if tp != sched.spec.tensor_parallel or (tp > 1 and TP_MODEL_KEY not in sched.meta):
+        raise EngineError(f"{eng.path}: config.json has tensor_parallel_size {tp} but the schedule is one rank's of "
+                          f"{sched.spec.tensor_parallel}; rebuild the engine")
     if eng.target != gpu.nvcc_arch:
         raise EngineError(f"{eng.path}: kernel.json targets {eng.target} but {gpu.name} needs {gpu.nvcc_arch}; "
                           "rebuild the engine")
@@ -178,6 +186,14 @@ class EngineDir:
     @property
     def cubin(self) -> Path:
         return self.path / "megakernel.cubin"
+
+    @property
+    def model_spec(self) -> ModelSpec:
+        """The whole model. The schedule's spec is one rank's share of it when the engine is
+        tensor-parallel (every rank runs the same schedule and kernel on its own shard)."""
+        if self.schedule.spec.tensor_parallel == 1:
+            return self.schedule.spec
+        return ModelSpec.from_dict(self.schedule.meta[TP_MODEL_KEY])
 
     @property
     def target(self) -> str:

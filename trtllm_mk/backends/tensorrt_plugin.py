@@ -121,13 +121,18 @@ def read_kernel_json(engine_dir: str | os.PathLike) -> dict:
 
 
 def check_bf16_engine(kernel: dict, engine_dir: str | os.PathLike) -> None:
-    """The plugin binds bf16 layer weights only: an engine whose kernel streams 4-bit weights (packed
-    codes and scale words, ``mk::LayerScales``) is refused in one line."""
+    """The plugin binds bf16 layer weights on one GPU only: an engine whose kernel streams 4-bit weights
+    (packed codes and scale words, ``mk::LayerScales``) or runs tensor-parallel is refused in one line."""
     bits = kernel.get("weight_bits", 16)
     if bits != 16:
         raise UserError(f"{engine_dir}: the engine streams {bits}-bit weights (W{bits}A16 group "
                         f"{kernel.get('weight_group')}); the TensorRT plugin binds bf16 weights only, so quantized "
                         "engines run through the PyTorch runtime (python -m trtllm_mk run / serve)")
+    tp = kernel.get("tensor_parallel", 1)
+    if tp != 1:   # the plugin binds one GPU's buffers and no peers
+        raise UserError(f"{engine_dir}: a tensor-parallel engine ({tp} GPUs); the TensorRT plugin runs one GPU's "
+                        f"kernel, so it runs through the PyTorch runtime (torchrun --nproc-per-node {tp} -m "
+                        "trtllm_mk run)")
 
 
 @dataclass

@@ -6,6 +6,8 @@ Each run fills every batch slot with a random prompt of --input-len tokens and d
 --output-len tokens per request (end-of-sequence ignored). Random weights unless --weights is given.
 
     python -m trtllm_mk bench --engine engines/h100_bs1 [--input-len 512 --output-len 128 --runs 5] [--simulate]
+
+A tensor-parallel engine: ``torchrun --nproc-per-node N -m trtllm_mk bench ...`` (rank 0 reports).
 """
 from __future__ import annotations
 
@@ -56,6 +58,7 @@ def main(argv=None) -> int:
     from ..runtime.hybrid import HybridEngine
     eng = HybridEngine(args.engine, weights=args.weights, simulate=args.simulate, seed=args.seed)
     eng.check_request([0] * args.input_len, args.output_len)
+    main_rank = eng.rank == 0   # tensor parallel: every rank runs the same requests, rank 0 reports
     gen = torch.Generator().manual_seed(args.seed)
 
     def prompts():
@@ -66,7 +69,7 @@ def main(argv=None) -> int:
         eng.generate(prompts(), min(args.output_len, 4), eos_ids=())
     ttft, tpot, step, latency = [], [], [], []
     wall = 0.0
-    for _ in tqdm(range(args.runs), desc="bench", unit="run"):
+    for _ in tqdm(range(args.runs), desc="bench", unit="run", disable=not main_rank):
         t0 = time.perf_counter()
         r = eng.generate(prompts(), args.output_len, eos_ids=())
         wall += time.perf_counter() - t0
@@ -89,7 +92,11 @@ def main(argv=None) -> int:
         "total_throughput_tok_per_s": n_req * (args.input_len + args.output_len) / wall,
         "tokens_per_sec_per_user": 1e3 / p["avg"] if p["n"] else float("nan"),
         "predicted_step_ms": eng.schedule.predicted_step_us / 1e3,
+        **({"tensor_parallel_size": eng.tp} if eng.tp > 1 else {}),
     }
+    if not main_rank:
+        eng.close()
+        return 0
     print(f"{device}, batch {eng.batch}, {n_req} requests of {args.input_len} -> {args.output_len} tokens")
     print(f"{'metric':<22}" + "".join(f"{k:>10}" for k in ("avg", "p50", "p90", "p95", "p99", "min", "max")))
     for name, st in (("request latency ms", lat), ("TTFT ms", t), ("TPOT ms", p), ("decode step ms", s)):

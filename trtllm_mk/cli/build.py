@@ -52,7 +52,7 @@ def build(cfg: DeploymentConfig, args: argparse.Namespace) -> int:
     print(f"\nsearching the decode schedule (budget {cfg.megakernel.search_budget_s:g} s, seed {cfg.megakernel.seed}) ...",
           flush=True)
     out, rep = build_engine(cfg)
-    print(summary(out, rep))
+    print(summary(out, rep, cfg.tensor_parallel_size))
     return 0
 
 
@@ -60,10 +60,13 @@ def _bytes(n: int) -> str:
     return f"{n / 1e9:.3f} GB" if n >= 1e8 else f"{n / 1e6:.3f} MB"
 
 
-def summary(out: Path, rep: dict) -> str:
+def summary(out: Path, rep: dict, tensor_parallel: int = 1) -> str:
     b = rep.get("build", {})
+    tp = tensor_parallel
     lines = [
         f"engine written to {out}/",
+        *([f"  tensor parallel         {tp} GPUs, each running this kernel on its shard (figures per GPU); "
+           f"torchrun --nproc-per-node {tp} -m trtllm_mk run --engine {out} ..."] if tp > 1 else []),
         f"  predicted decode step   {rep['predicted_step_us'] / 1000:.3f} ms/token "
         f"({100 * rep['bandwidth_utilization']:.0f}% of read bandwidth)",
         f"  weights streamed        {_bytes(rep['weight_bytes_per_step'])} per step, "

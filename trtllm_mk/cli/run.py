@@ -7,6 +7,9 @@ task-graph executor (no GPU needed).
 
 Generation stops at the checkpoint's end-of-sequence ids (``generation_config.json`` first), a
 ``--stop`` string or ``--max-new-tokens``. Each prompt gets its own batch slot.
+
+A tensor-parallel engine runs one rank per GPU: ``torchrun --nproc-per-node N -m trtllm_mk run ...``
+(greedy; rank 0 prints).
 """
 from __future__ import annotations
 
@@ -51,6 +54,7 @@ def main(argv=None) -> int:
     from ..serve.scheduler import make_request
     from ..serve.text import apply_chat_template
     eng = HybridEngine(args.engine, weights=args.weights, simulate=args.simulate, seed=args.seed)
+    out = print if eng.rank == 0 else (lambda *a, **k: None)   # tensor parallel: rank 0 reports
     tok = eng.tokenizer
     if args.chat:
         prompts = [apply_chat_template(tok, [{"role": "user", "content": p}]) for p in args.prompt]
@@ -67,20 +71,20 @@ def main(argv=None) -> int:
         sched.start()
         for r in reqs:
             sched.submit(r)
-        print("[0] ", end="", flush=True)
+        out("[0] ", end="", flush=True)
         for ev in reqs[0].events():
-            print(ev.text, end="", flush=True)
-        print()
+            out(ev.text, end="", flush=True)
+        out()
     else:
         eng.scheduler.run(reqs)
     results = [r.result() for r in reqs]
     for i, res in enumerate(results[1 if args.stream else 0:], start=1 if args.stream else 0):
-        print(f"[{i}] {res.text}")
+        out(f"[{i}] {res.text}")
     steps = eng.step_ms[first_step:]
     tpot = sorted(steps)[len(steps) // 2] if steps else float("nan")
     ttft = max((r.t_first - r.t_submit) * 1e3 for r in reqs)
     unit = "CPU executor" if args.simulate else "megakernel"
-    print(f"TTFT {ttft:.2f} ms ({eng.prefill_name} prefill); TPOT median {tpot:.3f} ms over {len(steps)} {unit} "
-          f"steps; finish: {', '.join(r.finish_reason for r in results)}")
+    out(f"TTFT {ttft:.2f} ms ({eng.prefill_name} prefill); TPOT median {tpot:.3f} ms over {len(steps)} {unit} "
+        f"steps; finish: {', '.join(r.finish_reason for r in results)}")
     eng.close()
     return 0

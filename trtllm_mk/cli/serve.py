@@ -43,7 +43,12 @@ def main(argv=None) -> int:
         raise UserError(f"serve needs fastapi and uvicorn ({e.name} is missing): {INSTALL_HINT}") from None
     if args.max_queue < 0:
         raise UserError("--max-queue must be >= 0")
+    from ..engine import EngineDir
     from ..runtime.hybrid import HybridEngine
+    tp = EngineDir.open(args.engine).schedule.spec.tensor_parallel
+    if tp > 1:   # one server would have to drive every rank's process
+        raise UserError(f"{args.engine}: a tensor-parallel engine ({tp} GPUs) is not served yet; run it with "
+                        f"torchrun --nproc-per-node {tp} -m trtllm_mk run (or bench)")
     eng = HybridEngine(args.engine, weights=args.weights, simulate=args.simulate, seed=args.seed)
     eng.record_steps = False   # a server runs for days: per-step times would only accumulate
     eng.tokenizer   # read it now: a broken tokenizer fails at start, not on the first request

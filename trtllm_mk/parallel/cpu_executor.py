@@ -42,6 +42,14 @@ class TensorParallelCpuExecutor:
             ex.rank = r
             ex.x, ex.lm_val, ex.lm_idx = first.x, first.lm_val, first.lm_idx   # every rank's memory of them
 
+    @property
+    def logprobs(self) -> torch.Tensor:   # never asked for: greedy only (set_sampling)
+        return self.ranks[0].logprobs
+
+    @property
+    def top_ids(self) -> torch.Tensor:
+        return self.ranks[0].top_ids
+
     def set_sampling(self, row: int, params) -> None:
         if params is not None and not params.plain_greedy:
             raise ModelError("tensor parallelism decodes greedily: sampling and log-probabilities need every "

@@ -86,6 +86,38 @@ def cross_rank_argmax(shard_logits: Sequence[torch.Tensor]) -> torch.Tensor:
     return best_idx
 
 
+def embed_rows(ids: torch.Tensor, lay, decoder: Decoder) -> torch.Tensor:
+    """Vocab-parallel embedding, one rank's part: its rows for the tokens in its range, zero elsewhere."""
+    local = ids - lay.vocab[0]
+    inside = (local >= 0) & (local < lay.vocab[1] - lay.vocab[0])
+    e = F.embedding(local.clamp(0, lay.vocab[1] - lay.vocab[0] - 1), decoder.tok_embeddings)
+    return torch.where(inside[..., None], e, torch.zeros((), dtype=e.dtype))
+
+
+def rank_forward(spec: ModelSpec, decoders: Sequence[Decoder], layouts, ids: torch.Tensor, pos: torch.Tensor,
+                 rows: torch.Tensor, caches: Sequence[PagedKVCache], inv_freq: torch.Tensor, dtype: torch.dtype,
+                 stage, reduce) -> list[torch.Tensor]:
+    """The forward pass of the ranks this process computes (``decoders``, with their ``layouts`` and
+    ``caches``): tokens ``ids [N, T]`` at ``pos [N, T]`` of cache rows ``rows [N]``; each rank's fp32
+    logits ``[N, V/tp]`` of each row's last token. ``reduce(parts, exact=False)`` sums these ranks'
+    partial results with every other rank's (the emulation: all ranks are here; under
+    torch.distributed: one rank here, the others in their processes)."""
+    cos, sin = rope_cos_sin(pos, inv_freq, dtype)
+    attention = [paged_attention(c, rows, pos, spec.sliding_window) for c in caches]
+    x = reduce([embed_rows(ids, lay, m) for lay, m in zip(layouts, decoders)], exact=True)
+    for i in range(spec.num_layers):
+        blocks = [m.layers[i] for m in decoders]
+        x = x + reduce([b.attention_delta(x, cos, sin, a, stage) for b, a in zip(blocks, attention)])
+        x = x + reduce([b.mlp_delta(x, stage) for b in blocks])
+    out = []
+    for m in decoders:                     # the final norm is replicated: every rank's h is the same
+        h = rms_norm(x[:, -1], m.norm, spec.rms_norm_eps)
+        if stage is not None:
+            h = stage(h)
+        out.append(F.linear(h, m.output).float())
+    return out
+
+
 class TensorParallelDecoder:
     """Greedy prefill/decode of ``spec`` over ``tp`` emulated ranks; the interface of
     ``reference.ReferenceDecoder`` (logits are the ranks' shards concatenated, fp32), with one
@@ -117,38 +149,18 @@ class TensorParallelDecoder:
         g = self.gemv_input_dtype
         return x if g == x.dtype else x.to(g).to(x.dtype)
 
-    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
-        """Vocab-parallel embedding: each rank's rows for the tokens in its range, zero elsewhere, summed."""
-        rows = []
-        for lay, m in zip(self.layouts, self.ranks):
-            local = ids - lay.vocab[0]
-            inside = (local >= 0) & (local < lay.vocab[1] - lay.vocab[0])
-            e = F.embedding(local.clamp(0, lay.vocab[1] - lay.vocab[0] - 1), m.tok_embeddings)
-            rows.append(torch.where(inside[..., None], e, torch.zeros((), dtype=e.dtype)))
-        return all_reduce(rows, "ordered")     # one non-zero contribution per element: exact
-
     def _forward(self, ids: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor,
                  caches: Sequence[PagedKVCache]) -> list[torch.Tensor]:
         """Tokens ``ids [N, T]`` at ``pos [N, T]`` of cache rows ``rows [N]``: every rank's fp32 logits
         ``[N, V/tp]`` of each row's last token."""
         if len(caches) != self.tp:
             raise ValueError(f"{len(caches)} KV caches for {self.tp} ranks")
-        cos, sin = rope_cos_sin(pos, self.inv_freq, self.dtype)
-        attention = [paged_attention(c, rows, pos, self.spec.sliding_window) for c in caches]
+
+        def reduce(parts, exact=False):   # exact: one non-zero contribution per element
+            return all_reduce(parts, "ordered" if exact else self.reduction)
         stage = None if self.gemv_input_dtype is None else self._stage
-        x = self._embed(ids)
-        for i in range(self.spec.num_layers):
-            blocks = [m.layers[i] for m in self.ranks]
-            x = x + all_reduce([b.attention_delta(x, cos, sin, a, stage) for b, a in zip(blocks, attention)],
-                               self.reduction)
-            x = x + all_reduce([b.mlp_delta(x, stage) for b in blocks], self.reduction)
-        out = []
-        for m in self.ranks:                   # the final norm is replicated: every rank's h is the same
-            h = rms_norm(x[:, -1], m.norm, self.spec.rms_norm_eps)
-            if stage is not None:
-                h = stage(h)
-            out.append(F.linear(h, m.output).float())
-        return out
+        return rank_forward(self.spec, self.ranks, self.layouts, ids, pos, rows, caches, self.inv_freq, self.dtype,
+                            stage, reduce)
 
     # -- public API ------------------------------------------------------------------------------
     @torch.inference_mode()

@@ -24,6 +24,14 @@ A quantized engine (``ModelSpec.weight_bits`` 4: W4A16; 8: FP8 e4m3) loads its c
 layers (``quant.load_quantized``; ``--weights random`` quantizes random weights) and the megakernel binds them
 in its own layout (``quant.kernel_layout``); prefill and the CPU executor compute with the same weights
 dequantized to bf16 exactly as the kernel dequantizes them, so every token comes from one model.
+
+A tensor-parallel engine (``tensor_parallel_size`` N) runs one rank per process under
+``torchrun --nproc-per-node N``: each process binds its rank's shard of the weights and its KV heads,
+prefills with its shard over torch.distributed (``parallel.distributed.RankPrefill``) and steps its
+rank's kernel, whose cross-rank buffers live in torch's symmetric memory (``parallel.gpu_ranks``).
+Every rank makes the same calls in the same order (the requests are the same on every rank), and
+every rank's kernel chooses the same tokens; rank 0 reports. It decodes greedily. ``simulate=True``
+runs every rank in this one process (the emulated prefill, ``parallel.cpu_executor``).
 """
 from __future__ import annotations
 
@@ -83,7 +91,7 @@ def resolve_weights(engine: EngineDir, weights: str | Path | dict | None) -> str
     """What to decode with: the checkpoint the engine was built from (None, checked unchanged), a
     checkpoint directory (checked to describe the engine's model), ``"random"`` by name, or tensors."""
     from ..model.consistency import check_matches, check_unchanged
-    spec = engine.schedule.spec
+    spec = engine.model_spec
     if isinstance(weights, dict) or str(weights) == "random":
         return weights
     if weights is None:
@@ -184,25 +192,48 @@ class HybridEngine:
         self.engine = EngineDir.open(engine_dir)
         cfg = self.engine.config
         self.schedule = self.engine.schedule
-        self.spec, self.batch = self.schedule.spec, self.schedule.batch
+        # the model; the schedule's spec is one rank's share of it under tensor parallelism
+        self.spec, self.batch = self.engine.model_spec, self.schedule.batch
+        self.tp, self.rank = self.schedule.spec.tensor_parallel, 0
         self.max_seq_len, self.max_input_len = int(cfg["max_seq_len"]), int(cfg["max_input_len"])
         self.tokens_per_block = int(cfg["kv_cache_config"]["tokens_per_block"])
         self.simulate = simulate
         if simulate:
             self.device = "cpu"
         else:
+            if self.tp > 1:   # before the GPU checks: the launch picks this rank's GPU
+                from ..parallel.distributed import join_ranks
+                self.rank, self._group = join_ranks(self.tp, f"engine {self.engine.path}")
             if not torch.cuda.is_available():
                 raise EngineError("no CUDA GPU here: run with --simulate to decode on the CPU task-graph executor")
             built_for = get_gpu(cfg["gpu"])
             here = detect_gpu()
             if here.name != built_for.name:
                 raise EngineError(f"engine {self.engine.path} was built for {built_for.name} but this GPU is "
-                                  f"{here.name}; build a config with gpu: {here.name} (or gpu: auto) instead")
+                                  f"{here.name}{f' (rank {self.rank})' if self.tp > 1 else ''}; build a config "
+                                  f"with gpu: {here.name} (or gpu: auto) instead")
             self.device = "cuda"
         weights = resolve_weights(self.engine, weights)
         # where the weights came from: a checkpoint directory (its tokenizer, if any), "random" or "tensors"
         self.weights_source = "tensors" if isinstance(weights, dict) else str(weights)
         self.weights_dir = None if self.weights_source in ("tensors", "random") else Path(weights)
+        if self.tp > 1:
+            self._open_ranks(weights, seed)
+        else:
+            self._open_one_gpu(weights, seed, cfg, prefill_backend)
+        # Host copy of each slot's state: the token it feeds next and that token's position.
+        self._tok = [0] * self.batch
+        self._pos = [0] * self.batch
+        self._params: list[SamplingParams | None] = [None] * self.batch   # as the decoder has them
+        self._ahead: _Round | None = None   # steps launched for the next decode call (GPU)
+        self.step_ms: list[float] = []      # time of every decode step run so far (while recorded)
+        self.record_steps = True            # a long-running server turns this off: the list only grows
+        self._scheduler = None
+        self._tokenizer = None
+        self._eos: set[int] | None = None
+
+    def _open_one_gpu(self, weights, seed: int, cfg: dict, prefill_backend: str | None) -> None:
+        simulate = self.simulate
         dense, bound = _load_engine_weights(self.spec, weights, self.device, seed)
         tensor = lambda v: isinstance(v, torch.Tensor)   # noqa: E731 (quantized engines: modules for layer linears)
         if simulate:  # the CPU executor computes in fp32 from bf16-valued weights
@@ -234,16 +265,44 @@ class HybridEngine:
             from .megakernel import MegakernelDecoder
             self.decoder = MegakernelDecoder(self.schedule, self.engine.cubin, self.engine.layout, self.decode_weights,
                                              self.cache, rope_inv_freq(self.spec))
-        # Host copy of each slot's state: the token it feeds next and that token's position.
-        self._tok = [0] * self.batch
-        self._pos = [0] * self.batch
-        self._params: list[SamplingParams | None] = [None] * self.batch   # as the decoder has them
-        self._ahead: _Round | None = None   # steps launched for the next decode call (GPU)
-        self.step_ms: list[float] = []      # time of every decode step run so far (while recorded)
-        self.record_steps = True            # a long-running server turns this off: the list only grows
-        self._scheduler = None
-        self._tokenizer = None
-        self._eos: set[int] | None = None
+        self.caches = [self.cache]
+
+    def _open_ranks(self, weights, seed: int) -> None:
+        """A tensor-parallel engine: this process's rank (every rank when simulating)."""
+        from ..parallel import shard_weights
+        share, tp = self.schedule.spec, self.tp
+        if self.spec.quantized:
+            raise EngineError(f"engine {self.engine.path}: a tensor-parallel engine streams bf16 weights only")
+        self.prefill_name = "torch (tensor parallel)"
+        self.prefill = None
+        if self.simulate:   # every rank here, on the CPU executor, from the whole model's weights
+            from ..parallel.cpu_executor import TensorParallelCpuExecutor
+            from ..parallel.emulate import TensorParallelDecoder
+            full = {k: v.float() for k, v in _load_bf16(self.spec, weights, "cpu", seed).items()}
+            self.caches = [PagedKVCache.allocate(share, self.batch, self.max_seq_len, self.tokens_per_block,
+                                                 dtype=torch.float32) for _ in range(tp)]
+            self._emulation = TensorParallelDecoder(self.spec, full, tp)
+            self.decoder = TensorParallelCpuExecutor(self.spec, full, tp, self.schedule, self.caches)
+            self.weights = self.decode_weights = full
+        else:
+            from ..parallel.distributed import RankPrefill
+            from ..parallel.gpu_ranks import connect_over_process_group, symmetric_allocator
+            from .megakernel import MegakernelDecoder
+            if str(weights) == "random":   # the same seed on every rank: the shards of one model
+                from ..model.random_weights import random_weights
+                shard = random_weights(share, device=self.device, seed=seed)
+            else:   # a checkpoint is read whole on the host, and this rank keeps its shard
+                full = weights if isinstance(weights, dict) else _load_bf16(self.spec, weights, "cpu", seed)
+                shard = {k: v.to(self.device, torch.bfloat16) for k, v in
+                         shard_weights(self.spec, full, tp, self.rank).items()}
+            self.caches = [PagedKVCache.allocate(share, self.batch, self.max_seq_len, self.tokens_per_block,
+                                                 dtype=torch.bfloat16, device=self.device)]
+            self._rank_prefill = RankPrefill(self.spec, shard, tp, self.rank, self._group)
+            self.decoder = MegakernelDecoder(self.schedule, self.engine.cubin, self.engine.layout, shard,
+                                             self.caches[0], rope_inv_freq(share), peer_alloc=symmetric_allocator(self._group))
+            connect_over_process_group(self.decoder, self._group)
+            self.weights = self.decode_weights = shard
+        self.cache = self.caches[0]
 
     # ------------------------------------------------------------------ checks
     def check_request(self, prompt: list[int], max_new_tokens: int) -> None:
@@ -260,13 +319,25 @@ class HybridEngine:
             raise UserError(f"token ids must be in [0, {self.spec.vocab_size})")
 
     # ------------------------------------------------------------------ slots
+    def check_sampling(self, params: SamplingParams | None) -> None:
+        """A tensor-parallel engine decodes greedily (its ranks' kernels choose from their own logits)."""
+        if self.tp > 1 and params is not None and not params.plain_greedy:
+            raise UserError(f"engine {self.engine.path} is tensor-parallel ({self.tp} GPUs) and decodes greedily: "
+                            "sampling and log-probabilities are not available")
+
     def start(self, slot: int, prompt: list[int], params: SamplingParams) -> Choice:
         """Prefill ``prompt`` alone into ``slot``'s KV blocks; the first generated token."""
         from ..backends.torch_prefill import TorchPrefill
-        row = PagedKVCache(self.cache.pool, self.cache.block_table[slot:slot + 1], self.cache.tokens_per_block)
+        self.check_sampling(params)
+        rows = [PagedKVCache(c.pool, c.block_table[slot:slot + 1], c.tokens_per_block) for c in self.caches]
+        row = rows[0]
         impl = getattr(self.prefill, "impl", None)
         n = len(prompt)
-        if isinstance(impl, TorchPrefill):
+        if self.tp > 1:   # every rank's prefill (simulated here, or this rank's share of a collective one)
+            logits = (self._emulation.prefill([prompt], rows) if self.simulate
+                      else self._rank_prefill.prefill([prompt], row))[0].cpu()
+            choice = sample(logits, params, n)
+        elif isinstance(impl, TorchPrefill):
             logits = impl.prefill([prompt], row)[0].float().cpu()
             choice = sample(logits, params, n)
         else:   # TensorRT-LLM hands over its own greedy first token, without logits

@@ -29,6 +29,7 @@ from ..graph.tasks import StepGraph
 from ..schedule import SMProgram
 from .calibration import Calibration
 from .cost import CostTable, TaskCost
+from .simulate import link_sync_us
 
 
 class _State:
@@ -94,10 +95,14 @@ def list_schedule(graph: StepGraph, costs: CostTable, num_sms: int, cal: Calibra
         row = r.index - shift if tail and graph.events[r.event].per_layer else r.index
         return r.event, row, r.slot
 
+    # a cross-rank event (tensor parallelism) is seen a GPU-to-GPU synchronisation later (simulate.py)
+    link = link_sync_us() if graph.dims.tensor_parallel > 1 else 0.0
+    extra = {name: link if ev.cross_rank else 0.0 for name, ev in graph.events.items()}
+
     def run(tasks, tcosts, attr: str) -> None:
         tail = attr == "tail"
         for i, (t, c) in enumerate(zip(tasks, tcosts)):
-            ready = max((done.get(key(r, tail), 0.0) for r in t.waits), default=-1.0)
+            ready = max((done.get(key(r, tail), 0.0) + extra[r.event] for r in t.waits), default=-1.0)
             s, end = _place(state, c, ready, cal, order)
             if ends is not None:
                 ends.append(end)

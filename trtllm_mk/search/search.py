@@ -201,10 +201,11 @@ def search_candidates(spec: ModelSpec, batch: int, gpu: GpuSpec, context_len: in
 
 def search_deployment(cfg, budget_s: float | None = None, progress: Progress | None = None,
                       show_progress: bool = False) -> tuple[Schedule, SearchStats]:
-    """``search`` for a resolved DeploymentConfig: its model, GPU, max_batch_size and megakernel section
-    (context_len, search_budget_s unless ``budget_s`` is given, seed)."""
+    """``search`` for a resolved DeploymentConfig: its model (one rank's share under tensor
+    parallelism), GPU, max_batch_size and megakernel section (context_len, search_budget_s unless
+    ``budget_s`` is given, seed)."""
     mk = cfg.megakernel
-    return search(cfg.model_spec, cfg.max_batch_size, cfg.gpu_spec, context_len=mk.context_len,
+    return search(cfg.rank_spec, cfg.max_batch_size, cfg.gpu_spec, context_len=mk.context_len,
                   budget_s=mk.search_budget_s if budget_s is None else budget_s, seed=mk.seed,
                   progress=progress, show_progress=show_progress)
 

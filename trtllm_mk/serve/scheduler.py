@@ -151,6 +151,9 @@ def make_request(engine, prompt: str | list[int], max_tokens: int, *, temperatur
     params = SamplingParams(temperature=float(temperature), top_k=int(top_k), top_p=float(top_p), seed=int(seed),
                             logprobs=logprobs)
     engine.check_request(prompt, int(max_tokens))
+    check_sampling = getattr(engine, "check_sampling", None)   # what the engine can choose tokens by
+    if check_sampling is not None:
+        check_sampling(params)
     eos = () if ignore_eos else engine.eos_ids()
     text = TextStream(tok, stop) if tok is not None else IdText()
     return Request(prompt, params, int(max_tokens), eos_ids=eos, stop_ids=stop_token_ids or (), text=text, sink=sink)
