@@ -170,7 +170,7 @@ if has tp; then
   fi
   if (( tp > 1 )); then
     eval "tp_speed=(${TP_SPEED_ARGS:---model llama-3.1-8b --layers 0 --steps 100 --speed})"
-    timeout $(part_s ${TP_SPEED_TIMEOUT:-120}) torchrun --nproc-per-node $tp scripts/tp_check.py "${tp_speed[@]}" \
+    timeout $(part_s ${TP_SPEED_TIMEOUT:-300}) torchrun --nproc-per-node $tp scripts/tp_check.py "${tp_speed[@]}" \
       --out "$OUT" > "$OUT/tp_speed.log" 2>&1; echo "tp_speed rc=$?"; tail -12 "$OUT/tp_speed.log"
   fi
 fi

@@ -12,8 +12,10 @@ buffers (residual, event counters, LM-head maxima) in torch's symmetric memory
   (parallel/emulate.py), every rank's tokens compared, and rank 0 replays each step with the emulation
   teacher-forced over the kernels' tokens and gathered KV caches (relative logit error, token flips).
 * ``--speed``: random weights made on each rank for its shard only (full depth fits), per-step time of
-  the tensor-parallel kernels (CUDA events, median after warm-up) and the latency of an NCCL
-  all-reduce of one step's residual message, for comparison with the in-kernel exchange.
+  the tensor-parallel kernels (CUDA events, median after warm-up), in the same run the step of the
+  gpt-fast-style tensor-parallel decoder under torch.compile with NCCL all-reduces
+  (benchmarks/tp_baseline.py; ``--no-baseline`` leaves it out) on the same weight tensors, and the
+  latency of an NCCL all-reduce of one step's residual message.
 
 Results go to ``DIR/tp_check.json`` (rank 0). Exit 1 when the check fails.
 """
@@ -39,6 +41,8 @@ def _args():
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--context", type=int, default=512, help="--speed: tokens already cached")
     ap.add_argument("--speed", action="store_true")
+    ap.add_argument("--no-baseline", dest="baseline", action="store_false",
+                    help="--speed: time the megakernel only (not the torch.compile tensor-parallel decoder)")
     ap.add_argument("--budget", type=float, default=10.0, help="search budget, seconds")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--prebuild", type=int, metavar="TP", default=0,
@@ -120,13 +124,27 @@ def main() -> int:
         return dec
 
     if args.speed:
-        weights = random_weights(share, device="cuda", seed=rank)
+        from trtllm_mk.model.decoder_block import share_fused_storage
+        # fused q/k/v and gate/up rows: the baseline's decoder reads the very tensors the kernel binds
+        weights = share_fused_storage(share, random_weights(share, device="cuda", seed=rank))
         cache = PagedKVCache.allocate(share, B, max_seq, 32, device="cuda", fill=1.0, seed=3 + rank)
         dec = decoder(weights, cache)
         dec.set_state(torch.zeros(B, dtype=torch.int32, device="cuda"), torch.full((B,), args.context, device="cuda"))
         dist.barrier()
         result["step_us_p50"] = _timed(dec.step, args.steps)   # positions advance by one per step
         dec.synchronize()
+        if args.baseline:
+            from benchmarks.baselines import compiled_step, random_prompt
+            from benchmarks.tp_baseline import TensorParallelStaticDecoder
+            base = TensorParallelStaticDecoder(spec, weights, tp, rank, group, B, args.context + 8)
+            base.prefill(random_prompt(spec, B, args.context, torch.device("cuda")))
+            tok = torch.zeros(B, dtype=torch.long, device="cuda")
+            step, close = compiled_step(base, tok, torch.full((B,), args.context, device="cuda"))
+            dist.barrier()
+            result["baseline"] = "gpt-fast-style tensor-parallel decoder, torch.compile reduce-overhead, NCCL all-reduce"
+            result["baseline_step_us_p50"] = _timed(step, args.steps)
+            result["speedup"] = result["baseline_step_us_p50"] / result["step_us_p50"]
+            close()
         msg = torch.randn(B, spec.hidden_size, device="cuda")
         result["nccl_allreduce_us_p50"] = _timed(lambda: dist.all_reduce(msg), 50)
         ok = True
@@ -182,5 +200,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    root = Path(__file__).resolve().parent.parent
+    sys.path[:0] = [str(root), str(root / "tests")]   # benchmarks/ (the baseline), tests/ (their weights)
     sys.exit(main())

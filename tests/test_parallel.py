@@ -600,3 +600,43 @@ def test_the_prefill_over_torch_distributed_is_the_emulations(tmp_path, tp):
         assert torch.allclose(g["logits"], want, rtol=1e-5, atol=1e-5), r
         assert torch.equal(g["first"], want_first)
         assert torch.allclose(g["pool"], caches[r].pool, rtol=1e-5, atol=1e-6)
+
+
+def _tp_baseline_rank(rank, tp, port, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(tp),
+                      LOCAL_RANK=str(rank))
+    import torch.distributed as dist
+
+    from benchmarks.tp_baseline import TensorParallelStaticDecoder
+    from trtllm_mk.parallel.distributed import join_ranks
+    r, group = join_ranks(tp, "the test", backend="gloo")
+    spec = kernel_spec("qwen3")
+    w = random_weights(spec, dtype=torch.float32, seed=3)
+    dec = TensorParallelStaticDecoder(spec, shard_weights(spec, w, tp, r), tp, r, group, max_batch=2, max_seq=64)
+    prompt = torch.tensor([PROMPTS[0][:3], PROMPTS[1][:3]])
+    first = dec.prefill(prompt)
+    nxt = dec.decode_step(first.argmax(-1), torch.tensor([3, 3]))
+    torch.save({"first": first, "next": nxt}, Path(out) / f"rank{r}.pt")
+    dist.destroy_process_group()
+
+
+def test_the_tensor_parallel_baseline_is_the_emulation(tmp_path):
+    """The benchmark's gpt-fast-style tensor-parallel decoder (benchmarks/tp_baseline.py), two gloo ranks
+    on the CPU: prefill and one decode step give the emulated tensor-parallel decoder's logits."""
+    import socket
+
+    import torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_tp_baseline_rank, args=(2, port, str(tmp_path)), nprocs=2, join=True)
+    spec = kernel_spec("qwen3")
+    emu = TensorParallelDecoder(spec, random_weights(spec, dtype=torch.float32, seed=3), 2)
+    caches = emu.allocate_caches(2, 64)
+    prompts = [PROMPTS[0][:3], PROMPTS[1][:3]]
+    first = emu.prefill(prompts, caches)
+    nxt = emu.decode(first.argmax(-1), torch.tensor([3, 3]), caches)
+    for r in range(2):
+        got = torch.load(tmp_path / f"rank{r}.pt")
+        assert torch.allclose(got["first"], first, rtol=1e-4, atol=1e-4)
+        assert torch.allclose(got["next"], nxt, rtol=1e-4, atol=1e-4)
