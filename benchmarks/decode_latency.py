@@ -13,6 +13,8 @@ named ``<model>:w4a16-g<group>`` in the report, and the floor counts the 4-bit b
 the int4 baseline (torch's tinygemm kernel under torch.compile, benchmarks/int4_baseline.py), the bf16
 torch.compile decoder on the same (dequantized) weights, and the --plugin systems, which get the
 quantized weights.
+--weights fp8: e4m3 decoder-layer linears with one fp32 scale per output row (``<model>:fp8``); the
+baseline is gpt-fast's weight-only form under torch.compile (benchmarks/fp8_baseline.py).
 
 Models have random bf16 weights with the real shapes (configs/models/<name>.json). Per config
 (model, batch, context) and system: the per-token decode time (TPOT) over ``--steps`` steps after
@@ -63,10 +65,11 @@ DEFAULT_MODELS = ("llama-3.2-1b", "llama-3.1-8b", "qwen3-0.6b", "qwen3-8b")
 DEFAULT_BATCH = (1, 4)
 DEFAULT_CONTEXT = (128, 512, 2048, 8192)
 MIN_STEPS = 100
-WEIGHT_FORMATS = ("bf16", "w4a16")
+WEIGHT_FORMATS = ("bf16", "w4a16", "fp8")
 W4A16_GROUP = 128
 # --weights w4a16 times these (and the --plugin systems) unless --systems says otherwise
 W4A16_SYSTEMS = ("torch.compile int4", "torch.compile")
+FP8_SYSTEMS = ("torch.compile fp8", "torch.compile")   # --weights fp8 likewise
 TTFT_REPS = 3
 SMOKE_MODEL = "tiny-llama"  # --cpu-smoke only: trtllm_mk.model.tiny's llama shapes
 SMOKE = {"models": [SMOKE_MODEL], "batch": [1, 2], "context": [16, 32], "steps": 5, "warmup": 2}
@@ -191,15 +194,17 @@ def measure_config(spec, weights, model: str, batch: int, ctx: int, systems, bw:
 
 def weights_label(model: str, weights: str, group: int) -> str:
     """The model's name in the report: quantized runs are another model than the bf16 one."""
+    if weights == "fp8":
+        return f"{model}:fp8"
     return model if weights == "bf16" else f"{model}:{weights}-g{group}"
 
 
 def model_weights(spec: ModelSpec, device: torch.device, dtype: torch.dtype, seed: int, weights: str, group: int):
-    """(spec, weights) the systems decode: the bf16 random model, or its W4A16 form."""
+    """(spec, weights) the systems decode: the bf16 random model, or its W4A16 or FP8 form."""
     if weights == "bf16":
         return spec, random_weights(spec, device, dtype, seed)
-    from .w4a16_weights import w4a16_spec, w4a16_weights
-    spec = w4a16_spec(spec, group)
+    from .w4a16_weights import fp8_spec, w4a16_spec, w4a16_weights
+    spec = fp8_spec(spec) if weights == "fp8" else w4a16_spec(spec, group)
     return spec, w4a16_weights(spec, device, dtype, seed)
 
 
@@ -208,12 +213,15 @@ def run_benchmark(models, batches, contexts, systems, steps: int, warmup: int, d
                   weights_format: str = "bf16", group: int = W4A16_GROUP) -> dict[str, Any]:
     """Measure every (model, batch, context, system); ``on_update(report, model_done)`` is called
     after each config (and with model_done=True after each model's last one). ``weights_format``:
-    "bf16", or "w4a16" (4-bit decoder-layer linears in groups of ``group`` columns)."""
+    "bf16", "w4a16" (4-bit decoder-layer linears in groups of ``group`` columns) or "fp8" (e4m3 ones)."""
     env = environment(device)
     report: dict[str, Any] = {"schema": SCHEMA, "kind": "measured", **env, "dtype": str(dtype).removeprefix("torch."),
                               "steps": steps, "warmup": warmup, "seed": seed, "systems": list(systems),
                               "configs": []}
-    if weights_format != "bf16":
+    if weights_format == "fp8":
+        report["weights"] = {"format": "fp8", "quantization": "e4m3 decoder-layer linears, one fp32 scale per output "
+                                                              "row; embeddings, norms and LM head bf16"}
+    elif weights_format != "bf16":
         report["weights"] = {"format": weights_format, "group": group,
                              "quantization": "symmetric round-to-nearest 4-bit decoder-layer linears; embeddings, "
                                              "norms and LM head bf16"}
@@ -271,8 +279,9 @@ def render_markdown(report: dict[str, Any]) -> str:
         "Floor = (decode weight bytes + KV bytes of the context) / read bandwidth; "
         "% of floor = floor / TPOT p50 (100% = at the floor). "
         "TTFT: prefill of the context by the static-cache decoder (shared prefill path).",
-        *([f"Weights: {report['weights']['format']}, group {report['weights']['group']} "
-           f"({report['weights']['quantization']}); the floor counts the quantized bytes (codes and scales), "
+        *([f"Weights: {report['weights']['format']}"
+           + (f", group {report['weights']['group']}" if "group" in report["weights"] else "")
+           + f" ({report['weights']['quantization']}); the floor counts the quantized bytes (codes and scales), "
            "bf16 systems decode the dequantized weights."] if report.get("weights") else []),
         "",
         "| model | batch | context | system | TPOT p50 ms | p90 | p99 | avg | tok/s/user | floor ms | % of floor "
@@ -384,7 +393,8 @@ def default_systems(weights: str, builtin: list[str]) -> list[str]:
     decoder and the systems registered beyond ``builtin`` (the --plugin ones)."""
     if weights == "bf16":
         return list(SYSTEMS)
-    return [*W4A16_SYSTEMS, *(s for s in SYSTEMS if s not in builtin and s not in W4A16_SYSTEMS)]
+    own = FP8_SYSTEMS if weights == "fp8" else W4A16_SYSTEMS
+    return [*own, *(s for s in SYSTEMS if s not in builtin and s not in own)]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -402,7 +412,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--plugin", action="append", default=[], metavar="MODULE",
                     help="import MODULE first (it registers more systems with register_system); repeatable")
     ap.add_argument("--weights", choices=WEIGHT_FORMATS, default="bf16",
-                    help="bf16 random weights, or w4a16: 4-bit decoder-layer linears (default: bf16)")
+                    help="bf16 random weights, w4a16: 4-bit decoder-layer linears, or fp8: e4m3 ones with per-channel "
+                         "scales (default: bf16)")
     ap.add_argument("--group", type=int, help=f"--weights w4a16: input columns per scale (default {W4A16_GROUP})")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--seed", type=int, default=0)
@@ -423,11 +434,13 @@ def main(argv: list[str] | None = None) -> int:
         write_outputs(merge_reports(reports), a.out)
         print(f"wrote {a.out / 'report.json'} ({len(reports)} runs merged)")
         return 0
-    if a.group is not None and a.weights == "bf16":
-        raise UserError("--group applies to quantized weights: add --weights w4a16")
+    if a.group is not None and a.weights != "w4a16":
+        raise UserError("--group applies to 4-bit quantized weights: add --weights w4a16")
     group = W4A16_GROUP if a.group is None else a.group
     if a.weights == "w4a16":
         from . import int4_baseline  # noqa: F401  (registers the int4 systems)
+    if a.weights == "fp8":
+        from . import fp8_baseline  # noqa: F401  (registers the FP8 systems)
     builtin = list(SYSTEMS)
     for mod in a.plugin:
         try:
@@ -464,6 +477,9 @@ def main(argv: list[str] | None = None) -> int:
         if a.weights == "w4a16":
             from .w4a16_weights import w4a16_spec
             w4a16_spec(spec, group)
+        elif a.weights == "fp8":
+            from .w4a16_weights import fp8_spec
+            fp8_spec(spec)
     run_benchmark(models, batches, contexts, systems, steps, warmup, device, dtype, a.seed,
                   on_update=lambda report, model_done: write_outputs(report, a.out, plot=model_done),
                   weights_format=a.weights, group=group)

@@ -73,16 +73,19 @@ def megakernel_system(spec, weights, batch, context_len, device) -> SystemRun:
 register_system(NAME, megakernel_system)
 
 
-def prebuild(models, batches, contexts, gpu_name: str, group: int | None = None) -> None:
-    """``group``: the kernels of 4-bit weights in groups of ``group`` columns (None: bf16)."""
+def prebuild(models, batches, contexts, gpu_name: str, group: int | None = None, weights: str = "bf16") -> None:
+    """``weights`` "w4a16": the kernels of 4-bit weights in groups of ``group`` columns; "fp8": of FP8 ones."""
     from trtllm_mk.codegen import compile_cubin, generate_source
     from trtllm_mk.model.registry import resolve_model
     gpu = get_gpu(gpu_name)
     for m in models:
         spec = resolve_model(m).spec
-        if group is not None:
+        if weights == "w4a16":
             from benchmarks.w4a16_weights import w4a16_spec
             spec = w4a16_spec(spec, group)
+        elif weights == "fp8":
+            from benchmarks.w4a16_weights import fp8_spec
+            spec = fp8_spec(spec)
         for b in batches:
             for c in contexts:
                 sched = schedule_for(spec, b, c, gpu)
@@ -98,7 +101,7 @@ if __name__ == "__main__":
     ap.add_argument("--batch", nargs="+", type=int, default=[1, 4])
     ap.add_argument("--context", nargs="+", type=int, default=[128, 512, 2048, 8192])
     ap.add_argument("--gpu", default="H100-SXM")
-    ap.add_argument("--weights", choices=("bf16", "w4a16"), default="bf16")
+    ap.add_argument("--weights", choices=("bf16", "w4a16", "fp8"), default="bf16")
     ap.add_argument("--group", type=int, default=128, help="--weights w4a16: input columns per scale")
     a = ap.parse_args()
-    prebuild(a.models, a.batch, a.context, a.gpu, a.group if a.weights == "w4a16" else None)
+    prebuild(a.models, a.batch, a.context, a.gpu, a.group, a.weights)

@@ -6,7 +6,8 @@
 #   scripts/tp_check.py under torchrun: the check (TP_CHECK_ARGS) and the speed run (TP_SPEED_ARGS, default
 #   Llama-3.1-8B full depth, batch 1, context 512) over every GPU (TP_SIZE, default all of them).
 # quant: 4-bit weights (W4A16): tests/test_quant_gpu.py (the tests stage then leaves it out), then the
-#   W4A16 decode benchmark (megakernel, tinygemm int4 torch.compile, bf16 torch.compile) under $OUT/quant_bench.
+#   W4A16 decode benchmark (megakernel, tinygemm int4 torch.compile, bf16 torch.compile) under $OUT/quant_bench,
+#   and with QUANT_PARTS "fp8bench" the FP8 one (megakernel, torch.compile FP8 weight-only) under $OUT/fp8_bench.
 #   QUANT_PARTS (default "tests bench"), QUANT_TESTS_TIMEOUT, QUANT_BENCH_ARGS (default: llama-3.2-1b and
 #   llama-3.1-8b, batch 1, context 512), QUANT_BENCH_TIMEOUT (or what DEADLINE_S leaves).
 # TRACE_RUNS: one scripts/mk_trace.py argument line per traced step (default: llama-3.2-1b --batch 1).
@@ -51,6 +52,7 @@ fi
 part_s() { local s=$1; [[ -n "${DEADLINE_S:-}" ]] && (( DEADLINE_S - SECONDS - 15 < s )) && s=$(( DEADLINE_S - SECONDS - 15 )); echo $s; }
 if has quant; then
   quant_parts=" ${QUANT_PARTS:-tests bench} "
+  eval "quant_args=(${QUANT_BENCH_ARGS:---models llama-3.2-1b llama-3.1-8b --batch 1 --context 512})"
   quant_s=$(part_s ${QUANT_TESTS_TIMEOUT:-420})
   if [[ "$quant_parts" == *" tests "* ]] && (( quant_s >= 30 )); then
     timeout $quant_s python -m pytest -q -s -m gpu tests/test_quant_gpu.py -rs > "$OUT/quant_tests.log" 2>&1
@@ -59,12 +61,17 @@ if has quant; then
     echo "quant tests: skipped, DEADLINE_S leaves ${quant_s}s"
   fi
   if [[ "$quant_parts" == *" bench "* ]]; then
-    eval "quant_args=(${QUANT_BENCH_ARGS:---models llama-3.2-1b llama-3.1-8b --batch 1 --context 512})"
     quant_s=$(part_s ${QUANT_BENCH_TIMEOUT:-420})
     (( quant_s >= 30 )) || { echo "quant bench: skipped, DEADLINE_S leaves ${quant_s}s"; quant_s=0; }
     (( quant_s > 0 )) && timeout $quant_s python -m benchmarks.decode_latency --out "$OUT/quant_bench" --plugin benchmarks.megakernel_system \
       --weights w4a16 --group ${QUANT_GROUP:-128} "${quant_args[@]}" 2>&1 | tail -30 > "$OUT/quant_bench.txt"
     grep "|" "$OUT/quant_bench/report.md" 2>/dev/null || tail -5 "$OUT/quant_bench.txt" 2>/dev/null
+  fi
+  if [[ "$quant_parts" == *" fp8bench "* ]]; then   # FP8 weights against gpt-fast's weight-only form, compiled
+    quant_s=$(part_s ${QUANT_BENCH_TIMEOUT:-420})
+    (( quant_s >= 30 )) && timeout $quant_s python -m benchmarks.decode_latency --out "$OUT/fp8_bench" \
+      --plugin benchmarks.megakernel_system --weights fp8 "${quant_args[@]}" 2>&1 | tail -30 > "$OUT/fp8_bench.txt"
+    grep "|" "$OUT/fp8_bench/report.md" 2>/dev/null || tail -5 "$OUT/fp8_bench.txt" 2>/dev/null
   fi
 fi
 if has sanitize; then

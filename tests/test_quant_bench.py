@@ -178,7 +178,8 @@ def test_cpu_smoke_times_the_eager_int4_decoder(tmp_path):
         assert res["fraction_of_floor"] == pytest.approx(c["floor_ms"] / res["tpot_ms"]["p50"])
 
 
-@pytest.mark.parametrize("args,msg", [(["--group", "64"], "--group applies to quantized weights"),
+@pytest.mark.parametrize("args,msg", [(["--group", "64"], "--group applies to 4-bit quantized weights"),
+                                      (["--weights", "fp8", "--group", "64"], "--group applies to 4-bit"),
                                       (["--weights", "w4a16", "--group", "96"], "--group 96: tiny-llama's")])
 def test_w4a16_argument_mistakes_are_one_line(tmp_path, args, msg):
     r = _run(["--cpu-smoke", "--out", str(tmp_path / "out"), *args], tmp_path)
@@ -196,3 +197,36 @@ def test_int4_decode_step_traces_as_one_graph():
         want = dec.decode_step(tok, pos).clone()
         got = torch.compile(dec.decode_step, backend="eager", fullgraph=True, dynamic=False)(tok, pos)
     torch.testing.assert_close(got, want)
+
+
+# ------------------------------------------------------------------------------------ FP8
+
+def test_fp8_linear_applies_the_codes_and_their_row_scales():
+    from benchmarks.fp8_baseline import Fp8WeightOnlyLinear
+    from benchmarks.w4a16_weights import fp8_spec
+    spec = fp8_spec(_spec("llama"))
+    w = w4a16_weights(spec, CPU, torch.bfloat16, seed=2)
+    name = "model.layers.0.mlp.gate_proj.weight"
+    lin = Fp8WeightOnlyLinear([w.linears[name], w.linears[name.replace("gate", "up")]], CPU)
+    x = torch.randn(3, spec.hidden_size).to(torch.bfloat16)
+    want = x.float() @ torch.cat([w[name], w[name.replace("gate", "up")]]).float().t()
+    assert _rel(lin(x), want) < 2e-2
+    lin.scale.fill_(1.0)   # without the row scales the product is far off
+    assert _rel(lin(x), want) > 0.5
+
+
+def test_cpu_smoke_times_the_eager_fp8_decoder(tmp_path):
+    out = tmp_path / "out"
+    r = _run(["--cpu-smoke", "--out", str(out), "--weights", "fp8", "--systems", "eager fp8", "torch.compile fp8"],
+             tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["weights"]["format"] == "fp8"
+    from benchmarks.w4a16_weights import fp8_spec
+    spec = fp8_spec(spec_from_hf_config(tiny_config("llama")))
+    for c in rep["configs"]:
+        assert c["name"].startswith("tiny-llama:fp8/")
+        assert c["weight_bytes"] == spec.decode_weight_bytes(c["batch"])
+        assert c["systems"]["eager fp8"]["status"] == "ok"
+        assert "CUDA" in c["systems"]["torch.compile fp8"]["error"]
+    assert "Weights: fp8 (e4m3" in (out / "report.md").read_text()
