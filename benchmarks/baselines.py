@@ -144,6 +144,21 @@ class StaticCacheDecoder(nn.Module):
         return self.decoder(tokens, cos, sin, attention)
 
 
+def swap_layer_linears(spec: ModelSpec, decoder: StaticCacheDecoder, make: Callable[[list[str]], nn.Module],
+                       what: str) -> None:
+    """Replace every decoder-layer linear of ``decoder`` (fused q/k/v, o, fused gate/up, down) by
+    ``make(names)``, a module built for the HF weight names it fuses (a quantized baseline's linears)."""
+    if spec.is_moe:
+        raise ValueError(f"the {what} baseline decodes dense models only ({spec.name} has experts)")
+    for i, block in enumerate(decoder.decoder.layers):
+        a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        parts = {"wqkv": [a + n + "_proj.weight" for n in "qkv"], "wo": [a + "o_proj.weight"],
+                 "w_gate_up": [m + n + "_proj.weight" for n in ("gate", "up")], "w_down": [m + "down_proj.weight"]}
+        for attr, names in parts.items():
+            delattr(block, attr)   # a parameter slot takes no module: free the name first
+            setattr(block, attr, make(names))
+
+
 # ---------------------------------------------------------------------------------------------
 # HF transformers from a ModelSpec (same weights, no checkpoint on disk)
 # ---------------------------------------------------------------------------------------------

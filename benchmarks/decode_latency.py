@@ -51,6 +51,7 @@ import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from trtllm_mk.errors import UserError, run_cli  # noqa: E402
+from trtllm_mk.model.decoder_block import share_fused_storage  # noqa: E402
 from trtllm_mk.model.random_weights import random_weights  # noqa: E402
 from trtllm_mk.model.registry import resolve_model  # noqa: E402
 from trtllm_mk.model.spec import ModelSpec, spec_from_hf_config  # noqa: E402
@@ -202,7 +203,10 @@ def weights_label(model: str, weights: str, group: int) -> str:
 def model_weights(spec: ModelSpec, device: torch.device, dtype: torch.dtype, seed: int, weights: str, group: int):
     """(spec, weights) the systems decode: the bf16 random model, or its W4A16 or FP8 form."""
     if weights == "bf16":
-        return spec, random_weights(spec, device, dtype, seed)
+        w = random_weights(spec, device, dtype, seed)
+        # a mixture-of-experts model's experts stacked once, in place: the baselines' decoders read
+        # them without a copy (61 GB of Qwen3-30B-A3B leave no room for a second one on an H100)
+        return spec, share_fused_storage(spec, w) if spec.is_moe else w
     from .w4a16_weights import fp8_spec, w4a16_spec, w4a16_weights
     spec = fp8_spec(spec) if weights == "fp8" else w4a16_spec(spec, group)
     return spec, w4a16_weights(spec, device, dtype, seed)

@@ -21,7 +21,7 @@ from torch import nn
 from trtllm_mk.model.spec import ModelSpec
 from trtllm_mk.quant.linear import IntLinear
 
-from .baselines import SystemRun, _require_cuda, compiled_step, prefilled_decoder, register_system
+from .baselines import SystemRun, _require_cuda, compiled_step, prefilled_decoder, register_system, swap_layer_linears
 
 NAME = "torch.compile int4"
 EAGER_NAME = "eager int4"
@@ -94,16 +94,8 @@ class TinygemmLinear(nn.Module):
 def to_tinygemm(spec: ModelSpec, decoder: nn.Module, linears: dict[str, IntLinear]) -> None:
     """Replace every decoder-layer linear of ``decoder`` (a ``StaticCacheDecoder``) by a TinygemmLinear
     of the quantized ``linears`` (HF weight names)."""
-    if spec.is_moe:
-        raise ValueError(f"the int4 baseline decodes dense models only ({spec.name} has experts)")
     device = decoder.decoder.tok_embeddings.device
-    for i, block in enumerate(decoder.decoder.layers):
-        a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
-        parts = {"wqkv": [a + n + "_proj.weight" for n in "qkv"], "wo": [a + "o_proj.weight"],
-                 "w_gate_up": [m + n + "_proj.weight" for n in ("gate", "up")], "w_down": [m + "down_proj.weight"]}
-        for attr, names in parts.items():
-            delattr(block, attr)   # a parameter slot takes no module: free the name first
-            setattr(block, attr, TinygemmLinear([linears[n] for n in names], device))
+    swap_layer_linears(spec, decoder, lambda names: TinygemmLinear([linears[n] for n in names], device), "int4")
 
 
 def _linears(weights) -> dict[str, IntLinear]:

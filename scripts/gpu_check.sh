@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Everything the GPU machine does, in stages that each fit one device call; results under $OUT.
-#   bash scripts/gpu_check.sh [build] [smoke] [tests] [quant] [sanitize] [trace] [calibrate] [ab] [sampling] [bench] [serve] [tp]
-#   (default: all but ab, serve and tp)
+#   bash scripts/gpu_check.sh [build] [smoke] [tests] [quant] [sanitize] [trace] [calibrate] [ab] [sampling] [bench] [serve] [tp] [moe]
+#   (default: all but ab, serve, tp and moe)
+# moe: the expert kinds: tests/test_moe_gpu.py, then the Qwen3-30B-A3B decode benchmark (batch 1 and 4, context
+#   512) beside torch.compile and eager + CUDA graph on the same weights (prebuild: python tests/test_moe_gpu.py, and
+#   benchmarks/megakernel_system.py --prebuild --models qwen3-30b-a3b --batch 1 4 --context 512).
 # tp: tensor parallelism: tests/test_parallel_gpu.py (ranks on one GPU's SMs), then, with several GPUs,
 #   scripts/tp_check.py under torchrun: the check (TP_CHECK_ARGS) and the speed run (TP_SPEED_ARGS, default
 #   Llama-3.1-8B full depth, batch 1, context 512) over every GPU (TP_SIZE, default all of them).
@@ -151,6 +154,14 @@ if has serve; then
         --out "$OUT/serve_load_bs${b}_c$c" --no-progress 2>&1 | tail -12 | tee -a "$OUT/serve.txt"
     done
   done
+fi
+if has moe; then   # the expert kinds: GPU tests, then Qwen3-30B-A3B against torch.compile
+  timeout $(part_s ${MOE_TESTS_TIMEOUT:-300}) python -m pytest -q -s -m gpu tests/test_moe_gpu.py -rs > "$OUT/moe_tests.log" 2>&1
+  grep -E "rel err|passed|failed|FAILED|Error" "$OUT/moe_tests.log" | tail -20
+  timeout $(part_s ${MOE_BENCH_TIMEOUT:-420}) python -m benchmarks.decode_latency --out "$OUT/moe_bench" \
+    --plugin benchmarks.megakernel_system --models qwen3-30b-a3b --batch 1 4 --context 512 \
+    --systems "trtllm_mk megakernel" torch.compile eager+cudagraph 2>&1 | tail -20 > "$OUT/moe_bench.txt"
+  grep "|" "$OUT/moe_bench/report.md" 2>/dev/null || tail -5 "$OUT/moe_bench.txt"
 fi
 if has tp; then
   # the check between GPUs first (it needs several), then the ranks on one GPU's SMs, then the speed run

@@ -12,8 +12,10 @@ from test_verify import tiny_spec
 def test_kind_numbers_are_the_schedule_format():
     # schedule.json and the kernel's enum store these numbers: the registry order must not move
     assert [(k.name, int(k)) for k in Kind] == [("EMBED", 0), ("QKV", 1), ("ATTN", 2), ("COMBINE", 3), ("OPROJ", 4),
-                                               ("GATEUP", 5), ("DOWN", 6), ("LMHEAD", 7), ("ARGMAX", 8)]
-    assert [k for k in Kind if k.streams_weights] == [Kind.QKV, Kind.OPROJ, Kind.GATEUP, Kind.DOWN, Kind.LMHEAD]
+                                               ("GATEUP", 5), ("DOWN", 6), ("LMHEAD", 7), ("ARGMAX", 8),
+                                               ("ROUTER", 9), ("ROUTE", 10), ("EGATEUP", 11), ("EDOWN", 12)]
+    assert [k for k in Kind if k.streams_weights] == [Kind.QKV, Kind.OPROJ, Kind.GATEUP, Kind.DOWN, Kind.LMHEAD,
+                                                      Kind.ROUTER, Kind.EGATEUP, Kind.EDOWN]
     assert all(k.definition is KIND_DEFS[int(k)] and k.module.DEF is k.definition for k in Kind)
 
 
@@ -46,7 +48,14 @@ def test_events_count_the_signals_of_each_slot(o_merge, o_ksplit, down_ksplit):
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_families_compose_the_step(family):
-    spec = tiny_spec(family=family)
+    if FAMILIES[family].moe_block:   # every layer sparse: the layouts the expert kinds run
+        import dataclasses
+
+        from trtllm_mk.model.spec import spec_from_hf_config
+        from trtllm_mk.model.tiny import tiny_config
+        spec = dataclasses.replace(spec_from_hf_config(tiny_config(family), name=family), mlp_only_layers=())
+    else:
+        spec = tiny_spec(family=family)
     g = build_step_graph(spec, 1, TilePlan(qkv_rows=64, lm_rows=128, attn_splits=2))
     step = dict(FAMILIES[family].step)
     for phase, tasks in ((HEAD, g.head), (LAYER, g.layer), (TAIL, g.tail)):

@@ -392,7 +392,7 @@ def test_tiny_moe_config_loads_with_active_floors():
     assert decode_floor_s(spec, gpu) == spec.decode_weight_bytes() / gpu.read_bandwidth
     text = describe(cfg)
     assert "2 of 8 experts per layer" in text and "decode floor, batch 4, worst case" in text
-    assert "sparse layers" in text and "2 of 3 (dense MLP of 256 elsewhere)" in text
+    assert "sparse layers" in text and "3 of 3" in text
 
 
 @pytest.mark.parametrize("name, batch", [("h100_qwen3_30b_a3b_bs1", 1), ("h100_qwen3_30b_a3b_bs4", 4)])
@@ -402,23 +402,31 @@ def test_qwen3_30b_a3b_deployments_fit_an_h100(name, batch):
     assert cfg.memory_budget().fits
 
 
-def test_build_stops_before_the_search_in_one_line(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "trtllm_mk", "build", "--config",
-                        str(ROOT / "configs" / "tiny_moe_cpu.yaml"), "--output-dir", str(tmp_path / "e")],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+def _mixed_config(tmp_path):
+    """tiny_moe_cpu.yaml with the tiny Qwen3-MoE whose middle layer is dense."""
+    text = (ROOT / "configs" / "tiny_moe_cpu.yaml").read_text().replace("model: tiny-qwen3-moe-sparse",
+                                                                       "model: tiny-qwen3-moe")
+    path = tmp_path / "mixed.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_building_dense_and_sparse_layers_stops_before_the_search_in_one_line(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "trtllm_mk", "build", "--config", str(_mixed_config(tmp_path)),
+                        "--output-dir", str(tmp_path / "e")], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     err = r.stderr.strip().splitlines()
-    assert len(err) == 1 and "mixture-of-experts" in err[0] and "expert kinds" in err[0], r.stderr
+    assert len(err) == 1 and "mixture-of-experts" in err[0] and "layers [1] have a dense MLP" in err[0], r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "e").exists()
 
 
-def test_no_dense_step_is_lowered_for_moe():
+def test_no_step_is_lowered_for_dense_and_sparse_layers(tmp_path):
     spec = resolve_model("tiny-qwen3-moe").spec
-    with pytest.raises(ModelError, match="expert kinds"):
+    with pytest.raises(ModelError, match="dense MLP"):
         build_step_graph(spec, 1, TilePlan())
     from trtllm_mk.build import check_buildable
-    with pytest.raises(ConfigError, match="expert kinds"):
-        check_buildable(load_config(ROOT / "configs" / "tiny_moe_cpu.yaml"))
+    with pytest.raises(ConfigError, match="dense MLP"):
+        check_buildable(load_config(_mixed_config(tmp_path)))
 
 
 def test_fused_expert_checkpoint_is_refused_in_one_line(tmp_path):

@@ -562,6 +562,17 @@ def test_tp_engines_refuse_sampling_and_serving_in_one_line(tp_engines):
     assert r.returncode == 2 and "not served yet" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
+def spawn_ranks(fn, tp, out) -> None:
+    """``fn(rank, tp, port, out)`` in ``tp`` processes that rendezvous on a free local port (gloo)."""
+    import socket
+
+    import torch.multiprocessing as mp
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    mp.spawn(fn, args=(tp, port, str(out)), nprocs=tp, join=True)
+
+
 def _rank_prefill(rank, tp, port, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(tp),
                       LOCAL_RANK=str(rank))
@@ -583,13 +594,7 @@ def _rank_prefill(rank, tp, port, out):
 def test_the_prefill_over_torch_distributed_is_the_emulations(tmp_path, tp):
     """One process per rank (gloo on the CPU): each rank's KV cache and the gathered logits are the
     emulation's, and every rank finds the same first tokens."""
-    import socket
-
-    import torch.multiprocessing as mp
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_rank_prefill, args=(tp, port, str(tmp_path)), nprocs=tp, join=True)
+    spawn_ranks(_rank_prefill, tp, tmp_path)
     spec = kernel_spec("qwen3")
     emu = TensorParallelDecoder(spec, random_weights(spec, dtype=torch.float32, seed=3), tp)
     caches = [PagedKVCache.allocate(rank_spec(spec, tp), 2, 64, 16, dtype=torch.float32, seed=1) for _ in range(tp)]
@@ -623,13 +628,7 @@ def _tp_baseline_rank(rank, tp, port, out):
 def test_the_tensor_parallel_baseline_is_the_emulation(tmp_path):
     """The benchmark's gpt-fast-style tensor-parallel decoder (benchmarks/tp_baseline.py), two gloo ranks
     on the CPU: prefill and one decode step give the emulated tensor-parallel decoder's logits."""
-    import socket
-
-    import torch.multiprocessing as mp
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_tp_baseline_rank, args=(2, port, str(tmp_path)), nprocs=2, join=True)
+    spawn_ranks(_tp_baseline_rank, 2, tmp_path)
     spec = kernel_spec("qwen3")
     emu = TensorParallelDecoder(spec, random_weights(spec, dtype=torch.float32, seed=3), 2)
     caches = emu.allocate_caches(2, 64)

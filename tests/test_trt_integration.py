@@ -313,6 +313,8 @@ def test_python_side_refuses_a_4bit_engine_in_one_line(real_kernel_json):
         in str(e.value) and "\n" not in str(e.value)
     with pytest.raises(UserError, match="eng: a tensor-parallel engine \\(2 GPUs\\); the TensorRT plugin runs one GPU"):
         check_bf16_engine(dict(real_kernel_json, tensor_parallel=2), "eng")
+    with pytest.raises(UserError, match="eng: a mixture-of-experts engine \\(128 experts\\)"):
+        check_bf16_engine(dict(real_kernel_json, experts=128), "eng")
 
 
 # ------------------------------------------------------------- the plugin against TensorRT's headers

@@ -52,6 +52,7 @@ def kernel_json(schedule: Schedule, layout: KernelLayout, target: str, resources
         "qk_norm": schedule.spec.qk_norm, "qkv_bias": schedule.spec.qkv_bias,
         "weight_bits": schedule.spec.weight_bits, "weight_group": schedule.spec.weight_group,
         **({"tensor_parallel": layout.tensor_parallel} if layout.tensor_parallel > 1 else {}),
+        **({"experts": d.experts, "experts_per_token": d.experts_per_token} if d.experts else {}),
         "dims": {"L": d.layers, "H": d.hidden, "I": d.intermediate, "V": d.vocab, "NH": d.heads, "NKV": d.kv_heads,
                  "D": d.head_dim, "G": d.group, "QKVR": d.qkv_rows},
         "params": seam.params_layout_json(),

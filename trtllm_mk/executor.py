@@ -192,6 +192,13 @@ class CpuExecutor:
         self.tp, self.rank = dm.tensor_parallel, 0
         self.lm_val = torch.zeros(B, self.tp * dm.n_lm_tiles, dtype=f32)
         self.lm_idx = torch.zeros(B, self.tp * dm.n_lm_tiles, dtype=i32)
+        # mixture of experts: the router's logits, each expert slot's expert and per-row weight
+        # (ROUTE), and each slot's activation (EGATEUP)
+        nslot = dm.expert_slots
+        self.router_logits = torch.zeros(B, dm.experts, dtype=f32)
+        self.moe_slot = torch.full((nslot,), -1, dtype=i32)
+        self.moe_w = torch.zeros(nslot, B, dtype=f32)
+        self.moe_act = torch.zeros(nslot, B, dm.intermediate, dtype=f32)
         self.tokens = torch.zeros(B, dtype=i32)
         self.pos = torch.zeros(B, dtype=i32)
         self.history = torch.full((B, cache.max_seq_len), -1, dtype=i32)
@@ -209,6 +216,7 @@ class CpuExecutor:
         self.final_norm = _bf16(w["model.norm.weight"])
         self.lm_head = _bf16(w["model.embed_tokens.weight" if spec.tie_word_embeddings else "lm_head.weight"])
         self.layers = []
+        self.experts: list[list[dict[str, torch.Tensor]]] = []   # per sparse layer, per expert
         for i in range(spec.num_layers):
             p = f"model.layers.{i}."
             def grouped(kind: str) -> torch.Tensor:   # rows of group g: its G q heads, k_g, v_g
@@ -217,10 +225,17 @@ class CpuExecutor:
                                   (q[g * G * d:(g + 1) * G * d], k[g * d:(g + 1) * d], v[g * d:(g + 1) * d])])
 
             lw = {"qkv": _bf16(grouped("weight")), "qkv_bias": _bf16(grouped("bias")) if spec.qkv_bias else None,
-                  "o": _bf16(w[p + "self_attn.o_proj.weight"]), "gate": _bf16(w[p + "mlp.gate_proj.weight"]),
-                  "up": _bf16(w[p + "mlp.up_proj.weight"]), "down": _bf16(w[p + "mlp.down_proj.weight"]),
+                  "o": _bf16(w[p + "self_attn.o_proj.weight"]),
                   "ln1": _bf16(w[p + "input_layernorm.weight"]),
                   "ln2": _bf16(w[p + "post_attention_layernorm.weight"])}
+            if spec.is_moe_layer(i):   # the router, and each expert's gate, up and down (kinds/route.py)
+                router, experts = spec.moe_names(i)
+                lw["router"] = _bf16(w[router])
+                self.experts.append([{"gate": _bf16(w[g]), "up": _bf16(w[u]), "down": _bf16(w[d])}
+                                     for g, u, d in experts])
+            else:
+                lw.update(gate=_bf16(w[p + "mlp.gate_proj.weight"]), up=_bf16(w[p + "mlp.up_proj.weight"]),
+                          down=_bf16(w[p + "mlp.down_proj.weight"]))
             if spec.qk_norm:
                 lw["q_norm"] = _bf16(w[p + "self_attn.q_norm.weight"])
                 lw["k_norm"] = _bf16(w[p + "self_attn.k_norm.weight"])

@@ -32,9 +32,10 @@ from .smem import SmemBreakdown, plan_smem  # noqa: E402
 KIND_COLORS = {
     Kind.EMBED: "#7f7f7f", Kind.QKV: "#1f77b4", Kind.ATTN: "#d62728", Kind.COMBINE: "#ff9896",
     Kind.OPROJ: "#9467bd", Kind.GATEUP: "#2ca02c", Kind.DOWN: "#bcbd22", Kind.LMHEAD: "#17becf",
-    Kind.ARGMAX: "#000000",
+    Kind.ARGMAX: "#000000", Kind.ROUTER: "#e377c2", Kind.ROUTE: "#8c564b", Kind.EGATEUP: "#98df8a",
+    Kind.EDOWN: "#dbdb8d",
 }
-SMEM_KINDS = ("QKV", "ATTN", "OPROJ", "GATEUP", "DOWN", "LMHEAD")
+SMEM_KINDS = ("QKV", "ATTN", "OPROJ", "GATEUP", "DOWN", "ROUTER", "EGATEUP", "EDOWN", "LMHEAD")
 
 
 def _kb(n: float) -> str:

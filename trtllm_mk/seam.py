@@ -108,7 +108,17 @@ PARAMS = (
     ParamField("layer_scales", "const LayerScales*", WEIGHT, "[L] quantized weights' scale words (null: bf16 weights)"),
     ParamField("peers", "const PeerBuffers*", BUFFER, "[TP] every rank's cross-rank buffers, this rank's too (null: TP = 1)"),
     ParamField("rank", "int64_t", SCALAR, "this rank of TP (0 without tensor parallelism)"),
+    ParamField("routers", "const bf16* const*", WEIGHT, "[L] sparse layers' router weights [E, H] (null: dense)"),
+    ParamField("experts", "const ExpertWeights*", WEIGHT, "[L, E] the experts' weights (null: dense)"),
+    ParamField("router_logits", "float*", BUFFER, "[B, E] (mixture of experts)"),
+    ParamField("moe_slot", "int*", BUFFER, "[NSLOT] each expert slot's expert, -1: idle (kinds/route.py)"),
+    ParamField("moe_w", "float*", BUFFER, "[NSLOT, B] the slot's routing weight in each row (0: not selected)"),
+    ParamField("moe_act", "float*", BUFFER, "[NSLOT, B, I] silu(gate) * up of the slot's expert"),
 )
+
+# mk::ExpertWeights: one expert's matrices, HF layouts ([out, in] row-major), read in place.
+EXPERT_FIELDS = (("gate", "[I, H]"), ("up", "[I, H]"), ("down", "[H, I]"))
+EXPERT_FIELD_NAMES = tuple(n for n, _ in EXPERT_FIELDS)
 
 # mk::PeerBuffers: the buffers of one tensor-parallel rank that the other ranks write into
 # (graph/builder.py, tensor parallelism): device pointers valid on every rank's GPU (peer-mapped
@@ -238,7 +248,7 @@ def params_layout_json() -> dict:
             "error_fields": [f for f, _ in ERROR_FIELDS], "error_codes": dict(ERROR_CODES),
             "sampling_slot_bytes": SAMPLING_SLOT_BYTES, "max_top_logprobs": MAX_TOP_LOGPROBS,
             "cand_hist_bins": CAND_HIST_BINS,
-            "peer_fields": list(PEER_FIELD_NAMES)}
+            "peer_fields": list(PEER_FIELD_NAMES), "expert_fields": list(EXPERT_FIELD_NAMES)}
 
 
 def _kind_enum() -> str:
@@ -270,6 +280,9 @@ def emit_cuda() -> str:
     lines += ["};", f"static_assert(sizeof(SamplingSlot) == {SAMPLING_SLOT_BYTES}, \"SamplingSlot layout (trtllm_mk/seam.py)\");"]
     lines += [f"constexpr int CANDIDATES = {CANDIDATES};", f"constexpr int MAX_TOP_LOGPROBS = {MAX_TOP_LOGPROBS};",
               f"constexpr int CAND_HIST_BINS = {CAND_HIST_BINS};"]
+    lines += ["", "// One expert's weights (mixture of experts).", "struct ExpertWeights {"]
+    lines += [f"  const bf16* {n};  // {doc}" for n, doc in EXPERT_FIELDS]
+    lines += ["};"]
     lines += ["", "// One tensor-parallel rank's buffers that the other ranks write into.", "struct PeerBuffers {"]
     lines += [f"  {t} {n};  // {doc}" for n, t, doc in PEER_FIELDS]
     lines += ["};"]

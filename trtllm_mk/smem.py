@@ -116,9 +116,10 @@ def slot_geometry(k_range: int, pair: int, slot_bytes: int, consumer_warps: int,
 
 def gemv_k_ranges(spec: ModelSpec, plan: TilePlan) -> dict[Kind, tuple[int, int]]:
     """(K range after K-split, pair) per GEMV kind."""
-    H, I = spec.hidden_size, spec.intermediate_size
-    return {Kind.QKV: (H, 1), Kind.OPROJ: (spec.q_size // plan.o_ksplit, 1), Kind.GATEUP: (H, 2),
-            Kind.DOWN: (I // plan.down_ksplit, 1), Kind.LMHEAD: (H, 1)}
+    H, I = spec.hidden_size, spec.mlp_intermediate
+    mlp = ({Kind.ROUTER: (H, 1), Kind.EGATEUP: (H, 2), Kind.EDOWN: (I // plan.down_ksplit, 1)} if spec.is_moe
+           else {Kind.GATEUP: (H, 2), Kind.DOWN: (I // plan.down_ksplit, 1)})
+    return {Kind.QKV: (H, 1), Kind.OPROJ: (spec.q_size // plan.o_ksplit, 1), **mlp, Kind.LMHEAD: (H, 1)}
 
 
 def geometries(spec: ModelSpec, plan: TilePlan) -> dict[Kind, SlotGeometry]:
@@ -127,7 +128,7 @@ def geometries(spec: ModelSpec, plan: TilePlan) -> dict[Kind, SlotGeometry]:
     out = {}
     tile = tile_cols(spec) if spec.quantized else 0
     for k, (kt, pair) in gemv_k_ranges(spec, plan).items():
-        q = spec.quantized and k != Kind.LMHEAD
+        q = spec.quantized and k not in (Kind.LMHEAD, Kind.ROUTER)   # bf16 as the checkpoint keeps them
         out[k] = slot_geometry(kt, pair, plan.slot_bytes, plan.consumer_warps,
                                spec.weight_bits if q else 16, spec.weight_group if q else 0, tile if q else 0)
     return out
@@ -265,7 +266,7 @@ class SmemBreakdown:
 
 def plan_smem(spec: ModelSpec, batch: int, plan: TilePlan) -> SmemBreakdown:
     """Shared memory of ``plan`` at batch ``batch``, per task kind and peak."""
-    layout = smem_layout(plan, batch, activation_bytes(spec.hidden_size, spec.q_size, spec.intermediate_size,
+    layout = smem_layout(plan, batch, activation_bytes(spec.hidden_size, spec.q_size, spec.mlp_intermediate,
                                                        spec.group_size, spec.head_dim, batch, plan))
     small = layout.region("scratch").size + layout.region("bars").size
     if small > FIXED_BYTES:

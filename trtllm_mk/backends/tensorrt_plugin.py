@@ -128,6 +128,9 @@ def check_bf16_engine(kernel: dict, engine_dir: str | os.PathLike) -> None:
         raise UserError(f"{engine_dir}: the engine streams {bits}-bit weights (W{bits}A16 group "
                         f"{kernel.get('weight_group')}); the TensorRT plugin binds bf16 weights only, so quantized "
                         "engines run through the PyTorch runtime (python -m trtllm_mk run / serve)")
+    if kernel.get("experts"):   # the plugin's inputs are a dense layer's weights
+        raise UserError(f"{engine_dir}: a mixture-of-experts engine ({kernel['experts']} experts); the TensorRT plugin "
+                        "binds dense layers only, so it runs through the PyTorch runtime (python -m trtllm_mk run)")
     tp = kernel.get("tensor_parallel", 1)
     if tp != 1:   # the plugin binds one GPU's buffers and no peers
         raise UserError(f"{engine_dir}: a tensor-parallel engine ({tp} GPUs); the TensorRT plugin runs one GPU's "

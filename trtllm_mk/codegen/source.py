@@ -101,7 +101,7 @@ def _task_call(graph: StepGraph, task: Task, offsets: dict[str, int], prev: Task
     layer = "l" if task.phase == LAYER else "-1"
     w = [_ref_expr(graph, task, r, offsets) for r in task.waits] + ["0"] * (MAX_REFS - len(task.waits))
     s = [_ref_expr(graph, task, r, offsets) for r in task.signals] + ["0"] * (MAX_REFS - len(task.signals))
-    tile = task.index if task.kind == Kind.LMHEAD else 0
+    tile = task.index if task.kind == Kind.LMHEAD else task.slot   # expert kinds: the slot
     stage = 0 if prev is not None and task.reuses_staged_input(prev) else 1
     return (f"c = run_task<mk::{task.kind.name}>(c, "
             f"{_task_args(layer, task, task.group, task.split, tile, stage, w, len(task.waits), s, len(task.signals))});")
@@ -187,12 +187,14 @@ def generate_source(schedule: Schedule, tokens_per_block: int, max_seq_len: int,
                   TRACE_TASKS=max(1, trace_tasks), KV_SLOTS=kv_slots, KV_CAP=kv_cap,
                   INFLIGHT=p.inflight_slots, INFLIGHT_CHAIN=p.inflight_chain, MAX_REFS=MAX_REFS,
                   RESID_FRAC_BITS=RESID_FRAC_BITS, WBITS=spec.weight_bits, QGROUP=spec.weight_group,
-                  QTILE=graph.dims.weight_tile, TP=d.tensor_parallel, LM_TILES_ALL=d.tensor_parallel * d.n_lm_tiles)
+                  QTILE=graph.dims.weight_tile, TP=d.tensor_parallel, LM_TILES_ALL=d.tensor_parallel * d.n_lm_tiles,
+                  E=d.experts, TOPK=d.experts_per_token, NSLOT=d.expert_slots)
     for k, v in consts.items():
         lines.append(f"constexpr int {k} = {v};")
     lines.append(f"constexpr bool QK_NORM = {'true' if spec.qk_norm else 'false'};")
     lines.append(f"constexpr bool QKV_BIAS = {'true' if spec.qkv_bias else 'false'};")
     lines.append(f"constexpr bool O_MERGE = {'true' if p.o_merge else 'false'};")
+    lines.append(f"constexpr bool NORM_TOPK = {'true' if spec.norm_topk_prob else 'false'};   // renormalise the top-k weights")
     lines.append(f"constexpr float EPS = {spec.rms_norm_eps!r}f;")
     for name, off in offsets.items():
         lines.append(f"constexpr int EV_{name.upper()} = {off};")

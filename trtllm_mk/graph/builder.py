@@ -14,6 +14,10 @@ Event granularity per edge follows producer and consumer partitions:
                         read for their norm, so DOWN must wait for all of them (the race checker
                         rejects the per-chunk variant).
   lm_done     [1, 1]    ARGMAX reduces every LM-head tile.
+Mixture-of-experts layers (model.families MOE_STEP) replace GATEUP / DOWN:
+  router_done [L, 1]    ROUTE reads every router logit.
+  route_done  [L, 1]    the expert slots are chosen: EGATEUP's loader and consumers wait for it.
+  egateup_done[L, 1]    whole: EDOWN adds into x, which every EGATEUP task reads for its norm.
 
 Tensor parallelism (ModelSpec.tensor_parallel > 1: the spec is one rank's share, parallel/layout.py).
 Every rank holds the whole residual x. OPROJ and DOWN add their partial sums into every rank's x (the
@@ -43,13 +47,41 @@ def _tiles(n: int, size: int) -> list[tuple[int, int]]:
     return [(i, min(n, i + size)) for i in range(0, n, size)]
 
 
+# ROUTE holds a row's router logits one per consumer thread of a warp's lanes (device route.cuh)
+MAX_EXPERTS = 256
+MAX_EXPERTS_PER_TOKEN = 8
+
+
 def check_model_supported(spec: ModelSpec) -> None:
-    """Shape constraints of the megakernel (16-byte vectors, 8-row ring stages, 64-column K-chunks)."""
-    H, I, V = spec.hidden_size, spec.intermediate_size, spec.vocab_size
-    for name, val, mult in (("hidden_size", H, 64), ("intermediate_size", I, 64), ("vocab_size", V, 8),
+    """Shape constraints of the megakernel (16-byte vectors, 8-row ring stages, 64-column K-chunks) and
+    the mixture-of-experts layouts it implements."""
+    H, I, V = spec.hidden_size, spec.mlp_intermediate, spec.vocab_size
+    width = "moe_intermediate_size" if spec.is_moe else "intermediate_size"
+    for name, val, mult in (("hidden_size", H, 64), (width, I, 64), ("vocab_size", V, 8),
                             ("num_heads*head_dim", spec.q_size, 64)):
         if val % mult:
             raise ModelError(f"{spec.name}: {name}={val} must be a multiple of {mult} for the megakernel")
+    if spec.is_moe:
+        check_moe_supported(spec)
+
+
+def check_moe_supported(spec: ModelSpec) -> None:
+    """The megakernel's expert kinds run models whose every layer is sparse, with bf16 weights on one
+    GPU, at most MAX_EXPERTS experts and MAX_EXPERTS_PER_TOKEN per token: anything else one line."""
+    dense = [i for i in range(spec.num_layers) if not spec.is_moe_layer(i)]
+    why = None
+    if dense:
+        why = (f"layers {dense} have a dense MLP (mlp_only_layers / decoder_sparse_step); the megakernel runs "
+               "models whose every layer routes to experts")
+    elif spec.num_experts > MAX_EXPERTS or spec.num_experts_per_tok > MAX_EXPERTS_PER_TOKEN:
+        why = (f"{spec.num_experts} experts, {spec.num_experts_per_tok} per token; the megakernel routes at most "
+               f"{MAX_EXPERTS} experts and {MAX_EXPERTS_PER_TOKEN} per token")
+    elif spec.quantized:
+        why = "quantized expert weights; the megakernel streams bf16 experts"
+    elif spec.tensor_parallel > 1:
+        why = "tensor parallelism; the megakernel runs a mixture-of-experts model on one GPU"
+    if why:
+        raise ModelError(f"{spec.name}: a mixture-of-experts model with {why}")
 
 
 def check_plan(spec: ModelSpec, plan: TilePlan) -> None:
@@ -60,9 +92,9 @@ def check_plan(spec: ModelSpec, plan: TilePlan) -> None:
             raise ValueError(f"TilePlan.{f}={v} must be a positive multiple of 8")
     if plan.o_ksplit < 1 or spec.num_kv_heads % plan.o_ksplit:
         raise ValueError(f"TilePlan.o_ksplit={plan.o_ksplit} must divide num_kv_heads={spec.num_kv_heads}")
-    if plan.down_ksplit < 1 or spec.intermediate_size % (64 * plan.down_ksplit):
-        raise ValueError(f"TilePlan.down_ksplit={plan.down_ksplit}: intermediate_size "
-                         f"{spec.intermediate_size} must split into multiples of 64 columns")
+    if plan.down_ksplit < 1 or spec.mlp_intermediate % (64 * plan.down_ksplit):
+        raise ValueError(f"TilePlan.down_ksplit={plan.down_ksplit}: the MLP width "
+                         f"{spec.mlp_intermediate} must split into multiples of 64 columns")
     if plan.attn_splits < 1:
         raise ValueError("TilePlan.attn_splits must be >= 1")
     if spec.quantized:
@@ -73,7 +105,7 @@ def check_plan(spec: ModelSpec, plan: TilePlan) -> None:
                 raise ValueError(f"TilePlan.{f}={getattr(plan, f)} must be a multiple of 16 for quantized weights")
         unit = max(spec.weight_group, tile_cols(spec))
         for what, k in (("hidden_size", spec.hidden_size), ("q_size / o_ksplit", spec.q_size // plan.o_ksplit),
-                        ("intermediate_size / down_ksplit", spec.intermediate_size // plan.down_ksplit)):
+                        ("intermediate_size / down_ksplit", spec.mlp_intermediate // plan.down_ksplit)):
             if k % unit:
                 raise ValueError(f"TilePlan: {what} = {k} is not a whole number of {unit}-column weight tiles")
     if not 1 <= plan.inflight_chain <= plan.inflight_slots:
@@ -92,7 +124,9 @@ class Lowering:
     def __init__(self, spec: ModelSpec, batch: int, plan: TilePlan, context_len: int):
         self.spec, self.plan, self.context_len = spec, plan, context_len
         self.B, self.L = batch, spec.num_layers
-        self.H, self.I, self.V = spec.hidden_size, spec.intermediate_size, spec.vocab_size
+        self.H, self.I, self.V = spec.hidden_size, spec.mlp_intermediate, spec.vocab_size
+        # mixture of experts: E experts, k per token, NSLOT expert slots per step (kinds/route.py)
+        self.E, self.k, self.NSLOT = spec.num_experts, spec.num_experts_per_tok, spec.moe_slots(batch)
         self.nh, self.nkv, self.d, self.G = spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.group_size
         self.S = plan.attn_splits
         self.wb = spec.dtype_bytes
@@ -147,9 +181,6 @@ def build_step_graph(spec: ModelSpec, batch: int, plan: TilePlan, context_len: i
     """The task graph of one decode step: each kind of the family's step lowers itself into tasks
     (trtllm_mk.kinds, model.families); the event tensors follow from the tasks' signals. ``context_len`` only feeds
     the cost estimates of ATTN."""
-    if spec.is_moe:   # the step template would lower the dense MLP in place of the experts
-        raise ModelError(f"{spec.name}: a mixture-of-experts model ({spec.family}) has no decode step yet: the "
-                         "megakernel's expert kinds (router, expert GEMV) are not implemented")
     check_model_supported(spec)
     check_plan(spec, plan)
     if not 1 <= batch <= MAX_BATCH:
@@ -168,6 +199,6 @@ def build_step_graph(spec: ModelSpec, batch: int, plan: TilePlan, context_len: i
                 head_dim=c.d, group=c.G, splits=c.S, group_rows=c.GR, qkv_rows=c.QKVR, q_dim=c.QD,
                 n_lm_tiles=len(c.lm_tiles), context_len=context_len, weight_bits=spec.weight_bits,
                 weight_group=spec.weight_group, weight_tile=tile_cols(spec) if spec.quantized else 0,
-                tensor_parallel=c.tp)
+                tensor_parallel=c.tp, experts=c.E, experts_per_token=c.k, expert_slots=c.NSLOT)
     return StepGraph(num_layers=c.L, batch=c.B, plan=plan, head=head, layer=layer, tail=tail,
                      events=events, dims=dims)

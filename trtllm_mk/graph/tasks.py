@@ -77,6 +77,7 @@ class Task:
     k1: int = 0
     group: int = 0             # KV group (ATTN, COMBINE)
     split: int = 0             # KV split (ATTN)
+    slot: int = 0              # expert slot (EGATEUP, EDOWN: kinds/route.py)
     waits: tuple[EventRef, ...] = ()
     signals: tuple[EventRef, ...] = ()
     reads: tuple[Access, ...] = ()
@@ -94,7 +95,8 @@ class Task:
         staging its activation: same kind (same norm), same reduction range and the same waits, so
         the staged bytes are the same and still resident in shared memory."""
         return (self.kind.streams_weights and prev.kind == self.kind and prev.phase == self.phase
-                and (prev.k0, prev.k1) == (self.k0, self.k1) and prev.waits == self.waits)
+                and (prev.k0, prev.k1) == (self.k0, self.k1) and prev.waits == self.waits
+                and (prev.slot == self.slot or not getattr(self.kind.module, "INPUT_PER_SLOT", False)))
 
     def label(self) -> str:
         if self.kind in (Kind.ATTN,):
@@ -104,7 +106,8 @@ class Task:
         if self.kind == Kind.ARGMAX:
             return "ARGMAX"
         k = f" k{self.k0}:{self.k1}" if self.k1 else ""
-        return f"{self.kind.name}[{self.r0}:{self.r1}{k}]"
+        s = f" slot{self.slot}" if self.kind in (Kind.EGATEUP, Kind.EDOWN) else ""
+        return f"{self.kind.name}[{self.r0}:{self.r1}{k}{s}]"
 
 
 @dataclass(frozen=True)
@@ -163,7 +166,7 @@ class Dims:
     batch: int           # sequences decoded per step (B)
     layers: int          # L
     hidden: int          # H
-    intermediate: int    # I
+    intermediate: int    # I: the MLP's width (an expert's in a mixture-of-experts model)
     vocab: int           # V
     heads: int           # query heads
     kv_heads: int        # KV heads (= KV groups)
@@ -179,6 +182,9 @@ class Dims:
     weight_group: int = 0   # columns per scale word of 4-bit weights
     weight_tile: int = 0    # columns per 16-row tile of 4-bit weights (quant/kernel_layout.py tile_cols)
     tensor_parallel: int = 1   # ranks sharing the model (ModelSpec.tensor_parallel)
+    experts: int = 0           # mixture of experts: E, and k per token
+    experts_per_token: int = 0
+    expert_slots: int = 0      # NSLOT = min(E, B * k) (kinds/route.py)
 
 
 @dataclass

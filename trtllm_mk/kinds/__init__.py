@@ -33,7 +33,8 @@ class KindDef:
 
 
 # Registry order is the kind's number (part of the schedule file format and the kernel's ABI).
-_MODULES = ("embed", "qkv", "attn", "combine", "oproj", "gateup", "down", "lmhead", "argmax")
+_MODULES = ("embed", "qkv", "attn", "combine", "oproj", "gateup", "down", "lmhead", "argmax",
+            "router", "route", "egateup", "edown")
 KIND_MODULES = tuple(import_module(f".{m}", __name__) for m in _MODULES)
 KIND_DEFS: tuple[KindDef, ...] = tuple(m.DEF for m in KIND_MODULES)
 

@@ -102,10 +102,13 @@ class MoeMlp(nn.Module):
 
 
 def check_buildable_moe(spec: ModelSpec, where) -> None:
-    """Refuse building an engine of a mixture-of-experts model: the megakernel has no expert kinds
-    yet, and its dense step would silently compute a different model."""
-    if spec.is_moe:
-        raise ConfigError(f"{where}: model: {spec.name} is a mixture-of-experts model ({spec.family}, "
-                          f"{spec.num_experts} experts, {spec.num_experts_per_tok} per token); the megakernel's "
-                          "expert kinds (router, expert GEMV) are not implemented yet, so it cannot be built into "
-                          "an engine (the reference decoder and the torch prefill run it)")
+    """Refuse building an engine of a mixture-of-experts layout the megakernel's expert kinds do not
+    implement (graph.builder.check_moe_supported), in one line."""
+    if not spec.is_moe:
+        return
+    from ..errors import ModelError
+    from ..graph.builder import check_moe_supported
+    try:
+        check_moe_supported(spec)
+    except ModelError as e:
+        raise ConfigError(f"{where}: model: {e}; the reference decoder and the torch prefill run it") from None

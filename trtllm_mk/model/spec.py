@@ -83,6 +83,17 @@ class ModelSpec:
                 and (layer + 1) % self.decoder_sparse_step == 0)
 
     @property
+    def mlp_intermediate(self) -> int:
+        """The width of a layer's MLP as the megakernel computes it: an expert's (every layer of an MoE
+        model it builds is sparse) or the dense MLP's."""
+        return self.moe_intermediate_size if self.is_moe else self.intermediate_size
+
+    def moe_slots(self, batch: int) -> int:
+        """The megakernel's expert slots in a decode step of ``batch`` rows: the most distinct experts
+        the rows can select, min(E, B * k)."""
+        return min(self.num_experts, batch * self.num_experts_per_tok) if self.is_moe else 0
+
+    @property
     def moe_layers(self) -> tuple[int, ...]:
         return tuple(i for i in range(self.num_layers) if self.is_moe_layer(i))
 

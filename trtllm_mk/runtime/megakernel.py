@@ -60,6 +60,10 @@ class DecodeBuffers:
     logprobs: torch.Tensor   # [B, 1 + MAX_TOP_LOGPROBS]
     top_ids: torch.Tensor    # [B, MAX_TOP_LOGPROBS]
     cand_hist: torch.Tensor  # [B, CAND_HIST_BINS], zero between steps
+    router_logits: torch.Tensor | None   # mixture of experts (kinds/route.py; None: dense): [B, E]
+    moe_slot: torch.Tensor | None        # [NSLOT]
+    moe_w: torch.Tensor | None           # [NSLOT, B]
+    moe_act: torch.Tensor | None         # [NSLOT, B, I]
 
     @classmethod
     def allocate(cls, spec: ModelSpec, batch: int, schedule: Schedule, layout: KernelLayout,
@@ -98,7 +102,16 @@ class DecodeBuffers:
             logprobs=torch.zeros(batch, 1 + MAX_TOP_LOGPROBS, **f32),
             top_ids=torch.zeros(batch, MAX_TOP_LOGPROBS, **i32),
             cand_hist=torch.zeros(batch, CAND_HIST_BINS, **i32),
+            **cls._moe(spec, batch, f32, i32),
         )
+
+    @staticmethod
+    def _moe(spec: ModelSpec, batch: int, f32: dict, i32: dict) -> dict:
+        if not spec.is_moe:
+            return dict(router_logits=None, moe_slot=None, moe_w=None, moe_act=None)
+        n = spec.moe_slots(batch)
+        return dict(router_logits=torch.zeros(batch, spec.num_experts, **f32), moe_slot=torch.zeros(n, **i32),
+                    moe_w=torch.zeros(n, batch, **f32), moe_act=torch.zeros(n, batch, spec.mlp_intermediate, **f32))
 
 
 def _check_tensor(name: str, t: torch.Tensor, shape: tuple, dtype: torch.dtype, device: torch.device) -> None:
@@ -134,6 +147,7 @@ class MegakernelDecoder:
         self.rank, self._peer_table = 0, None   # tensor parallelism: set by connect
         self._layer_table = self._pack_layer_table(weights, LAYER_FIELDS)
         self._scale_table = self._pack_layer_table(weights, SCALE_FIELDS) if spec.quantized else None
+        self._routers, self._experts = self._pack_expert_tables(weights) if spec.is_moe else (None, None)
         self._params = self._pack_params()
         mkrt = load_runtime()
         with torch.cuda.device(dev):
@@ -167,6 +181,16 @@ class MegakernelDecoder:
             rows.append([weights[p + hf].data_ptr() if (p + hf) in weights else 0 for _, hf in table])
         return torch.tensor(rows, dtype=torch.int64, device=self.device)
 
+    def _pack_expert_tables(self, weights: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """([L] router pointers, [L, E, 3] expert weight pointers in seam.EXPERT_FIELDS order)."""
+        routers, experts = [], []
+        for i in range(self.spec.num_layers):
+            router, names = self.spec.moe_names(i)
+            routers.append(weights[router].data_ptr())
+            experts.append([[weights[n].data_ptr() for n in e] for e in names])
+        dev = self.device
+        return (torch.tensor(routers, dtype=torch.int64, device=dev), torch.tensor(experts, dtype=torch.int64, device=dev))
+
     def _pack_params(self) -> bytes:
         w, b = self.weights, self.buf
         lm = w["lm_head.weight"] if "lm_head.weight" in w else w["model.embed_tokens.weight"]
@@ -177,9 +201,13 @@ class MegakernelDecoder:
         ptrs.update((f.name, getattr(b, f.name)) for f in fields(DecodeBuffers))   # every engine-owned buffer
         if self._peer_table is not None:
             ptrs["peers"] = self._peer_table
-        values = {f: t.data_ptr() for f, t in ptrs.items()}
+        if self._routers is not None:
+            ptrs.update(routers=self._routers, experts=self._experts)
+        values = {f: 0 if t is None else t.data_ptr() for f, t in ptrs.items()}
         values.setdefault("layer_scales", 0)
         values.setdefault("peers", 0)
+        values.setdefault("routers", 0)
+        values.setdefault("experts", 0)
         values["rank"] = self.rank
         values.update(num_blocks=self.cache.pool.shape[1], block_table_stride=self.cache.block_table.shape[1],
                       trace=self._trace.data_ptr() if self._trace is not None else 0)

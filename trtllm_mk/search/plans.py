@@ -68,7 +68,7 @@ def _o_splits(spec: ModelSpec, most: int) -> list[int]:
 
 
 def _down_splits(spec: ModelSpec, most: int) -> list[int]:
-    return [k for k in range(1, most + 1) if spec.intermediate_size % (_k_unit(spec) * k) == 0]
+    return [k for k in range(1, most + 1) if spec.mlp_intermediate % (_k_unit(spec) * k) == 0]
 
 
 def ksplit_candidates(spec: ModelSpec) -> tuple[list[int], list[int]]:
@@ -99,7 +99,7 @@ def attn_split_candidates(spec: ModelSpec, num_sms: int, context_len: int) -> li
 
 def field_candidates(field: str, plan: TilePlan, spec: ModelSpec, num_sms: int, context_len: int) -> list:
     """Values the coordinate search tries for one field, given the rest of ``plan``."""
-    H, I, V = spec.hidden_size, spec.intermediate_size, spec.vocab_size
+    H, I, V = spec.hidden_size, spec.mlp_intermediate, spec.vocab_size
     gr = (spec.group_size + 2) * spec.head_dim
     u = row_unit(spec)
     if field == "qkv_rows":
@@ -220,7 +220,7 @@ def initial_plan(spec: ModelSpec, batch: int, gpu: GpuSpec, num_sms: int, contex
     u = row_unit(spec)
     plan = TilePlan(qkv_rows=pick(wave_rows(spec.num_kv_heads * gr, 1, num_sms, cap=gr, unit=u), 4),
                     o_rows=pick(wave_rows(spec.hidden_size, o_ks, num_sms, unit=u), 4), o_ksplit=o_ks,
-                    gateup_rows=pick(wave_rows(spec.intermediate_size, 1, num_sms, unit=u), 4),
+                    gateup_rows=pick(wave_rows(spec.mlp_intermediate, 1, num_sms, unit=u), 4),
                     down_rows=pick(wave_rows(spec.hidden_size, d_ks, num_sms, unit=u), 4), down_ksplit=d_ks,
                     lm_rows=pick(wave_rows(spec.vocab_size, 1, num_sms, max_waves=LM_MAX_WAVES), 8),
                     attn_splits=s, stages=2, slot_bytes=4096, consumer_warps=8)

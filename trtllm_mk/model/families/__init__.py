@@ -10,6 +10,9 @@ from importlib import import_module
 # template repeated for every layer, then the LM head and the argmax.
 DECODER_STEP = {"head": ("EMBED",), "layer": ("QKV", "ATTN", "COMBINE", "OPROJ", "GATEUP", "DOWN"),
                 "tail": ("LMHEAD", "ARGMAX")}
+# A mixture-of-experts layer: the router's logits, the routing into expert slots, then each slot's
+# expert MLP (kinds/route.py).
+MOE_STEP = {**DECODER_STEP, "layer": ("QKV", "ATTN", "COMBINE", "OPROJ", "ROUTER", "ROUTE", "EGATEUP", "EDOWN")}
 
 
 @dataclass(frozen=True)
@@ -41,4 +44,4 @@ def family(name: str) -> Family:
     return FAMILIES[name]
 
 
-__all__ = ["DECODER_STEP", "FAMILIES", "Family", "family"]
+__all__ = ["DECODER_STEP", "FAMILIES", "Family", "MOE_STEP", "family"]

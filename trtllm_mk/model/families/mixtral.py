@@ -1,8 +1,7 @@
 """Mixtral: the Mistral step whose every layer routes each token to k of E SwiGLU experts (w1 gate,
-w3 up, w2 down), the top-k weights always renormalised. The megakernel has no expert kinds yet:
-its step is the dense template, and building refuses it."""
-from . import Family
+w3 up, w2 down), the top-k weights always renormalised."""
+from . import MOE_STEP, Family
 
 FAMILY = Family("mixtral", architecture="MixtralForCausalLM", model_type="mixtral", reads_sliding_window=True,
                 moe_block="block_sparse_moe", expert_linears=("w1", "w3", "w2"), always_norm_topk=True,
-                expert_weights_fp32=True)
+                expert_weights_fp32=True, step=tuple(MOE_STEP.items()))

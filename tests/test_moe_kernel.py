@@ -1,0 +1,143 @@
+"""The megakernel's expert kinds on the CPU (kinds/router.py, route.py, egateup.py, edown.py): the
+task graph of a mixture-of-experts step (expert slots, the events that carry the routing), the CPU
+executor's decode against the reference decoder (model/moe.py, itself checked against transformers in
+tests/test_moe.py), an engine built and run with ``--simulate``, and the layouts it refuses.
+
+The GPU side runs in tests/test_moe_gpu.py."""
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from trtllm_mk.errors import ModelError
+from trtllm_mk.executor import CpuExecutor
+from trtllm_mk.gpus import get_gpu
+from trtllm_mk.graph import build_step_graph
+from trtllm_mk.graph.builder import MAX_EXPERTS, check_moe_supported
+from trtllm_mk.graph.tasks import Kind, TilePlan
+from trtllm_mk.kinds.route import slots_of
+from trtllm_mk.kv_cache import PagedKVCache
+from trtllm_mk.model.moe import route
+from trtllm_mk.model.random_weights import random_weights
+from trtllm_mk.model.registry import resolve_model
+from trtllm_mk.model.spec import spec_from_hf_config
+from trtllm_mk.model.tiny import tiny_config
+from trtllm_mk.reference import ReferenceDecoder
+from trtllm_mk.search import search
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def sparse_spec(family: str):
+    """The tiny model of ``family`` with every layer sparse (the layouts the megakernel runs)."""
+    spec = spec_from_hf_config(tiny_config(family), name=f"tiny-{family}")
+    return dataclasses.replace(spec, mlp_only_layers=())
+
+
+def _schedule(spec, batch):
+    sch, _ = search(spec, batch, get_gpu("H100-SXM"), context_len=64, budget_s=1.0, seed=0)
+    return sch
+
+
+@pytest.mark.parametrize("batch, slots", [(1, 2), (3, 6), (4, 8), (8, 8)])
+def test_a_moe_step_has_min_e_bk_expert_slots(batch, slots):
+    spec = sparse_spec("qwen3_moe")   # 8 experts, 2 per token
+    g = build_step_graph(spec, batch, TilePlan(gateup_rows=32, down_rows=64))
+    kinds = {t.kind for t in g.layer}
+    assert kinds >= {Kind.ROUTER, Kind.ROUTE, Kind.EGATEUP, Kind.EDOWN} and not kinds & {Kind.GATEUP, Kind.DOWN}
+    assert g.dims.expert_slots == slots and g.dims.intermediate == spec.moe_intermediate_size
+    eg = [t for t in g.layer if t.kind == Kind.EGATEUP]
+    ed = [t for t in g.layer if t.kind == Kind.EDOWN]
+    assert sorted({t.slot for t in eg}) == sorted({t.slot for t in ed}) == list(range(slots))
+    assert len(eg) == slots * (spec.moe_intermediate_size // 32)
+    # the loaders of the expert kinds wait only for their first event: it must be the routing
+    assert all(t.waits[0].event == "route_done" for t in eg + ed)
+    assert all(any(w.event == "egateup_done" for w in t.waits) for t in ed)
+    # streamed bytes: every slot's expert (the worst case the static schedule reads)
+    per_expert = 3 * spec.moe_intermediate_size * spec.hidden_size * 2
+    assert sum(t.weight_bytes for t in eg + ed) == slots * per_expert
+
+
+def test_route_lays_the_rows_choices_out_as_slots():
+    logits = torch.tensor([[0.0, 3.0, 1.0, 3.0, -1.0], [2.0, 0.0, 5.0, 0.0, 0.0], [0.0, 3.0, 1.0, 3.0, -1.0]])
+    weights, experts = route(logits, 2, normalize=True)
+    assert experts.tolist() == [[1, 3], [0, 2], [1, 3]]          # equal logits: the lower index ranks first
+    slot, w = slots_of(weights, experts, 6)
+    assert slot.tolist() == [0, 1, 2, 3, -1, -1]
+    assert torch.equal(w[:, 0], torch.tensor([0.0, weights[0, 0], 0.0, weights[0, 1], 0.0, 0.0]))
+    assert torch.equal(w[:, 1], torch.tensor([weights[1, 0], 0.0, weights[1, 1], 0.0, 0.0, 0.0]))
+    assert torch.allclose(w.sum(0), torch.ones(3))
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("batch", [1, 3, 8])
+def test_the_cpu_executor_decodes_as_the_reference(family, batch):
+    """The expert kinds on the task graph, any legal interleaving: the reference decoder's logits (fp32
+    with the kernel's bf16 GEMV inputs) and tokens, step after step. The executor's fp32 sums run in
+    another order than the reference's (its fixed-point residual, per-tile GEMVs)."""
+    spec = sparse_spec(family)
+    w = random_weights(spec, dtype=torch.bfloat16, seed=3)
+    ref = ReferenceDecoder(spec, w, compute_dtype=torch.float32, gemv_input_dtype=torch.bfloat16)
+    cache = PagedKVCache.allocate(spec, batch, 64, 16, dtype=torch.bfloat16, seed=1)
+    prompts = [[5 + b, 6, 7 + 3 * b, 8][: 2 + b % 3] for b in range(batch)]
+    tok = ref.prefill(prompts, cache).argmax(-1)
+    ex = CpuExecutor(spec, w, _schedule(spec, batch), cache)
+    pos = torch.tensor([len(p) for p in prompts])
+    used = set()
+    for t in range(5):
+        mirror = PagedKVCache(cache.pool.clone(), cache.block_table.clone(), cache.tokens_per_block)
+        want = ref.decode(tok, pos + t, mirror)
+        got, nxt = ex.step(tok, pos + t, interleave="random", seed=t)
+        err = (got - want).norm(dim=-1) / want.norm(dim=-1)
+        # fp32 summation order only, except where it moves a staged activation across a bf16 rounding
+        # boundary (a rounding event: ~1e-4 in these random models)
+        assert err.median() < 1e-5 and err.max() < 3e-3, (t, err)
+        assert torch.equal(nxt, want.argmax(-1).to(nxt.dtype)), t
+        used |= set(ex.moe_slot.tolist())
+        tok = nxt
+    if batch > 1:   # rows chose different experts: the slots hold their union
+        assert len(used - {-1}) > spec.num_experts_per_tok
+
+
+def test_the_tiny_moe_engine_runs_simulated_as_the_reference(tmp_path):
+    from trtllm_mk.build import build_engine
+    from trtllm_mk.config import load_config, with_overrides
+    cfg = with_overrides(load_config(ROOT / "configs" / "tiny_moe_cpu.yaml"), {"megakernel": {"search_budget_s": 2.0}})
+    build_engine(cfg, tmp_path / "e", show_progress=False)
+    prompt = [3, 141, 59, 26, 5]
+    r = subprocess.run([sys.executable, "-m", "trtllm_mk", "run", "--engine", str(tmp_path / "e"), "--weights", "random",
+                        "--seed", "4", "--prompt", " ".join(map(str, prompt)), "--max-new-tokens", "8", "--ignore-eos",
+                        "--simulate"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    got = [int(t) for t in r.stdout.splitlines()[0].split("] ", 1)[1].split()]
+    spec = cfg.model_spec
+    w = {k: v.float() for k, v in random_weights(spec, seed=4).items()}
+    want = ReferenceDecoder(spec, w, compute_dtype=torch.float32).generate(
+        [prompt], 8, PagedKVCache.allocate(spec, 1, 64, 16, dtype=torch.float32), eos_ids=())[0]
+    assert got == want
+
+
+@pytest.mark.parametrize("change, fragment", [
+    (dict(mlp_only_layers=(1,)), "layers [1] have a dense MLP"),
+    (dict(decoder_sparse_step=2), "have a dense MLP"),
+    (dict(num_experts=MAX_EXPERTS + 8), f"at most {MAX_EXPERTS} experts"),
+    (dict(num_experts_per_tok=9), "8 per token"),
+    (dict(weight_bits=4, weight_group=64), "quantized expert weights"),
+])
+def test_layouts_the_expert_kinds_do_not_run_are_refused(change, fragment):
+    spec = dataclasses.replace(sparse_spec("qwen3_moe"), **change)
+    with pytest.raises(ModelError, match=fragment.replace("[", r"\[").replace("]", r"\]")):
+        check_moe_supported(spec)
+
+
+def test_qwen3_30b_a3b_is_one_the_kernel_runs():
+    spec = resolve_model("qwen3-30b-a3b").spec
+    check_moe_supported(spec)
+    g = build_step_graph(spec, 1, TilePlan(gateup_rows=64, down_rows=64))
+    # batch 1: the 8 selected experts of 128, read as 8 slots
+    assert g.dims.expert_slots == 8 and g.weight_bytes() < spec.decode_weight_bytes() * 1.01

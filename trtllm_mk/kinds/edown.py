@@ -1,0 +1,44 @@
+"""EDOWN: DOWN for the expert of one slot: a K chunk of the slot's activation times that expert's down
+rows, scaled per batch row by the slot's routing weight and added into x (fixed point: any order)."""
+from __future__ import annotations
+
+from . import KindDef
+from .gemv import no_staging_extra
+
+DEF = KindDef("EDOWN", streams_weights=True, args=("layer", "r0", "r1", "k0", "k1", "tile", "stage"),
+              device_file="edown.cuh")
+
+
+def execute(ex, t, layer: int) -> None:
+    """CPU-executor semantics (trtllm_mk.executor.CpuExecutor ``ex``): see graph.tasks."""
+    from ..residual import to_fixed
+    e = max(int(ex.moe_slot[t.slot]), 0)
+    w = ex.experts[layer][e]["down"][t.r0:t.r1, t.k0:t.k1]
+    y = ex.stage_round(ex.moe_act[t.slot, :, t.k0:t.k1]) @ w.T
+    ex.x[:, t.r0:t.r1] += to_fixed(y * ex.moe_w[t.slot][:, None])
+
+# its staged input is the slot's own activation: a task of another slot stages again
+INPUT_PER_SLOT = True
+
+# GEMV cost hooks (kinds/gemv.py)
+MATRICES = 1
+NORMS_INPUT = False
+staging_extra_us = no_staging_extra
+
+
+def lower(c) -> list[dict]:
+    """For each slot, row tiles of H, each K-split into ``down_ksplit`` chunks of the expert's width.
+    They wait on the whole egateup_done: they add into x, which every EGATEUP task reads for its norm;
+    and first on route_done, which is all their loader waits for."""
+    from ..graph.tasks import Access, EventRef
+    plan, B = c.plan, c.B
+    d_chunk = c.I // plan.down_ksplit
+    return [dict(r0=a, r1=b, k0=k * d_chunk, k1=(k + 1) * d_chunk, slot=s,
+                 # route_done first: the loader waits only for it (edown.cuh) before streaming the expert
+                 waits=(EventRef("route_done", 0, 0), EventRef("egateup_done", 0, 0)),
+                 signals=(EventRef("resid_ready", 1, 0),),
+                 reads=(Access(f"moe_act{s}", k * d_chunk, (k + 1) * d_chunk), Access("moe_slots", s, s + 1)),
+                 writes=(Access("x", a, b, add=True),),
+                 weight_bytes=c.linear_bytes(b - a, d_chunk), act_bytes=B * (d_chunk * 4 + (b - a) * 8),
+                 flops=2 * B * (b - a) * d_chunk)
+            for s in range(c.NSLOT) for a, b in c.tiles(c.H, plan.down_rows) for k in range(plan.down_ksplit)]

@@ -1,0 +1,37 @@
+"""EGATEUP: GATEUP for the expert of one slot (kinds/route.py): RMS-norms x (ln2), then silu(gate) * up
+of a row range of that expert into the slot's activation. Its weights are chosen at run time, so its
+loader waits for ROUTE before streaming them."""
+from __future__ import annotations
+
+from . import KindDef
+from .gemv import no_staging_extra
+
+DEF = KindDef("EGATEUP", streams_weights=True, args=("layer", "r0", "r1", "tile", "stage"), device_file="egateup.cuh")
+
+
+def execute(ex, t, layer: int) -> None:
+    """CPU-executor semantics (trtllm_mk.executor.CpuExecutor ``ex``): see graph.tasks. ``t.slot`` is
+    the slot; an idle slot (-1) computes expert 0, whose rows then add with weight 0 (as on the GPU)."""
+    import torch
+    e = max(int(ex.moe_slot[t.slot]), 0)
+    ew = ex.experts[layer][e]
+    xn = ex.norm_staged(ex.layers[layer]["ln2"])
+    gate, up = xn @ ew["gate"][t.r0:t.r1].T, xn @ ew["up"][t.r0:t.r1].T
+    ex.moe_act[t.slot, :, t.r0:t.r1] = torch.nn.functional.silu(gate) * up
+
+# GEMV cost hooks (kinds/gemv.py)
+MATRICES = 2
+NORMS_INPUT = True
+staging_extra_us = no_staging_extra
+
+
+def lower(c) -> list[dict]:
+    """For each slot, row tiles of the expert's intermediate width; each row streams gate and up."""
+    from ..graph.tasks import Access, EventRef
+    B, H = c.B, c.H
+    return [dict(r0=a, r1=b, k0=0, k1=H, slot=s, waits=(EventRef("route_done", 0, 0),),
+                 signals=(EventRef("egateup_done", 0, 0),),
+                 reads=(Access("x", 0, H), Access("moe_slots", s, s + 1)),
+                 writes=(Access(f"moe_act{s}", a, b),),
+                 weight_bytes=2 * c.linear_bytes(b - a, H), act_bytes=B * (H * 4 + (b - a) * 4), flops=4 * B * (b - a) * H)
+            for s in range(c.NSLOT) for a, b in c.tiles(c.I, c.plan.gateup_rows)]

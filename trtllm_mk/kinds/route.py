@@ -1,0 +1,46 @@
+"""ROUTE: a sparse layer's routing (model/moe.py ``route``: softmax, the k most probable experts with
+the lowest index winning ties, renormalised when the family says so) and the step's expert slots.
+
+The decode step has ``NSLOT = min(E, B * k)`` expert slots, the most distinct experts its B rows can
+select; the schedule is static, so an expert's GEMV tasks are "slot s", and ROUTE fills the slots at
+run time: the union of the rows' selected experts in ascending order, then -1 (an idle slot), and
+for each slot the routing weight of its expert in each row (0 where the row did not select it)."""
+from __future__ import annotations
+
+from . import KindDef
+
+DEF = KindDef("ROUTE", streams_weights=False, args=("layer",), device_file="route.cuh")
+
+
+def slots_of(weights, experts, num_slots: int):
+    """(slot experts [NSLOT] int32, -1 idle; slot weights [NSLOT, B] fp32) of the rows' routing
+    (``weights``, ``experts`` [B, k] from model.moe.route)."""
+    import torch
+    chosen = sorted(set(experts.flatten().tolist()))
+    slot = torch.full((num_slots,), -1, dtype=torch.int32)
+    w = torch.zeros(num_slots, experts.shape[0], dtype=torch.float32)
+    for s, e in enumerate(chosen):
+        slot[s] = e
+        hit = experts == e                                      # [B, k]: at most one per row
+        w[s] = (weights.float() * hit).sum(-1)
+    return slot, w
+
+
+def execute(ex, t, layer: int) -> None:
+    """CPU-executor semantics (trtllm_mk.executor.CpuExecutor ``ex``): see graph.tasks."""
+    from ..model.moe import route
+    weights, experts = route(ex.router_logits, ex.spec.num_experts_per_tok, ex.spec.norm_topk_prob)
+    ex.moe_slot, ex.moe_w = slots_of(weights, experts, ex.moe_slot.numel())
+
+
+def duration_us(task, graph, rates, cal) -> float:
+    """Consumer time: a loaded L2 round trip for the logits, the softmax and k rounds of a warp argmax."""
+    return cal.task_overhead_us + cal.l2_latency_us + task.act_bytes / rates.l2 + task.flops / rates.attn
+
+
+def lower(c) -> list[dict]:
+    """One task per layer, after every ROUTER tile."""
+    from ..graph.tasks import Access, EventRef
+    return [dict(waits=(EventRef("router_done", 0, 0),), signals=(EventRef("route_done", 0, 0),),
+                 reads=(Access("router_logits", 0, c.E),), writes=(Access("moe_slots", 0, c.NSLOT),),
+                 act_bytes=c.B * c.E * 4 + c.NSLOT * (c.B + 1) * 4, flops=c.B * c.E * (8 + 4 * c.k))]
