@@ -202,7 +202,10 @@ class HybridEngine:
             self.device = "cpu"
         else:
             if self.tp > 1:   # before the GPU checks: the launch picks this rank's GPU
+                import torch.distributed as dist
+
                 from ..parallel.distributed import join_ranks
+                self._owns_group = not dist.is_initialized()   # close() leaves only a group it joined
                 self.rank, self._group = join_ranks(self.tp, f"engine {self.engine.path}")
             if not torch.cuda.is_available():
                 raise EngineError("no CUDA GPU here: run with --simulate to decode on the CPU task-graph executor")
@@ -503,3 +506,8 @@ class HybridEngine:
     def close(self) -> None:
         if self._scheduler is not None:
             self._scheduler.close()
+        if self.tp > 1 and not self.simulate and self._owns_group:   # this rank leaves the group it joined
+            import torch.distributed as dist
+            if dist.is_initialized():
+                self.decoder.synchronize()
+                dist.destroy_process_group()
