@@ -46,12 +46,16 @@ class _State:
         self.f1 = np.zeros(nsm)
 
 
-def _place(state: _State, c: TaskCost, ready: float, cal: Calibration, order: np.ndarray) -> tuple[int, float]:
-    """Put one task on the SM (scanned in ``order``) where it ends first; returns (sm, end)."""
+def _place(state: _State, c: TaskCost, ready: float, cal: Calibration, order: np.ndarray,
+           loader_ready: float = -1.0) -> tuple[int, float]:
+    """Put one task on the SM (scanned in ``order``) where it ends first; returns (sm, end).
+    ``loader_ready`` (>= 0): when the event its loader waits for is signalled (kinds' LOADER_WAITS)."""
     cons = state.cons[order]
     st = np.maximum(cons, ready + cal.sync_us) if ready >= 0.0 else cons
     if c.gemv:
         ld = state.ld[order]
+        if loader_ready >= 0.0:   # it streams what an event decides
+            ld = np.maximum(ld, loader_ready + cal.sync_us)
         head = min(c.weight, c.ring)
         # when byte (pos + head - C) was consumed: the consumer's free time less the ring's remainder at
         # this task's rate, and no earlier than the last GEMV's own consumption (the simulator's linear
@@ -103,7 +107,9 @@ def list_schedule(graph: StepGraph, costs: CostTable, num_sms: int, cal: Calibra
         tail = attr == "tail"
         for i, (t, c) in enumerate(zip(tasks, tcosts)):
             ready = max((done.get(key(r, tail), 0.0) + extra[r.event] for r in t.waits), default=-1.0)
-            s, end = _place(state, c, ready, cal, order)
+            lready = (done.get(key(t.waits[0], tail), 0.0) + extra[t.waits[0].event]
+                      if t.waits and getattr(t.kind.module, "LOADER_WAITS", False) else -1.0)
+            s, end = _place(state, c, ready, cal, order, lready)
             if ends is not None:
                 ends.append(end)
             getattr(progs[s], attr).append(i)

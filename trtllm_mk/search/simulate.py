@@ -205,6 +205,11 @@ class Simulator:
                     waits[u] = waits[u] + [base + p - 1]
         self.ncnt, self.target, self.extra = ncnt, target, extra + [0.0] * (ncnt - len(extra))
         self.waits, self.signals, self.kinds, self.layer_of, self.tmpl = waits, signals, kinds, layer_of, tmpl
+        # the counter a task's loader waits for before it streams (its first wait; -1: none), for the
+        # kinds whose weights an event decides (kinds' LOADER_WAITS)
+        from ..graph.tasks import Kind
+        self.loader_wait = [w[0] if w and getattr(Kind(k).module, "LOADER_WAITS", False) else -1
+                            for w, k in zip(waits, kinds)]
 
     def _cost_arrays(self, streaming: Streaming) -> tuple:
         if streaming not in self._costs:
@@ -261,6 +266,7 @@ class Simulator:
         seqs = self.sequences(programs)
         reuse = self.staged_reuse(seqs)
         waits, signals, target, extra = self.waits, self.signals, self.target, self.extra
+        lwait = self.loader_wait
         sync, lat = self.cal.sync_us, self.cal.mem_latency_us
         nsm = len(seqs)
         cnt = [0] * self.ncnt
@@ -319,7 +325,11 @@ class Simulator:
                                 fq = f0 + (q - a0) / (p1[k] - a0) * (h_f1[s][k] - f0) if q > a0 else f0
                             else:
                                 fq = h_f1[s][-1]
-                        t_head = ld_t[s] + head / r
+                        lstart = ld_t[s]
+                        cw = lwait[u]
+                        if cw >= 0 and rt[cw] + extra[cw] + sync > lstart:   # it streams what an event decides
+                            lstart = rt[cw] + extra[cw] + sync
+                        t_head = lstart + head / r
                         if fq > t_head:
                             t_head = fq
                         cs = st + (pre[u] - stage[u] if reuse_s[p] else pre[u])
