@@ -106,16 +106,16 @@ def list_schedule(graph: StepGraph, costs: CostTable, num_sms: int, cal: Calibra
     def run(tasks, tcosts, attr: str) -> None:
         tail = attr == "tail"
         for i, (t, c) in enumerate(zip(tasks, tcosts)):
-            ready = max((done.get(key(r, tail), 0.0) + extra[r.event] for r in t.waits), default=-1.0)
-            lready = (done.get(key(t.waits[0], tail), 0.0) + extra[t.waits[0].event]
+            ready = max((done.get(key(r, tail), 0.0) for r in t.waits), default=-1.0)
+            lready = (done.get(key(t.waits[0], tail), 0.0)
                       if t.waits and getattr(t.kind.module, "LOADER_WAITS", False) else -1.0)
             s, end = _place(state, c, ready, cal, order, lready)
             if ends is not None:
                 ends.append(end)
             getattr(progs[s], attr).append(i)
-            for r in t.signals:
+            for r in t.signals:   # done: when a waiter can see the event's last signal
                 k = key(r, tail)
-                done[k] = max(done.get(k, 0.0), end)
+                done[k] = max(done.get(k, 0.0), end + extra[r.event])
 
     run(graph.head, costs.head, "head")
     run(graph.layer, costs.layer, "layer")

@@ -302,8 +302,8 @@ class Simulator:
                         if cnt[c] < target[c]:
                             blocked = True
                             break
-                        if rt[c] + extra[c] > ready:
-                            ready = rt[c] + extra[c]
+                        if rt[c] > ready:
+                            ready = rt[c]
                     if blocked:
                         break
                     st = cons[s]
@@ -327,8 +327,8 @@ class Simulator:
                                 fq = h_f1[s][-1]
                         lstart = ld_t[s]
                         cw = lwait[u]
-                        if cw >= 0 and rt[cw] + extra[cw] + sync > lstart:   # it streams what an event decides
-                            lstart = rt[cw] + extra[cw] + sync
+                        if cw >= 0 and rt[cw] + sync > lstart:   # it streams what an event decides
+                            lstart = rt[cw] + sync
                         t_head = lstart + head / r
                         if fq > t_head:
                             t_head = fq
@@ -351,10 +351,11 @@ class Simulator:
                     else:
                         end = st + dur[u]
                     cons[s] = end
-                    for c in signals[u]:
+                    for c in signals[u]:   # rt: when a waiter can see the counter's last signal
                         cnt[c] += 1
-                        if end > rt[c]:
-                            rt[c] = end
+                        seen = end + extra[c]
+                        if seen > rt[c]:
+                            rt[c] = seen
                     lu = layer_of[u]
                     if lu >= 0 and end > lend[lu]:
                         lend[lu] = end
