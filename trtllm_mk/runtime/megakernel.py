@@ -194,23 +194,16 @@ class MegakernelDecoder:
     def _pack_params(self) -> bytes:
         w, b = self.weights, self.buf
         lm = w["lm_head.weight"] if "lm_head.weight" in w else w["model.embed_tokens.weight"]
+        # tensors, or None where the kernel has none (a null pointer): scale words of bf16 weights, the
+        # peers of one GPU, the expert tables and buffers of a dense model, the trace when off
         ptrs = dict(layers=self._layer_table, embed=w["model.embed_tokens.weight"], final_norm=w["model.norm.weight"],
-                    lm_head=lm, inv_freq=self.inv_freq, kv_pool=self.cache.pool, block_table=self.cache.block_table)
-        if self._scale_table is not None:
-            ptrs["layer_scales"] = self._scale_table
+                    lm_head=lm, inv_freq=self.inv_freq, kv_pool=self.cache.pool, block_table=self.cache.block_table,
+                    layer_scales=self._scale_table, peers=self._peer_table, routers=self._routers,
+                    experts=self._experts, trace=self._trace)
         ptrs.update((f.name, getattr(b, f.name)) for f in fields(DecodeBuffers))   # every engine-owned buffer
-        if self._peer_table is not None:
-            ptrs["peers"] = self._peer_table
-        if self._routers is not None:
-            ptrs.update(routers=self._routers, experts=self._experts)
         values = {f: 0 if t is None else t.data_ptr() for f, t in ptrs.items()}
-        values.setdefault("layer_scales", 0)
-        values.setdefault("peers", 0)
-        values.setdefault("routers", 0)
-        values.setdefault("experts", 0)
-        values["rank"] = self.rank
-        values.update(num_blocks=self.cache.pool.shape[1], block_table_stride=self.cache.block_table.shape[1],
-                      trace=self._trace.data_ptr() if self._trace is not None else 0)
+        values.update(rank=self.rank, num_blocks=self.cache.pool.shape[1],
+                      block_table_stride=self.cache.block_table.shape[1])
         return seam.pack_params(values)
 
     # ------------------------------------------------------------------ tensor parallelism
