@@ -97,6 +97,17 @@ def paged_attention(cache: PagedKVCache, rows: torch.Tensor, pos: torch.Tensor,
 
 # ---- the decoder --------------------------------------------------------------------------------
 
+def prompt_inputs(prompts: Sequence[Sequence[int]], device) -> Iterable[tuple[torch.Tensor, torch.Tensor,
+                                                                              torch.Tensor]]:
+    """A prefill's forward inputs, one prompt at a time (their lengths differ): the tokens ``[1, T]``
+    at positions ``0..T-1`` of cache row ``b``."""
+    for b, prompt in enumerate(prompts):
+        if not prompt:
+            raise ValueError(f"prompt {b} is empty")
+        ids = torch.as_tensor(list(prompt), dtype=torch.long, device=device)[None]
+        yield ids, torch.arange(ids.shape[1], device=device)[None], torch.tensor([b], device=device)
+
+
 class ReferenceDecoder:
     """Greedy prefill/decode of a Llama-family model over a ``PagedKVCache``; fp32 logits out."""
 
@@ -136,15 +147,8 @@ class ReferenceDecoder:
     def prefill(self, prompts: Sequence[Sequence[int]], cache: PagedKVCache) -> torch.Tensor:
         """Write K/V of positions 0..len-1 of prompt b into cache row b; fp32 logits ``[B, V]`` of
         each prompt's last token. Prompts run one at a time: their lengths differ."""
-        out = []
-        for b, prompt in enumerate(prompts):
-            if not prompt:
-                raise ValueError(f"prompt {b} is empty")
-            ids = torch.as_tensor(list(prompt), dtype=torch.long, device=self.device)[None]
-            pos = torch.arange(ids.shape[1], device=self.device)[None]
-            rows = torch.tensor([b], device=self.device)
-            out.append(self._forward(ids, pos, rows, cache)[0])
-        return torch.stack(out)
+        return torch.stack([self._forward(ids, pos, rows, cache)[0]
+                            for ids, pos, rows in prompt_inputs(prompts, self.device)])
 
     @torch.inference_mode()
     def decode(self, tokens: torch.Tensor, pos: torch.Tensor, cache: PagedKVCache) -> torch.Tensor:

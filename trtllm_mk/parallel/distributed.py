@@ -18,6 +18,7 @@ from ..kv_cache import PagedKVCache
 from ..model.decoder_block import Decoder
 from ..model.rope import rope_inv_freq
 from ..model.spec import ModelSpec
+from ..reference import prompt_inputs
 from .emulate import cross_rank_argmax, rank_forward
 from .layout import rank_layout, rank_spec
 
@@ -88,16 +89,8 @@ class RankPrefill:
     def prefill(self, prompts: Sequence[Sequence[int]], cache: PagedKVCache) -> torch.Tensor:
         """Prompt b into cache row b of this rank's cache; fp32 logits ``[B, V]`` of the last tokens (the
         ranks' vocabulary shards side by side). Collective: every rank calls it with the same prompts."""
-        shards = []
-        for b, prompt in enumerate(prompts):
-            if not prompt:
-                raise ValueError(f"prompt {b} is empty")
-            ids = torch.as_tensor(list(prompt), dtype=torch.long, device=self.device)[None]
-            pos = torch.arange(ids.shape[1], device=self.device)[None]
-            rows = torch.tensor([b], device=self.device)
-            (local,) = rank_forward(self.spec, [self.decoder], [self.layout], ids, pos, rows, [cache], self.inv_freq,
-                                    self.dtype, None, self._sum)
-            shards.append(local)
+        shards = [rank_forward(self.spec, [self.decoder], [self.layout], ids, pos, rows, [cache], self.inv_freq,
+                               self.dtype, None, self._sum)[0] for ids, pos, rows in prompt_inputs(prompts, self.device)]
         return torch.cat(self._gather(torch.cat(shards)), -1)
 
     def first_tokens(self, prompts: Sequence[Sequence[int]], cache: PagedKVCache) -> torch.Tensor:

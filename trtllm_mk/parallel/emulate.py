@@ -32,7 +32,7 @@ from ..kv_cache import PagedKVCache
 from ..model.decoder_block import Decoder, check_weights, rms_norm, rope_cos_sin
 from ..model.rope import rope_inv_freq
 from ..model.spec import ModelSpec
-from ..reference import paged_attention
+from ..reference import paged_attention, prompt_inputs
 from ..residual import from_fixed, to_fixed
 from .layout import rank_layout, rank_spec
 from .shard import shard_all
@@ -166,13 +166,7 @@ class TensorParallelDecoder:
     @torch.inference_mode()
     def prefill_shards(self, prompts: Sequence[Sequence[int]], caches: Sequence[PagedKVCache]) -> list[torch.Tensor]:
         """Prompt b into cache row b of every rank; each rank's logits ``[B, V/tp]`` of the last tokens."""
-        per_prompt = []
-        for b, prompt in enumerate(prompts):
-            if not prompt:
-                raise ValueError(f"prompt {b} is empty")
-            ids = torch.as_tensor(list(prompt), dtype=torch.long, device=self.device)[None]
-            pos = torch.arange(ids.shape[1], device=self.device)[None]
-            per_prompt.append(self._forward(ids, pos, torch.tensor([b], device=self.device), caches))
+        per_prompt = [self._forward(ids, pos, rows, caches) for ids, pos, rows in prompt_inputs(prompts, self.device)]
         return [torch.cat([p[r] for p in per_prompt]) for r in range(self.tp)]
 
     @torch.inference_mode()
