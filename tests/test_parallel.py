@@ -562,32 +562,38 @@ def test_tp_engines_refuse_sampling_and_serving_in_one_line(tp_engines):
     assert r.returncode == 2 and "not served yet" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
-def spawn_ranks(fn, tp, out) -> None:
-    """``fn(rank, tp, port, out)`` in ``tp`` processes that rendezvous on a free local port (gloo)."""
+def spawn_ranks(body, tp, out) -> None:
+    """``body(rank, group, tp, spec, shard)`` in ``tp`` gloo processes (the tiny Qwen3 of kernel_spec, its
+    fp32 random weights sharded); what each returns is saved as ``out/rank<r>.pt``."""
     import socket
 
     import torch.multiprocessing as mp
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    mp.spawn(fn, args=(tp, port, str(out)), nprocs=tp, join=True)
+    mp.spawn(_rank_worker, args=(tp, port, str(out), body), nprocs=tp, join=True)
 
 
-def _rank_prefill(rank, tp, port, out):
+def _rank_worker(rank, tp, port, out, body):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(tp),
                       LOCAL_RANK=str(rank))
     import torch.distributed as dist
 
-    from trtllm_mk.parallel.distributed import RankPrefill, join_ranks
+    from trtllm_mk.parallel.distributed import join_ranks
     r, group = join_ranks(tp, "the test", backend="gloo")
     spec = kernel_spec("qwen3")
-    w = random_weights(spec, dtype=torch.float32, seed=3)
+    shard = shard_weights(spec, random_weights(spec, dtype=torch.float32, seed=3), tp, r)
+    torch.save(body(r, group, tp, spec, shard), Path(out) / f"rank{r}.pt")
+    dist.destroy_process_group()
+
+
+def _rank_prefill(r, group, tp, spec, shard):
+    from trtllm_mk.parallel.distributed import RankPrefill
     cache = PagedKVCache.allocate(rank_spec(spec, tp), 2, 64, 16, dtype=torch.float32, seed=1)
-    pre = RankPrefill(spec, shard_weights(spec, w, tp, r), tp, r, group)
+    pre = RankPrefill(spec, shard, tp, r, group)
     logits = pre.prefill(PROMPTS[:2], cache)
     first = pre.first_tokens(PROMPTS[2:4], cache)
-    torch.save({"logits": logits, "first": first, "pool": cache.pool}, Path(out) / f"rank{r}.pt")
-    dist.destroy_process_group()
+    return {"logits": logits, "first": first, "pool": cache.pool}
 
 
 @pytest.mark.parametrize("tp", [2, 4])
@@ -607,22 +613,12 @@ def test_the_prefill_over_torch_distributed_is_the_emulations(tmp_path, tp):
         assert torch.allclose(g["pool"], caches[r].pool, rtol=1e-5, atol=1e-6)
 
 
-def _tp_baseline_rank(rank, tp, port, out):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(tp),
-                      LOCAL_RANK=str(rank))
-    import torch.distributed as dist
-
+def _tp_baseline_rank(r, group, tp, spec, shard):
     from benchmarks.tp_baseline import TensorParallelStaticDecoder
-    from trtllm_mk.parallel.distributed import join_ranks
-    r, group = join_ranks(tp, "the test", backend="gloo")
-    spec = kernel_spec("qwen3")
-    w = random_weights(spec, dtype=torch.float32, seed=3)
-    dec = TensorParallelStaticDecoder(spec, shard_weights(spec, w, tp, r), tp, r, group, max_batch=2, max_seq=64)
-    prompt = torch.tensor([PROMPTS[0][:3], PROMPTS[1][:3]])
-    first = dec.prefill(prompt)
+    dec = TensorParallelStaticDecoder(spec, shard, tp, r, group, max_batch=2, max_seq=64)
+    first = dec.prefill(torch.tensor([PROMPTS[0][:3], PROMPTS[1][:3]]))
     nxt = dec.decode_step(first.argmax(-1), torch.tensor([3, 3]))
-    torch.save({"first": first, "next": nxt}, Path(out) / f"rank{r}.pt")
-    dist.destroy_process_group()
+    return {"first": first, "next": nxt}
 
 
 def test_the_tensor_parallel_baseline_is_the_emulation(tmp_path):

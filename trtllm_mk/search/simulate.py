@@ -41,7 +41,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ..gpus import GpuSpec
-from ..graph.tasks import HEAD, LAYER, TAIL, StepGraph
+from ..graph.tasks import HEAD, LAYER, TAIL, Kind, StepGraph
 from ..schedule import SMProgram
 from .calibration import Calibration
 from .cost import CostTable, Streaming, cost_table, streaming_key
@@ -207,7 +207,6 @@ class Simulator:
         self.waits, self.signals, self.kinds, self.layer_of, self.tmpl = waits, signals, kinds, layer_of, tmpl
         # the counter a task's loader waits for before it streams (its first wait; -1: none), for the
         # kinds whose weights an event decides (kinds' LOADER_WAITS)
-        from ..graph.tasks import Kind
         self.loader_wait = [w[0] if w and getattr(Kind(k).module, "LOADER_WAITS", False) else -1
                             for w, k in zip(waits, kinds)]
 
