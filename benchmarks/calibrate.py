@@ -58,23 +58,26 @@ def constants_from_trace(summary: dict, gpu, cal: Calibration) -> dict:
     base = {}
     for t, c in zip(graph.layer, ct.layer):
         base.setdefault(t.kind, c.dur)
-    # one-pass stagings of a plain slice: DOWN's, and OPROJ's unless it merges the partials
-    staged = [kinds[k]["mean_staging_us"] for k in (("DOWN",) if plan.o_merge else ("OPROJ", "DOWN")) if k in kinds]
-    # GATEUP streams the shortest rows (two row sets share a slot), so its loader is bound by the
-    # rate of row copies: traced body / row copies per task is the time per copy
-    gu = next(t for t in graph.layer if t.kind == Kind.GATEUP)
-    geo = slot_geometry(gu.k1 - gu.k0, 2, plan.slot_bytes, plan.consumer_warps)
-    copies = geo.slots_for(gu.rows) * geo.rows_per_slot
+    # one-pass stagings of a plain slice: DOWN's (EDOWN's in a sparse model), and OPROJ's unless it
+    # merges the partials
+    down = "DOWN" if "DOWN" in kinds else "EDOWN"
+    staged = [kinds[k]["mean_staging_us"] for k in ((down,) if plan.o_merge else ("OPROJ", down)) if k in kinds]
     out = {
         "sync_us": summary["event_latency_us"]["median"],
         "l2_latency_us": sum(staged) / len(staged),
         "attn_fixed_us": max(0.0, kinds["ATTN"]["mean_body_us"] - base[Kind.ATTN]),
-        "copy_issue_us": kinds["GATEUP"]["mean_body_us"] / copies,
     }
+    # GATEUP streams the shortest rows (two row sets share a slot), so its loader is bound by the
+    # rate of row copies: traced body / row copies per task is the time per copy (a sparse model's
+    # EGATEUP waits on the routing and a cold ring instead: it says nothing about the copies)
+    gu = next((t for t in graph.layer if t.kind == Kind.GATEUP), None)
+    if gu is not None:
+        geo = slot_geometry(gu.k1 - gu.k0, 2, plan.slot_bytes, plan.consumer_warps)
+        out["copy_issue_us"] = kinds["GATEUP"]["mean_body_us"] / (geo.slots_for(gu.rows) * geo.rows_per_slot)
     if plan.o_merge:   # OPROJ's staging beyond a plain slice's is the merge of the S splits
         o = next(t for t in graph.layer if t.kind == Kind.OPROJ)
         units = merge_units(plan.attn_splits, graph.batch * (o.k1 - o.k0), plan.consumer_warps)
-        out["merge_split_us"] = max(0.0, kinds["OPROJ"]["mean_staging_us"] - kinds["DOWN"]["mean_staging_us"]) / units
+        out["merge_split_us"] = max(0.0, kinds["OPROJ"]["mean_staging_us"] - kinds[down]["mean_staging_us"]) / units
     else:
         out["combine_fixed_us"] = max(0.0, kinds["COMBINE"]["mean_body_us"] - base[Kind.COMBINE])
     return out
@@ -102,7 +105,7 @@ def schedule_of(entry: dict, gpu, cal: Calibration):
 
 MEGAKERNEL = "trtllm_mk megakernel"
 MEASURED_FIT_FIELDS = ("task_overhead_us", "mem_latency_us", "sync_us", "attn_fixed_us", "combine_fixed_us",
-                       "attn_late_token_us")
+                       "attn_late_token_us", "slot_overhead_us")
 
 
 def measured_entries(data) -> list[dict]:

@@ -18,8 +18,9 @@ baseline is gpt-fast's weight-only form under torch.compile (benchmarks/fp8_base
 
 Models have random bf16 weights with the real shapes (configs/models/<name>.json). Per config
 (model, batch, context) and system: the per-token decode time (TPOT) over ``--steps`` steps after
-warm-up, and its distance to the floor, the time to read every weight once plus the KV cache of the
-context at the read bandwidth measured at the start of the same run. TTFT is the prefill of
+warm-up, and its distance to the floor, the time to read every weight once (of a sparse model the
+router and the experts the rows select: k per layer at batch 1, the expected distinct ones above) plus
+the KV cache of the context at the read bandwidth measured at the start of the same run. TTFT is the prefill of
 ``context`` tokens per row by the static-cache baseline decoder (eager, SDPA): the prefill path all
 systems share in the hybrid engine. A system that fails is recorded with its error, never fatal.
 
@@ -169,8 +170,11 @@ def environment(device: torch.device) -> dict[str, Any]:
 
 def measure_config(spec, weights, model: str, batch: int, ctx: int, systems, bw: float, steps: int, warmup: int,
                    device: torch.device, env: dict[str, Any], bar) -> dict[str, Any]:
-    # quantized: the bytes the kernel streams (codes and scale words), not the dequantized dict's
-    wbytes = spec.decode_weight_bytes(batch) if spec.quantized else decode_weight_bytes(spec, weights)
+    # quantized: the bytes the kernel streams (codes and scale words), not the dequantized dict's;
+    # mixture of experts: the router and the experts the rows select (expected distinct experts at
+    # batch > 1), not every expert of the dict
+    wbytes = (spec.decode_weight_bytes(batch) if spec.quantized or spec.is_moe
+              else decode_weight_bytes(spec, weights))
     kv = batch * ctx * spec.kv_bytes_per_token(weights["model.norm.weight"].element_size())
     floor = (wbytes + kv) / bw * 1e3
     cfg: dict[str, Any] = {"name": config_name(model, batch, ctx), "model": model, "batch": batch,

@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
 # Everything the GPU machine does, in stages that each fit one device call; results under $OUT.
-#   bash scripts/gpu_check.sh [build] [smoke] [tests] [quant] [sanitize] [trace] [calibrate] [ab] [sampling] [bench] [serve] [tp] [moe]
-#   (default: all but ab, serve, tp and moe)
-# moe: the expert kinds: tests/test_moe_gpu.py, then the Qwen3-30B-A3B decode benchmark (batch 1 and 4, context
-#   512) beside torch.compile and eager + CUDA graph on the same weights (prebuild: python tests/test_moe_gpu.py, and
+#   bash scripts/gpu_check.sh [build] [prebuild] [smoke] [tests] [quant] [sanitize] [trace] [calibrate] [ab] [sampling] [bench]
+#                             [serve] [tp] [moe]
+#   (default: all but prebuild, ab, serve, tp and moe)
+# prebuild: the kernels of this run compiled in parallel on this machine's cores for its own GPU (TRTLLM_MK_TEST_GPU
+#   =auto): what a CPU machine prebuilt for another GPU type (an H200 lent for an H100) is not compiled one by one in
+#   the tests. PREBUILD_RUNS: one python argument line per prebuild command (default: the moe and tp stages' kernels, tp over every GPU);
+#   PREBUILD_EXTRA: lines run besides them.
+# moe: the expert kinds (MOE_PARTS, default "tests bench"; "sanitize", or MOE_SANITIZE=1: the tiny Qwen3-MoE tests under
+#   memcheck): tests/test_moe_gpu.py, then the Qwen3-30B-A3B decode benchmark (MOE_BENCH_BATCH, default "1 4"; context 512) beside torch.compile and eager +
+#   CUDA graph on the same weights (prebuild: python tests/test_moe_gpu.py, and
 #   benchmarks/megakernel_system.py --prebuild --models qwen3-30b-a3b --batch 1 4 --context 512).
 # tp: tensor parallelism: tests/test_parallel_gpu.py (ranks on one GPU's SMs), then, with several GPUs,
 #   scripts/tp_check.py under torchrun: the check (TP_CHECK_ARGS) and the speed run (TP_SPEED_ARGS, default
-#   Llama-3.1-8B full depth, batch 1, context 512) over every GPU (TP_SIZE, default all of them).
+#   Llama-3.1-8B full depth, batch 1, context 512) over every GPU (TP_SIZE, default all of them). TP_PARTS (default
+#   "check tests engine speed"; "sanitize": memcheck on every rank of a one-layer TP check, TP_SANITIZE_ARGS).
 # quant: 4-bit weights (W4A16): tests/test_quant_gpu.py (the tests stage then leaves it out), then the
 #   W4A16 decode benchmark (megakernel, tinygemm int4 torch.compile, bf16 torch.compile) under $OUT/quant_bench,
 #   and with QUANT_PARTS "fp8bench" the FP8 one (megakernel, torch.compile FP8 weight-only) under $OUT/fp8_bench.
@@ -41,6 +48,22 @@ if [[ ! -f trtllm_mk/_mkrt*.so ]] || has build; then
     || { tail -30 "$OUT/build.log"; exit 1; }
 fi
 python -c "import trtllm_mk._mkrt" || { echo "runtime extension missing"; tail -30 "$OUT/build.log"; exit 1; }
+if has prebuild; then
+  n=$(nvidia-smi -L | wc -l)
+  prebuild_runs=${PREBUILD_RUNS:-"tests/test_moe_gpu.py
+benchmarks/megakernel_system.py --prebuild --gpu auto --models qwen3-30b-a3b --batch 1 4 --context 512
+scripts/mk_trace.py qwen3-30b-a3b --prebuild --gpu auto
+scripts/tp_check.py --prebuild $n --model llama-3.2-1b --layers 4
+scripts/tp_check.py --prebuild $n --model llama-3.2-1b --layers 1
+scripts/tp_check.py --prebuild $n --model llama-3.1-8b --layers 0"}
+  [[ -n "${PREBUILD_EXTRA:-}" ]] && prebuild_runs+=$'\n'"$PREBUILD_EXTRA"
+  t0=$SECONDS
+  while read -r line; do
+    [[ -n "$line" ]] && { TRTLLM_MK_TEST_GPU=auto timeout 420 python $line >> "$OUT/prebuild.log" 2>&1 || echo "prebuild failed: $line"; } &
+  done <<< "$prebuild_runs"
+  wait
+  echo "prebuild: $(( SECONDS - t0 )) s, $(ls "$TRTLLM_MK_CACHE"/*.cubin | wc -l) cubins in the cache"
+fi
 if has smoke; then
   for m in ${SMOKE_MODELS:-tiny-llama llama-1b}; do
     timeout 300 python scripts/mk_smoke.py $m ${SMOKE_BATCH:-1} 2>&1 | tail -4 | tee -a "$OUT/smoke.txt"
@@ -52,7 +75,9 @@ if has tests; then
   grep -E "rel err|passed|failed|FAILED|Error" "$OUT/gpu_tests.log" | tail -40
 fi
 # seconds a part may run: its own limit, capped by what DEADLINE_S leaves (less 15 s to pack $OUT)
-part_s() { local s=$1; [[ -n "${DEADLINE_S:-}" ]] && (( DEADLINE_S - SECONDS - 15 < s )) && s=$(( DEADLINE_S - SECONDS - 15 )); echo $s; }
+# (at least 1: a part the deadline leaves no time ends at once instead of failing timeout's arguments)
+part_s() { local s=$1; [[ -n "${DEADLINE_S:-}" ]] && (( DEADLINE_S - SECONDS - 15 < s )) && s=$(( DEADLINE_S - SECONDS - 15 ))
+           (( s < 1 )) && s=1; echo $s; }
 if has quant; then
   quant_parts=" ${QUANT_PARTS:-tests bench} "
   eval "quant_args=(${QUANT_BENCH_ARGS:---models llama-3.2-1b llama-3.1-8b --batch 1 --context 512})"
@@ -156,37 +181,59 @@ if has serve; then
   done
 fi
 if has moe; then   # the expert kinds: GPU tests, then Qwen3-30B-A3B against torch.compile
-  timeout $(part_s ${MOE_TESTS_TIMEOUT:-300}) python -m pytest -q -s -m gpu tests/test_moe_gpu.py -rs > "$OUT/moe_tests.log" 2>&1
-  grep -E "rel err|passed|failed|FAILED|Error" "$OUT/moe_tests.log" | tail -20
-  timeout $(part_s ${MOE_BENCH_TIMEOUT:-420}) python -m benchmarks.decode_latency --out "$OUT/moe_bench" \
-    --plugin benchmarks.megakernel_system --models qwen3-30b-a3b --batch 1 4 --context 512 \
-    --systems "trtllm_mk megakernel" torch.compile eager+cudagraph 2>&1 | tail -20 > "$OUT/moe_bench.txt"
-  grep "|" "$OUT/moe_bench/report.md" 2>/dev/null || tail -5 "$OUT/moe_bench.txt"
+  moe_parts=" ${MOE_PARTS:-tests bench} "; [[ -n "${MOE_SANITIZE:-}" ]] && moe_parts+="sanitize "
+  if [[ "$moe_parts" == *" tests "* ]]; then
+    timeout $(part_s ${MOE_TESTS_TIMEOUT:-300}) python -m pytest -q -s -m gpu tests/test_moe_gpu.py -rs > "$OUT/moe_tests.log" 2>&1
+    grep -E "rel err|passed|failed|FAILED|Error" "$OUT/moe_tests.log" | tail -20
+  fi
+  if [[ "$moe_parts" == *" sanitize "* ]]; then
+    MK_MOE_TEST_STEPS=8 timeout $(part_s 240) compute-sanitizer --tool memcheck --print-limit 20 python -m pytest -q -s \
+      -m gpu tests/test_moe_gpu.py -k "tiny and qwen3_moe" > "$OUT/moe_memcheck.log" 2>&1
+    echo "moe memcheck exit $?: $(grep -E "ERROR SUMMARY|Invalid|passed|failed" "$OUT/moe_memcheck.log" | tail -3)"
+  fi
+  if [[ "$moe_parts" == *" bench "* ]]; then
+    timeout $(part_s ${MOE_BENCH_TIMEOUT:-420}) python -m benchmarks.decode_latency --out "$OUT/moe_bench" \
+      --plugin benchmarks.megakernel_system --models qwen3-30b-a3b --batch ${MOE_BENCH_BATCH:-1 4} --context 512 \
+      --systems "trtllm_mk megakernel" torch.compile eager+cudagraph 2>&1 | tail -20 > "$OUT/moe_bench.txt"
+    grep "|" "$OUT/moe_bench/report.md" 2>/dev/null || tail -5 "$OUT/moe_bench.txt"
+  fi
 fi
 if has tp; then
   # the check between GPUs first (it needs several), then the ranks on one GPU's SMs, then the speed run
   ngpu=$(nvidia-smi -L | wc -l)
   tp=${TP_SIZE:-$ngpu}
-  if (( tp > 1 )); then
+  tp_parts=" ${TP_PARTS:-check tests engine speed} "
+  if (( tp > 1 )) && [[ "$tp_parts" == *" check "* ]]; then
     eval "tp_check=(${TP_CHECK_ARGS:---model llama-3.2-1b --layers 4 --steps 32})"
     timeout $(part_s ${TP_CHECK_TIMEOUT:-120}) torchrun --nproc-per-node $tp scripts/tp_check.py "${tp_check[@]}" \
       --out "$OUT" > "$OUT/tp_check.log" 2>&1; echo "tp_check rc=$?"; tail -25 "$OUT/tp_check.log"
   fi
-  timeout $(part_s ${TP_TESTS_TIMEOUT:-150}) python -m pytest -q -s -m gpu tests/test_parallel_gpu.py -rs \
-    > "$OUT/tp_tests.log" 2>&1
-  grep -E "rel err|passed|failed|FAILED|Error" "$OUT/tp_tests.log" | tail -20
-  if (( tp == 2 )); then   # the engine path: torchrun run against run --simulate of the same engine
-    python -m trtllm_mk build --config configs/tiny_cpu_tp2.yaml --output-dir /tmp/tiny_tp2 > "$OUT/tp_engine.log" 2>&1
+  if [[ "$tp_parts" == *" tests "* ]]; then
+    timeout $(part_s ${TP_TESTS_TIMEOUT:-150}) python -m pytest -q -s -m gpu tests/test_parallel_gpu.py -rs \
+      > "$OUT/tp_tests.log" 2>&1
+    grep -E "rel err|passed|failed|FAILED|Error" "$OUT/tp_tests.log" | tail -20
+  fi
+  if (( tp == 2 )) && [[ "$tp_parts" == *" engine "* ]]; then   # torchrun run against run --simulate of one engine
+    # for this machine's GPU type (the ranks refuse an engine built for another)
+    sed 's/^gpu: .*/gpu: auto/' configs/tiny_cpu_tp2.yaml > "$OUT/tiny_tp2.yaml"
+    python -m trtllm_mk build --config "$OUT/tiny_tp2.yaml" --output-dir /tmp/tiny_tp2 > "$OUT/tp_engine.log" 2>&1
     for mode in gpu simulate; do
       if [[ $mode == gpu ]]; then launch=(torchrun --nproc-per-node 2 -m trtllm_mk); else launch=(python -m trtllm_mk); fi
       timeout $(part_s 90) "${launch[@]}" run --engine /tmp/tiny_tp2 --weights random --seed 3 --ignore-eos \
         --prompt "3 141 59 26 5 358 97" --max-new-tokens 16 $([[ $mode == simulate ]] && echo --simulate) \
         2>>"$OUT/tp_engine.log" | head -1 > "$OUT/tp_engine_$mode.txt"
     done
-    cmp -s "$OUT/tp_engine_gpu.txt" "$OUT/tp_engine_simulate.txt" && echo "tp engine: torchrun run = run --simulate" \
+    [[ -s "$OUT/tp_engine_gpu.txt" ]] && cmp -s "$OUT/tp_engine_gpu.txt" "$OUT/tp_engine_simulate.txt" \
+      && echo "tp engine: torchrun run = run --simulate: $(cat "$OUT/tp_engine_gpu.txt")" \
       || { echo "tp engine: outputs differ"; cat "$OUT"/tp_engine_*.txt; tail -5 "$OUT/tp_engine.log"; }
   fi
-  if (( tp > 1 )); then
+  if (( tp > 1 )) && [[ "$tp_parts" == *" sanitize "* ]]; then   # memcheck in every rank's process
+    eval "tp_san=(${TP_SANITIZE_ARGS:---model llama-3.2-1b --layers 1 --steps 4})"
+    timeout $(part_s 240) torchrun --nproc-per-node $tp --no-python compute-sanitizer --tool memcheck --print-limit 20 \
+      python scripts/tp_check.py "${tp_san[@]}" --out "$OUT/tp_sanitize" > "$OUT/tp_memcheck.log" 2>&1
+    echo "tp memcheck exit $?: $(grep -E "ERROR SUMMARY|Invalid|check" "$OUT/tp_memcheck.log" | tail -4)"
+  fi
+  if (( tp > 1 )) && [[ "$tp_parts" == *" speed "* ]]; then
     eval "tp_speed=(${TP_SPEED_ARGS:---model llama-3.1-8b --layers 0 --steps 100 --speed})"
     timeout $(part_s ${TP_SPEED_TIMEOUT:-300}) torchrun --nproc-per-node $tp scripts/tp_check.py "${tp_speed[@]}" \
       --out "$OUT" > "$OUT/tp_speed.log" 2>&1; echo "tp_speed rc=$?"; tail -12 "$OUT/tp_speed.log"

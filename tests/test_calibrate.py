@@ -70,3 +70,16 @@ def test_merge_split_cost_from_an_o_merge_trace(summary):
     assert "combine_fixed_us" not in c
     assert c["merge_split_us"] == pytest.approx(0.125)
     assert c["l2_latency_us"] == pytest.approx(0.8)
+
+
+def test_a_sparse_models_trace_gives_the_constants_its_kinds_show():
+    """A mixture-of-experts step (the stored H200 trace of Qwen3-30B-A3B) has EDOWN where a dense one
+    has DOWN and no GATEUP: the L2 round trip and the merge cost come from EDOWN's plain staging, and
+    no copy-issue time is read (EGATEUP's body waits on the routing and a cold ring, not on copies)."""
+    s = json.loads((ROOT / "benchmarks" / "results" / "h200x2_v18_2026-11-28" / "call2" / "g1" / "trace"
+                    / "trace_qwen3-30b-a3b_b1.json").read_text())
+    assert "GATEUP" not in s["kinds"] and s["plan"]["o_merge"]
+    c = constants_from_trace(s, get_gpu("H200"), Calibration())
+    assert "copy_issue_us" not in c
+    assert c["l2_latency_us"] == pytest.approx(s["kinds"]["EDOWN"]["mean_staging_us"])
+    assert c["merge_split_us"] > 0 and c["sync_us"] == s["event_latency_us"]["median"]

@@ -196,7 +196,7 @@ def _plan_variant(spec, batch, gpu=None, **fields) -> Schedule:
     sch, _ = search(spec, batch, gpu, context_len=256, budget_s=5.0, seed=0)
     plan = sch.plan
     if "o_ksplit" in fields:
-        plan = with_ksplit(plan, "o_ksplit", fields.pop("o_ksplit"), spec, gpu.sm_count)
+        plan = with_ksplit(plan, "o_ksplit", fields.pop("o_ksplit"), spec, gpu.sm_count, batch)
     return schedule_plan(spec, batch, gpu, dataclasses.replace(plan, **fields), 256)
 
 

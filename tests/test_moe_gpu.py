@@ -5,15 +5,30 @@ over the kernel's own tokens and KV cache, noise-filled KV padding, 128 steps)."
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 
-from test_megakernel_gpu import _weights, check, run_and_compare
+from test_megakernel_gpu import EXACT, _weights, run_and_compare
 from trtllm_mk.model.registry import resolve_model
 from trtllm_mk.model.spec import spec_from_hf_config
 from trtllm_mk.model.tiny import tiny_config
 
 pytestmark = pytest.mark.gpu
+
+# decode steps of the tiny tests (compute-sanitizer runs them with fewer: scripts/gpu_check.sh moe)
+STEPS = int(os.environ.get("MK_MOE_TEST_STEPS", 128))
+
+
+def check_moe(res, max_err):
+    """test_megakernel_gpu.check, with one allowance against the plain fp32 reference: its router input
+    is fp32 where the kernel's is bf16, so two nearly tied experts can trade places there and move that
+    step's logits by several percent. The kernel-numerics reference routes on the kernel's numerics:
+    against it every step stays within max_err and typical steps agree to fp32 order."""
+    assert res.median_k < EXACT, "typical steps must agree with the kernel-numerics reference to fp32 order"
+    assert res.unexplained == 0, "tokens differ in a step whose rounding agrees with the reference"
+    assert res.max_k < max_err
+    assert res.max_p < 4 * max_err
 
 
 def tiny_moe(family):
@@ -35,7 +50,7 @@ def moe_weights(spec):
 @pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
 def test_tiny_moe_models_match_reference(family, batch):
     spec = tiny_moe(family)
-    check(run_and_compare(spec, batch, moe_weights(spec), steps=128), 3e-2)
+    check_moe(run_and_compare(spec, batch, moe_weights(spec), steps=STEPS), 3e-2)
 
 
 @pytest.mark.parametrize("batch", [1, 4])

@@ -19,7 +19,7 @@ from trtllm_mk.executor import CpuExecutor
 from trtllm_mk.gpus import get_gpu
 from trtllm_mk.graph import build_step_graph
 from trtllm_mk.graph.builder import MAX_EXPERTS, check_moe_supported
-from trtllm_mk.graph.tasks import Kind, TilePlan
+from trtllm_mk.graph.tasks import EventRef, Kind, TilePlan
 from trtllm_mk.kinds.route import slots_of
 from trtllm_mk.kv_cache import PagedKVCache
 from trtllm_mk.model.moe import route
@@ -57,10 +57,30 @@ def test_a_moe_step_has_min_e_bk_expert_slots(batch, slots):
     assert len(eg) == slots * (spec.moe_intermediate_size // 32)
     # the loaders of the expert kinds wait only for their first event: it must be the routing
     assert all(t.waits[0].event == "route_done" for t in eg + ed)
-    assert all(any(w.event == "egateup_done" for w in t.waits) for t in ed)
+    # EDOWN of a slot waits for that slot's EGATEUP tiles only: no EGATEUP task reads x (they stage the
+    # normed rows the ROUTER tasks publish, which partition the columns between them)
+    assert all([w for w in t.waits if w.event == "egateup_done"] == [EventRef("egateup_done", 0, t.slot)] for t in ed)
+    assert g.events["egateup_done"].counts[0] == (spec.moe_intermediate_size // 32,) * slots
+    assert not any(a.buf == "x" for t in eg for a in t.reads)
+    shares = sorted((a.lo, a.hi) for t in g.layer if t.kind == Kind.ROUTER for a in t.writes if a.buf == "moe_xn")
+    assert shares[0][0] == 0 and shares[-1][1] == spec.hidden_size
+    assert all(a[1] == b[0] for a, b in zip(shares, shares[1:]))
     # streamed bytes: every slot's expert (the worst case the static schedule reads)
     per_expert = 3 * spec.moe_intermediate_size * spec.hidden_size * 2
     assert sum(t.weight_bytes for t in eg + ed) == slots * per_expert
+
+
+def test_expert_streams_take_their_own_in_flight_cap():
+    """TilePlan.expert_inflight reaches the kernel (the expert kinds' loader cap): by default the whole
+    ring, else the plan's value, at most the ring."""
+    from trtllm_mk.codegen import generate_source
+    sch = _schedule(sparse_spec("qwen3_moe"), 1)
+    for cap, want in ((0, sch.plan.stages), (1, 1)):
+        src, _ = generate_source(dataclasses.replace(sch, plan=dataclasses.replace(sch.plan, expert_inflight=cap)),
+                                 32, 512, use_bulk_copy=True)
+        assert f"constexpr int INFLIGHT_EXPERT = {want};" in src
+    with pytest.raises(ValueError, match="expert_inflight"):
+        build_step_graph(sch.spec, 1, dataclasses.replace(sch.plan, expert_inflight=sch.plan.stages + 1))
 
 
 def test_route_lays_the_rows_choices_out_as_slots():

@@ -550,3 +550,40 @@ def test_simulation_skips_staging_of_a_repeated_input():
     staged = _hand([a, c], [ca, cc], progs, EV)
     # A: consumer 0 + pre 1 + comp 2 = 3; B: 3 + (1 - 0.6) + 2 = 5.4 against 3 + 1 + 2 = 6
     assert reused.end[1] == pytest.approx(5.4) and staged.end[1] == pytest.approx(6.0)
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_expert_tiles_are_proposed_in_waves_over_every_slot(batch):
+    """A sparse layer's MLP tiles repeat for each of the step's expert slots: the row counts the search
+    proposes fill the SMs with the tasks of all slots (one wave first), not with those of one expert;
+    the router's few rows spread over many SMs."""
+    from trtllm_mk.kinds.router import ROUTER_TASKS
+    from trtllm_mk.model.registry import resolve_model
+    from trtllm_mk.search.plans import field_candidates, initial_plan
+    spec = resolve_model("qwen3-30b-a3b").spec
+    slots, nsm = spec.moe_slots(batch), H100.sm_count
+    assert slots == min(spec.num_experts, batch * spec.num_experts_per_tok)
+    plan = initial_plan(spec, batch, H100, nsm, 512)
+    for field, n, ks in (("gateup_rows", spec.moe_intermediate_size, 1), ("down_rows", spec.hidden_size, plan.down_ksplit)):
+        rows = field_candidates(field, plan, spec, nsm, 512, batch)
+        one_wave = slots * ks * -(-n // rows[0])
+        assert nsm // 2 < one_wave <= nsm, (field, rows[0], one_wave)
+    graph = build_step_graph(spec, batch, plan, 512)
+    kinds = [t.kind for t in graph.layer]
+    assert kinds.count(Kind.EGATEUP) == slots * -(-spec.moe_intermediate_size // plan.gateup_rows)
+    assert kinds.count(Kind.ROUTER) == ROUTER_TASKS
+
+
+def test_the_calibrations_slot_limits_bound_the_ring_unless_none_fits():
+    """min_slot_bytes / max_slot_bytes bound the slots the search walks; where no ring of the allowed
+    slots fits at all, the search falls back to the smaller slots instead of failing."""
+    from trtllm_mk.search.plans import SLOT_SIZES
+    cal = replace(Calibration(), min_slot_bytes=32768, max_slot_bytes=32768)
+    assert cal.slot_sizes(SLOT_SIZES) == (32768,)
+    assert cal.slot_sizes(SLOT_SIZES, with_min=False) == tuple(s for s in SLOT_SIZES if s <= 32768)
+    spec = spec_of("tiny-llama")
+    sch, _ = search(spec, 1, H100, context_len=64, budget_s=0.5, seed=0, calibration=cal)
+    assert sch.plan.slot_bytes == 32768
+    huge = replace(Calibration(), min_slot_bytes=1 << 20)   # no slot size reaches it
+    sch, _ = search(spec, 1, H100, context_len=64, budget_s=0.5, seed=0, calibration=huge)
+    assert sch.plan.slot_bytes in SLOT_SIZES

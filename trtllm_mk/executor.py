@@ -193,12 +193,13 @@ class CpuExecutor:
         self.lm_val = torch.zeros(B, self.tp * dm.n_lm_tiles, dtype=f32)
         self.lm_idx = torch.zeros(B, self.tp * dm.n_lm_tiles, dtype=i32)
         # mixture of experts: the router's logits, each expert slot's expert and per-row weight
-        # (ROUTE), and each slot's activation (EGATEUP)
+        # (ROUTE), each slot's activation (EGATEUP) and the experts' normed input (ROUTER)
         nslot = dm.expert_slots
         self.router_logits = torch.zeros(B, dm.experts, dtype=f32)
         self.moe_slot = torch.full((nslot,), -1, dtype=i32)
         self.moe_w = torch.zeros(nslot, B, dtype=f32)
         self.moe_act = torch.zeros(nslot, B, dm.intermediate, dtype=f32)
+        self.moe_xn = torch.zeros(B, dm.hidden, dtype=f32)   # the normed rows ROUTER publishes
         self.tokens = torch.zeros(B, dtype=i32)
         self.pos = torch.zeros(B, dtype=i32)
         self.history = torch.full((B, cache.max_seq_len), -1, dtype=i32)

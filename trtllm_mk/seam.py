@@ -114,6 +114,7 @@ PARAMS = (
     ParamField("moe_slot", "int*", BUFFER, "[NSLOT] each expert slot's expert, -1: idle (kinds/route.py)"),
     ParamField("moe_w", "float*", BUFFER, "[NSLOT, B] the slot's routing weight in each row (0: not selected)"),
     ParamField("moe_act", "float*", BUFFER, "[NSLOT, B, I] silu(gate) * up of the slot's expert"),
+    ParamField("moe_xn", "float*", BUFFER, "[B, H] the sparse layer's normed rows (ROUTER), the experts' input"),
 )
 
 # mk::ExpertWeights: one expert's matrices, HF layouts ([out, in] row-major), read in place.

@@ -746,7 +746,7 @@ int32_t DecodeStepPlugin::enqueue(const nvinfer1::PluginTensorDesc* inputDesc, c
     L.put(p, "layer_scales", 0);   // bf16 weights: no scale words (layer_table_inputs refuses 4-bit engines)
     L.put(p, "peers", 0);          // one GPU: no tensor-parallel peers
     L.put(p, "rank", 0);
-    for (const char* f : {"routers", "experts", "router_logits", "moe_slot", "moe_w", "moe_act"})
+    for (const char* f : {"routers", "experts", "router_logits", "moe_slot", "moe_w", "moe_act", "moe_xn"})
       L.put(p, f, 0);              // dense models: no experts (mixture-of-experts engines are refused)
     st.module->launch(p.data(), p.size(), stream);
     if (!capturing) st.record_kernel(slot, stream);

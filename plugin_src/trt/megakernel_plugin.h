@@ -56,7 +56,7 @@ constexpr const char* kParamsFilled[] = {
     "error", "num_blocks", "block_table_stride", "trace", "sampling", "lm_lse", "logprobs", "top_ids", "cand_hist",
     "layer_scales",   // null: the plugin binds bf16 weights only (a 4-bit engine is refused below)
     "peers", "rank",   // null / 0: one GPU (tensor-parallel engines run through the PyTorch runtime)
-    "routers", "experts", "router_logits", "moe_slot", "moe_w", "moe_act"};   // null: dense models only
+    "routers", "experts", "router_logits", "moe_slot", "moe_w", "moe_act", "moe_xn"};   // null: dense models only
 
 // For each entry of the kernel's layer table, the index of the layer input that fills it; throws
 // KernelJsonError when the kernel's Params or layer table has an entry the plugin cannot fill.

@@ -129,6 +129,8 @@ __device__ __forceinline__ const LayerScales& layer_scales(const Params& p, int 
 //                                 argmax and log-sum-exp); NoTally is the empty one. tally_reduce may
 //                                 use red()'s buffer of parity (groups & 1), which no thread reads then
 template <int KIND> struct GemvKind;
+// Whether KIND streams a routed expert's weights (its loader's in-flight cap: loader_throttle).
+template <int KIND> struct ExpertStream { static constexpr bool value = false; };
 template <int KIND> using GemvGeometry = Geometry<GemvKind<KIND>::KT, GemvKind<KIND>::PAIR, GemvKind<KIND>::WBITS>;
 
 // Global addresses of a slot's pieces: bf16 row j's KC columns of piece kc; for 4-bit weights, tile m
@@ -185,7 +187,10 @@ __device__ void gemv_load(Ctx& c, const TaskArgs& a) {
     const int valid = min_i(G::OUT_ROWS, a.r1 - a.r0 - grp * G::OUT_ROWS);   // output rows in this group
     for (int kc = 0; kc < G::NKC; ++kc, ++c.ring_n) {
       const uint32_t slot = c.ring_n % cfg::STAGES, use = c.ring_n / cfg::STAGES;
-      c.loader_throttle(c.ring_n);
+      if constexpr (ExpertStream<KIND>::value)
+        c.template loader_throttle<cfg::INFLIGHT_EXPERT, cfg::INFLIGHT_EXPERT>(c.ring_n);
+      else
+        c.loader_throttle(c.ring_n);
       c.loader_wait(&c.empty()[slot], (use & 1) ^ 1);  // first use of a slot passes at once
       unsigned char* dst = c.ring() + (size_t)slot * SLOT_STRIDE;
 #if defined(MK_USE_BULK_COPY)

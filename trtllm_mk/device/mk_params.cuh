@@ -66,15 +66,17 @@ struct Ctx {
   // Every outstanding copy lengthens the queue that the dependency chain's L2 round trips (polls,
   // staging loads, releases) wait in, and beyond ~2 x 32 KB per SM more copies in flight add no
   // bandwidth; so cap = INFLIGHT while the consumers stream weights and INFLIGHT_CHAIN while they are
-  // on the chain (chain_hint); the measurements are in benchmarks/NOTES.md. The cp.async path (sm_80 /
-  // sm_89) is not throttled.
+  // on the chain (chain_hint); the measurements are in benchmarks/NOTES.md. An expert kind's stream
+  // passes its own cap, CAP = CHAIN = INFLIGHT_EXPERT (TilePlan.expert_inflight, default the whole
+  // ring). The cp.async path (sm_80 / sm_89) is not throttled.
+  template <int CAP = cfg::INFLIGHT, int CHAIN = cfg::INFLIGHT_CHAIN>
   __device__ __forceinline__ void loader_throttle(uint32_t n) {
 #if defined(MK_USE_BULK_COPY)
-    uint32_t cap = cfg::INFLIGHT;
-    if constexpr (cfg::INFLIGHT_CHAIN < cfg::INFLIGHT) {
+    uint32_t cap = CAP;
+    if constexpr (CHAIN < CAP) {
       uint32_t on_chain = 0;
       if (lane() == 0) on_chain = atomicOr(chain_hint(), 0u);   // atomics: a hint, read without ordering
-      if (__shfl_sync(0xffffffffu, on_chain, 0)) cap = cfg::INFLIGHT_CHAIN;
+      if (__shfl_sync(0xffffffffu, on_chain, 0)) cap = CHAIN;
     }
     if (cap < (uint32_t)cfg::STAGES && n >= cap) {
       const uint32_t m = n - cap;   // slot m's next use is m + STAGES > n: its fill phase is current or done

@@ -16,8 +16,10 @@ Event granularity per edge follows producer and consumer partitions:
   lm_done     [1, 1]    ARGMAX reduces every LM-head tile.
 Mixture-of-experts layers (model.families MOE_STEP) replace GATEUP / DOWN:
   router_done [L, 1]    ROUTE reads every router logit.
-  route_done  [L, 1]    the expert slots are chosen: EGATEUP's loader and consumers wait for it.
-  egateup_done[L, 1]    whole: EDOWN adds into x, which every EGATEUP task reads for its norm.
+  route_done  [L, 1]    the expert slots are chosen (and the normed rows moe_xn published): EGATEUP's
+                        loader and consumers wait for it.
+  egateup_done[L, NSLOT] per expert slot: EDOWN of slot s reads slot s's activation; no EGATEUP task
+                        reads x (they stage moe_xn), so EDOWN's adds need not wait for the other slots.
 
 Tensor parallelism (ModelSpec.tensor_parallel > 1: the spec is one rank's share, parallel/layout.py).
 Every rank holds the whole residual x. OPROJ and DOWN add their partial sums into every rank's x (the
@@ -108,6 +110,8 @@ def check_plan(spec: ModelSpec, plan: TilePlan) -> None:
                         ("intermediate_size / down_ksplit", spec.mlp_intermediate // plan.down_ksplit)):
             if k % unit:
                 raise ValueError(f"TilePlan: {what} = {k} is not a whole number of {unit}-column weight tiles")
+    if not 0 <= plan.expert_inflight <= plan.stages:
+        raise ValueError(f"TilePlan: need 0 <= expert_inflight ({plan.expert_inflight}) <= stages ({plan.stages})")
     if not 1 <= plan.inflight_chain <= plan.inflight_slots:
         raise ValueError(f"TilePlan: need 1 <= inflight_chain ({plan.inflight_chain}) <= inflight_slots "
                          f"({plan.inflight_slots})")

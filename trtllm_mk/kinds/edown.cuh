@@ -6,6 +6,8 @@
 
 namespace mk {
 
+template <> struct ExpertStream<EDOWN> { static constexpr bool value = true; };
+
 template <>
 struct GemvKind<EDOWN> : NoTally {
   static constexpr int KT = cfg::I / cfg::DOWN_KSPLIT;

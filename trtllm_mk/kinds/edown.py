@@ -31,14 +31,14 @@ staging_extra_us = no_staging_extra
 
 def lower(c) -> list[dict]:
     """For each slot, row tiles of H, each K-split into ``down_ksplit`` chunks of the expert's width.
-    They wait on the whole egateup_done: they add into x, which every EGATEUP task reads for its norm;
-    and first on route_done, which is all their loader waits for."""
+    They wait on their slot's egateup_done (no EGATEUP task reads x, which they add into), and first
+    on route_done, which is all their loader waits for."""
     from ..graph.tasks import Access, EventRef
     plan, B = c.plan, c.B
     d_chunk = c.I // plan.down_ksplit
     return [dict(r0=a, r1=b, k0=k * d_chunk, k1=(k + 1) * d_chunk, slot=s,
                  # route_done first: the loader waits only for it (edown.cuh) before streaming the expert
-                 waits=(EventRef("route_done", 0, 0), EventRef("egateup_done", 0, 0)),
+                 waits=(EventRef("route_done", 0, 0), EventRef("egateup_done", 0, s)),
                  signals=(EventRef("resid_ready", 1, 0),),
                  reads=(Access(f"moe_act{s}", k * d_chunk, (k + 1) * d_chunk), Access("moe_slots", s, s + 1)),
                  writes=(Access("x", a, b, add=True),),

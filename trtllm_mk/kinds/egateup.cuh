@@ -1,5 +1,5 @@
-// EGATEUP's device part: GATEUP for the expert in slot a.tile (kinds/route.py), into the slot's
-// activation. The expert is known only once this layer's ROUTE has run, so the loader waits for the
+// EGATEUP's device part: GATEUP for the expert in slot a.tile (kinds/route.py) on the normed rows the
+// layer's ROUTER tasks published (moe_xn), into the slot's activation. The expert is known only once this layer's ROUTE has run, so the loader waits for the
 // task's first event (route_done) before it streams the weights. The GEMV machinery is mk_gemv.cuh;
 // inlined by codegen after the shared device headers.
 #pragma once
@@ -22,6 +22,8 @@ __device__ __forceinline__ void loader_wait_first(Ctx& c, const TaskArgs& a) {
   __syncwarp();
 }
 
+template <> struct ExpertStream<EGATEUP> { static constexpr bool value = true; };
+
 template <>
 struct GemvKind<EGATEUP> : NoTally {
   static constexpr int KT = cfg::H;
@@ -36,7 +38,7 @@ struct GemvKind<EGATEUP> : NoTally {
   }
 
   static __device__ __forceinline__ void stage(Ctx& c, const TaskArgs& a) {
-    stage_normed<EGATEUP>(c, c.p->layers[a.layer].ln2);
+    stage_rows<EGATEUP, cfg::H>(c, a, c.p->moe_xn);
   }
 
   static __device__ __forceinline__ void epilogue(const Params& p, const TaskArgs& a, int r, int b, float v, float v_up) {

@@ -1,6 +1,8 @@
-"""EGATEUP: GATEUP for the expert of one slot (kinds/route.py): RMS-norms x (ln2), then silu(gate) * up
-of a row range of that expert into the slot's activation. Its weights are chosen at run time, so its
-loader waits for ROUTE before streaming them."""
+"""EGATEUP: GATEUP for the expert of one slot (kinds/route.py): silu(gate) * up of a row range of that
+expert, on the normed rows the layer's ROUTER tasks published (moe_xn), into the slot's activation.
+Its weights are chosen at run time, so its loader waits for ROUTE before streaming them. It does not
+read x: the EDOWN tasks of a slot add into x as soon as that slot's EGATEUP tiles are done
+(egateup_done has a slot per expert slot), while other slots' tiles still run."""
 from __future__ import annotations
 
 from . import KindDef
@@ -15,7 +17,7 @@ def execute(ex, t, layer: int) -> None:
     import torch
     e = max(int(ex.moe_slot[t.slot]), 0)
     ew = ex.experts[layer][e]
-    xn = ex.norm_staged(ex.layers[layer]["ln2"])
+    xn = ex.moe_xn
     gate, up = xn @ ew["gate"][t.r0:t.r1].T, xn @ ew["up"][t.r0:t.r1].T
     ex.moe_act[t.slot, :, t.r0:t.r1] = torch.nn.functional.silu(gate) * up
 
@@ -24,7 +26,7 @@ LOADER_WAITS = True
 
 # GEMV cost hooks (kinds/gemv.py)
 MATRICES = 2
-NORMS_INPUT = True
+NORMS_INPUT = False
 staging_extra_us = no_staging_extra
 
 
@@ -33,8 +35,8 @@ def lower(c) -> list[dict]:
     from ..graph.tasks import Access, EventRef
     B, H = c.B, c.H
     return [dict(r0=a, r1=b, k0=0, k1=H, slot=s, waits=(EventRef("route_done", 0, 0),),
-                 signals=(EventRef("egateup_done", 0, 0),),
-                 reads=(Access("x", 0, H), Access("moe_slots", s, s + 1)),
+                 signals=(EventRef("egateup_done", 0, s),),
+                 reads=(Access("moe_xn", 0, H), Access("moe_slots", s, s + 1)),
                  writes=(Access(f"moe_act{s}", a, b),),
                  weight_bytes=2 * c.linear_bytes(b - a, H), act_bytes=B * (H * 4 + (b - a) * 4), flops=4 * B * (b - a) * H)
             for s in range(c.NSLOT) for a, b in c.tiles(c.I, c.plan.gateup_rows)]

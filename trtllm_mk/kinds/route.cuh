@@ -1,6 +1,7 @@
 // ROUTE's device body (kinds/route.py): per batch row, one warp takes the softmax of the E router
 // logits and the k most probable experts (k rounds of a warp argmax: the highest probability, the lowest
-// expert index on ties, as model/moe.py route), then warp 0 lays the rows' choices out as the step's
+// expert index on ties, as model/moe.py route; each round two warp reductions, redux.sync, of the
+// probability's bits and then of the index), then warp 0 lays the rows' choices out as the step's
 // expert slots: the union of the selected experts in ascending order, then idle slots (-1), and each
 // slot's routing weight per row (0 where the row did not select it). Inlined by codegen after the
 // shared device headers.
@@ -36,23 +37,27 @@ struct KindBody<ROUTE> : NoLoad, NoPrologue {
         s += v[i];
       }
       s = warp_sum(s);
+      // ranking keys: a probability's bits + 1 (a non-negative float's bits order as it does), 0 for
+      // no expert or one already taken, so a probability of 0 still outranks them
+      uint32_t key[EPL];
 #pragma unroll
-      for (int i = 0; i < EPL; ++i) v[i] = c.lane() + 32 * i < cfg::E ? v[i] / s : -INFINITY;
+      for (int i = 0; i < EPL; ++i) key[i] = c.lane() + 32 * i < cfg::E ? __float_as_uint(v[i] / s) + 1u : 0u;
       float total = 0.f;
       for (int j = 0; j < cfg::TOPK; ++j) {   // descending probability, the lowest index on ties
-        float best = -INFINITY;
-        int bi = 0x7fffffff;
+        uint32_t lk = 0u, le = 0xffffffffu;    // this lane's best: the first of its highest keys
 #pragma unroll
         for (int i = 0; i < EPL; ++i)
-          if (argmax_better(v[i], c.lane() + 32 * i, best, bi)) { best = v[i]; bi = c.lane() + 32 * i; }
-        warp_argmax(best, bi);
-        if (bi % 32 == c.lane()) {   // the winner leaves the race
+          if (key[i] > lk) { lk = key[i]; le = c.lane() + 32 * i; }
+        const uint32_t kmax = __reduce_max_sync(0xffffffffu, lk);
+        const uint32_t bi = __reduce_min_sync(0xffffffffu, lk == kmax ? le : 0xffffffffu);
+        if (bi % 32 == (uint32_t)c.lane()) {   // the winner leaves the race
 #pragma unroll
           for (int i = 0; i < EPL; ++i)
-            if (bi / 32 == i) v[i] = -INFINITY;
+            if (bi / 32 == (uint32_t)i) key[i] = 0u;
         }
+        const float best = __uint_as_float(kmax - 1u);
         total += best;   // in rank order, as the reference sums the top-k weights
-        if (c.lane() == 0) { sel[b * K + j] = bi; wsel[b * K + j] = best; }
+        if (c.lane() == 0) { sel[b * K + j] = (int)bi; wsel[b * K + j] = best; }
       }
       if (cfg::NORM_TOPK && c.lane() == 0)
         for (int j = 0; j < cfg::TOPK; ++j) wsel[b * K + j] /= total;

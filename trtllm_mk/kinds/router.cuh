@@ -16,8 +16,16 @@ struct GemvKind<ROUTER> : NoTally {
     return weight_at(p.routers[a.layer], nullptr, a.r0 + grp * G::OUT_ROWS + j, cfg::H, 0);
   }
 
+  // Also publishes this task's share of the staged (normed, bf16) rows as the experts' input, moe_xn
+  // (kinds/router.py normed_share): EGATEUP then need not read x, which EDOWN adds into.
   static __device__ __forceinline__ void stage(Ctx& c, const TaskArgs& a) {
     stage_normed<ROUTER>(c, c.p->layers[a.layer].ln2);
+    constexpr int AS = KT + ACT_PAD;
+    const int c0 = a.r0 * cfg::H / cfg::E, n = a.r1 * cfg::H / cfg::E - c0;
+    for (int i = threadIdx.x; i < cfg::B * n; i += CTHREADS) {
+      const int b = i / n, col = c0 + i % n;
+      c.p->moe_xn[(size_t)b * cfg::H + col] = __bfloat162float(c.act()[b * AS + col]);
+    }
   }
 
   static __device__ __forceinline__ void epilogue(const Params& p, const TaskArgs&, int r, int b, float v, float) {

@@ -64,6 +64,7 @@ class DecodeBuffers:
     moe_slot: torch.Tensor | None        # [NSLOT]
     moe_w: torch.Tensor | None           # [NSLOT, B]
     moe_act: torch.Tensor | None         # [NSLOT, B, I]
+    moe_xn: torch.Tensor | None          # [B, H]
 
     @classmethod
     def allocate(cls, spec: ModelSpec, batch: int, schedule: Schedule, layout: KernelLayout,
@@ -108,10 +109,11 @@ class DecodeBuffers:
     @staticmethod
     def _moe(spec: ModelSpec, batch: int, f32: dict, i32: dict) -> dict:
         if not spec.is_moe:
-            return dict(router_logits=None, moe_slot=None, moe_w=None, moe_act=None)
+            return dict(router_logits=None, moe_slot=None, moe_w=None, moe_act=None, moe_xn=None)
         n = spec.moe_slots(batch)
         return dict(router_logits=torch.zeros(batch, spec.num_experts, **f32), moe_slot=torch.zeros(n, **i32),
-                    moe_w=torch.zeros(n, batch, **f32), moe_act=torch.zeros(n, batch, spec.mlp_intermediate, **f32))
+                    moe_w=torch.zeros(n, batch, **f32), moe_act=torch.zeros(n, batch, spec.mlp_intermediate, **f32),
+                    moe_xn=torch.zeros(batch, spec.hidden_size, **f32))
 
 
 def _check_tensor(name: str, t: torch.Tensor, shape: tuple, dtype: torch.dtype, device: torch.device) -> None:

@@ -78,6 +78,11 @@ class Calibration:
     # H100 64 KB slots were 3-7% slower than 32 KB slots at the same ring bytes (every release of a
     # streaming SM took 2-3x as long), which nothing in this model prices (benchmarks/NOTES.md).
     max_slot_bytes: int = 0
+    # Smallest ring slot (bytes) the search may use where a ring of them fits; 0 = any. A measured
+    # limit too: the in-flight cap counts slots (TilePlan.inflight_slots), so smaller bf16 slots keep
+    # fewer bytes in flight, and on H200 a Qwen3-30B-A3B plan at 8 x 16 KB measured 45% slower than the
+    # same plan at 4 x 32 KB, which the model (priced by ring bytes) ranked the other way (NOTES, v18).
+    min_slot_bytes: int = 0
     # Consumer time per quantized (4- or 8-bit) weight against a bf16 weight's: the same mma after
     # shifts, masks and bf16x2 operations per pair of codes, but fewer shared-memory reads (issue-bound
     # where bf16 is shared-memory bound; the 4-bit traces put it near 1).
@@ -101,9 +106,11 @@ class Calibration:
         bw = self.read_bandwidth or gpu.read_bandwidth
         return replace(self, fp32_lanes=lanes, sm_clock_ghz=clock, read_bandwidth=bw)
 
-    def slot_sizes(self, candidates: tuple[int, ...]) -> tuple[int, ...]:
-        """The ring slot sizes among ``candidates`` the search may use (see max_slot_bytes)."""
-        return tuple(s for s in candidates if not self.max_slot_bytes or s <= self.max_slot_bytes)
+    def slot_sizes(self, candidates: tuple[int, ...], with_min: bool = True) -> tuple[int, ...]:
+        """The ring slot sizes among ``candidates`` the search may use (see max_slot_bytes and, unless
+        ``with_min`` is false, min_slot_bytes)."""
+        return tuple(s for s in candidates if (not self.max_slot_bytes or s <= self.max_slot_bytes)
+                     and (not with_min or s >= self.min_slot_bytes))
 
     def to_dict(self) -> dict:
         return asdict(self)

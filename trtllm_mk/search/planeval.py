@@ -98,14 +98,14 @@ def field_variants(name: str, plan: TilePlan, ev: Evaluator) -> list[TilePlan]:
         return ring_candidates(plan, spec, batch, gpu, ev.slot_sizes)
     if name in ("o_ksplit", "down_ksplit"):
         ks = ksplit_candidates(spec)[0 if name == "o_ksplit" else 1]
-        out = [with_ksplit(plan, name, k, spec, nsm) for k in ks]
+        out = [with_ksplit(plan, name, k, spec, nsm, batch) for k in ks]
     elif name == "o_merge":
         # the merge pays with few heads per OPROJ task and costs much with many, so the two fields move
         # together too: one coordinate at a time, the descent cannot leave a plan with neither
         out = [replace(plan, o_merge=m) for m in (False, True)]
-        out.append(replace(with_ksplit(plan, "o_ksplit", max(ksplit_candidates(spec)[0]), spec, nsm), o_merge=True))
+        out.append(replace(with_ksplit(plan, "o_ksplit", max(ksplit_candidates(spec)[0]), spec, nsm, batch), o_merge=True))
     else:
-        out = [replace(plan, **{name: v}) for v in field_candidates(name, plan, spec, nsm, ev.context_len)]
+        out = [replace(plan, **{name: v}) for v in field_candidates(name, plan, spec, nsm, ev.context_len, batch)]
     return [p for p in out if valid(p, spec, batch, gpu)]
 
 

@@ -41,17 +41,24 @@ def row_unit(spec: ModelSpec) -> int:
 
 
 def wave_rows(n: int, ksplit: int, num_sms: int, max_waves: int = MAX_WAVES, cap: int | None = None,
-              unit: int = 8) -> list[int]:
-    """Rows per task for 1..max_waves waves of tasks over num_sms SMs (deduplicated, descending)."""
+              unit: int = 8, copies: int = 1) -> list[int]:
+    """Rows per task for 1..max_waves waves of tasks over num_sms SMs (deduplicated, descending);
+    ``copies``: how many times the kind's tiles repeat (mlp_copies), each copy with its share of a wave."""
     out: list[int] = []
     for m in range(1, max_waves + 1):
-        rows = _ceil(-(-n * ksplit // (m * num_sms)), unit)
+        rows = _ceil(-(-n * ksplit // max(1, m * num_sms // copies)), unit)
         rows = min(rows, _ceil(n, unit))
         if cap is not None:
             rows = min(rows, cap // unit * unit)
         if rows not in out:
             out.append(rows)
     return out
+
+
+def mlp_copies(spec: ModelSpec, batch: int) -> int:
+    """How many times a layer's MLP tiles repeat: once per expert slot of a sparse model (each slot's
+    EGATEUP / EDOWN tiles cover one expert's rows, kinds/route.py), else once. Waves count all of them."""
+    return spec.moe_slots(batch) if spec.is_moe else 1
 
 
 def _k_unit(spec: ModelSpec) -> int:
@@ -97,9 +104,10 @@ def attn_split_candidates(spec: ModelSpec, num_sms: int, context_len: int) -> li
     return out
 
 
-def field_candidates(field: str, plan: TilePlan, spec: ModelSpec, num_sms: int, context_len: int) -> list:
+def field_candidates(field: str, plan: TilePlan, spec: ModelSpec, num_sms: int, context_len: int, batch: int) -> list:
     """Values the coordinate search tries for one field, given the rest of ``plan``."""
     H, I, V = spec.hidden_size, spec.mlp_intermediate, spec.vocab_size
+    copies = mlp_copies(spec, batch)
     gr = (spec.group_size + 2) * spec.head_dim
     u = row_unit(spec)
     if field == "qkv_rows":
@@ -107,9 +115,9 @@ def field_candidates(field: str, plan: TilePlan, spec: ModelSpec, num_sms: int, 
     if field == "o_rows":
         return wave_rows(H, plan.o_ksplit, num_sms, unit=u)
     if field == "gateup_rows":
-        return wave_rows(I, 1, num_sms, unit=u)
+        return wave_rows(I, 1, num_sms, unit=u, copies=copies)
     if field == "down_rows":
-        return wave_rows(H, plan.down_ksplit, num_sms, unit=u)
+        return wave_rows(H, plan.down_ksplit, num_sms, unit=u, copies=copies)
     if field == "lm_rows":
         return wave_rows(V, 1, num_sms, max_waves=LM_MAX_WAVES)
     if field == "attn_splits":
@@ -173,15 +181,17 @@ def largest_ring(plan: TilePlan, spec: ModelSpec, batch: int, gpu: GpuSpec, admi
     return max(cands, key=lambda p: (p.stages * p.slot_bytes, -p.slot_bytes))
 
 
-def with_ksplit(plan: TilePlan, field: str, k: int, spec: ModelSpec, num_sms: int) -> TilePlan:
+def with_ksplit(plan: TilePlan, field: str, k: int, spec: ModelSpec, num_sms: int, batch: int) -> TilePlan:
     """Change a K-split factor and rescale that kind's rows to keep the same number of waves."""
     H = spec.hidden_size
     if field == "o_ksplit":
         waves = max(1, round(-(-H // plan.o_rows) * plan.o_ksplit / num_sms))
         rows = min(wave_rows(H, k, num_sms, unit=row_unit(spec)), key=lambda r: abs(-(-H // r) * k / num_sms - waves))
         return replace(plan, o_ksplit=k, o_rows=rows)
-    waves = max(1, round(-(-H // plan.down_rows) * plan.down_ksplit / num_sms))
-    rows = min(wave_rows(H, k, num_sms, unit=row_unit(spec)), key=lambda r: abs(-(-H // r) * k / num_sms - waves))
+    c = mlp_copies(spec, batch)
+    waves = max(1, round(-(-H // plan.down_rows) * plan.down_ksplit * c / num_sms))
+    rows = min(wave_rows(H, k, num_sms, unit=row_unit(spec), copies=c),
+               key=lambda r: abs(-(-H // r) * k * c / num_sms - waves))
     return replace(plan, down_ksplit=k, down_rows=rows)
 
 
@@ -193,7 +203,8 @@ def wide_ring_plan(spec: ModelSpec, batch: int, gpu: GpuSpec, num_sms: int, cont
     descent from the initial plan can stall before it reaches such rings one field at a time."""
     p = initial_plan(spec, batch, gpu, num_sms, context_len, slot_sizes)
     o_ks, d_ks = ksplit_candidates(spec)
-    p = with_ksplit(with_ksplit(p, "o_ksplit", max(o_ks), spec, num_sms), "down_ksplit", max(d_ks), spec, num_sms)
+    p = with_ksplit(with_ksplit(p, "o_ksplit", max(o_ks), spec, num_sms, batch), "down_ksplit", max(d_ks), spec, num_sms,
+                    batch)
     return largest_ring(p, spec, batch, gpu, slot_sizes=slot_sizes)
 
 
@@ -217,11 +228,11 @@ def initial_plan(spec: ModelSpec, batch: int, gpu: GpuSpec, num_sms: int, contex
     splits = attn_split_candidates(spec, num_sms, context_len)
     s = next((x for x in splits if spec.num_kv_heads * x >= num_sms // 2), splits[-1])
     o_ks, d_ks = smallest_fitting_ksplit(spec, batch, gpu)
-    u = row_unit(spec)
+    u, c = row_unit(spec), mlp_copies(spec, batch)
     plan = TilePlan(qkv_rows=pick(wave_rows(spec.num_kv_heads * gr, 1, num_sms, cap=gr, unit=u), 4),
                     o_rows=pick(wave_rows(spec.hidden_size, o_ks, num_sms, unit=u), 4), o_ksplit=o_ks,
-                    gateup_rows=pick(wave_rows(spec.mlp_intermediate, 1, num_sms, unit=u), 4),
-                    down_rows=pick(wave_rows(spec.hidden_size, d_ks, num_sms, unit=u), 4), down_ksplit=d_ks,
+                    gateup_rows=pick(wave_rows(spec.mlp_intermediate, 1, num_sms, unit=u, copies=c), 4),
+                    down_rows=pick(wave_rows(spec.hidden_size, d_ks, num_sms, unit=u, copies=c), 4), down_ksplit=d_ks,
                     lm_rows=pick(wave_rows(spec.vocab_size, 1, num_sms, max_waves=LM_MAX_WAVES), 8),
                     attn_splits=s, stages=2, slot_bytes=4096, consumer_warps=8)
     plan = with_weight_inflight(spec, plan)

@@ -119,6 +119,10 @@ def search_candidates(spec: ModelSpec, batch: int, gpu: GpuSpec, context_len: in
 
     # work budgets (simulated task instances) from budget_s and a nominal speed, never the clock
     slots = cal.slot_sizes(SLOT_SIZES)
+    try:   # the smallest slot the calibration allows may leave no ring that fits (large batch, small GPU)
+        initial_plan(spec, batch, gpu, nsm, context_len, slots)
+    except ValueError:
+        slots = cal.slot_sizes(SLOT_SIZES, with_min=False)
     ev = Evaluator(spec, batch, gpu, cal, nsm, context_len, seed, slot_sizes=slots)
     work = budget_s * NOMINAL_SIM_RATE
     # each of the two reference families: a descent (w_family), a trim (w_family / 2) and, after the

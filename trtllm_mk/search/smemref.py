@@ -46,7 +46,7 @@ def family_start(ev: Evaluator, plan, admit):
     """``plan`` with K-split 1 (rows rescaled to keep the waves), its ring shrunk until it fits and the
     family admits it; None if no ring does."""
     spec, nsm = ev.spec, ev.num_sms
-    p = with_ksplit(with_ksplit(plan, "o_ksplit", 1, spec, nsm), "down_ksplit", 1, spec, nsm)
+    p = with_ksplit(with_ksplit(plan, "o_ksplit", 1, spec, nsm, ev.batch), "down_ksplit", 1, spec, nsm, ev.batch)
     if valid(p, spec, ev.batch, ev.gpu) and admit(p, spec):
         return p
     return largest_ring(p, spec, ev.batch, ev.gpu, admit, ev.slot_sizes)
