@@ -214,12 +214,15 @@ if has tp; then
     grep -E "rel err|passed|failed|FAILED|Error" "$OUT/tp_tests.log" | tail -20
   fi
   if (( tp == 2 )) && [[ "$tp_parts" == *" engine "* ]]; then   # torchrun run against run --simulate of one engine
-    # for this machine's GPU type (the ranks refuse an engine built for another)
+    # for this machine's GPU type (the ranks refuse an engine built for another), on one checkpoint: with
+    # --weights random each GPU rank draws its own shard, which is not the model --simulate draws whole
     sed 's/^gpu: .*/gpu: auto/' configs/tiny_cpu_tp2.yaml > "$OUT/tiny_tp2.yaml"
     python -m trtllm_mk build --config "$OUT/tiny_tp2.yaml" --output-dir /tmp/tiny_tp2 > "$OUT/tp_engine.log" 2>&1
+    python -c "import json, sys; from trtllm_mk.model.tiny import write_tiny_checkpoint as w
+w(sys.argv[1], 'llama', seed=3, **json.load(open('configs/models/tiny-llama.json')))" /tmp/tiny_tp2_ckpt >> "$OUT/tp_engine.log" 2>&1
     for mode in gpu simulate; do
       if [[ $mode == gpu ]]; then launch=(torchrun --nproc-per-node 2 -m trtllm_mk); else launch=(python -m trtllm_mk); fi
-      timeout $(part_s 90) "${launch[@]}" run --engine /tmp/tiny_tp2 --weights random --seed 3 --ignore-eos \
+      timeout $(part_s 90) "${launch[@]}" run --engine /tmp/tiny_tp2 --weights /tmp/tiny_tp2_ckpt --ignore-eos \
         --prompt "3 141 59 26 5 358 97" --max-new-tokens 16 $([[ $mode == simulate ]] && echo --simulate) \
         2>>"$OUT/tp_engine.log" | head -1 > "$OUT/tp_engine_$mode.txt"
     done
