@@ -30,7 +30,8 @@ def predicted_reports(config_dir: Path = CONFIG_DIR) -> dict[str, dict]:
         if cfg.quantization is not None or cfg.model_spec.is_moe:   # the cost model counts dense bf16 steps only,
             continue                                                   # so nothing to gate yet
         mk = cfg.megakernel
-        sched, _ = search(cfg.model_spec, cfg.max_batch_size, cfg.gpu_spec, context_len=mk.context_len,
+        # one rank's share under tensor parallelism, as the builder searches it
+        sched, _ = search(cfg.rank_spec, cfg.max_batch_size, cfg.gpu_spec, context_len=mk.context_len,
                           budget_s=mk.search_budget_s, seed=mk.seed)
         name = f"{path.stem}:" + config_name(cfg.model_spec.name, cfg.max_batch_size, mk.context_len)
         per_gpu[cfg.gpu_spec.name][name] = sched.predicted_step_us
