@@ -3,13 +3,14 @@
 #   bash scripts/gpu_check.sh [build] [prebuild] [smoke] [tests] [quant] [sanitize] [trace] [calibrate] [ab] [sampling] [bench]
 #                             [serve] [tp] [moe]
 #   (default: all but prebuild, ab, serve, tp and moe)
-# prebuild: the kernels of this run compiled in parallel on this machine's cores for its own GPU (TRTLLM_MK_TEST_GPU
-#   =auto): what a CPU machine prebuilt for another GPU type (an H200 lent for an H100) is not compiled one by one in
-#   the tests. PREBUILD_RUNS: one python argument line per prebuild command (default: the moe and tp stages' kernels, tp over every GPU);
-#   PREBUILD_EXTRA: lines run besides them.
-# moe: the expert kinds (MOE_PARTS, default "tests bench"; "sanitize", or MOE_SANITIZE=1: the tiny Qwen3-MoE tests under
-#   memcheck): tests/test_moe_gpu.py, then the Qwen3-30B-A3B decode benchmark (MOE_BENCH_BATCH, default "1 4"; context 512) beside torch.compile and eager +
-#   CUDA graph on the same weights (prebuild: python tests/test_moe_gpu.py, and
+# prebuild: the kernels of this run compiled in parallel on this machine's cores for its own GPU
+#   (TRTLLM_MK_TEST_GPU=auto), so that what a CPU machine prebuilt for another GPU type (an H200 lent for
+#   an H100) is not compiled one by one in the tests. PREBUILD_RUNS: one python argument line per
+#   prebuild command (default: the moe and tp stages' kernels, tp over every GPU); PREBUILD_EXTRA: more.
+# moe: the expert kinds (MOE_PARTS, default "tests bench"; "sanitize", or MOE_SANITIZE=1: the tiny
+#   Qwen3-MoE tests under memcheck): tests/test_moe_gpu.py, then the Qwen3-30B-A3B decode benchmark
+#   (MOE_BENCH_BATCH, default "1 4"; context 512) beside torch.compile and eager + CUDA graph on the same
+#   weights (prebuild: python tests/test_moe_gpu.py, and
 #   benchmarks/megakernel_system.py --prebuild --models qwen3-30b-a3b --batch 1 4 --context 512).
 # tp: tensor parallelism: tests/test_parallel_gpu.py (ranks on one GPU's SMs), then, with several GPUs,
 #   scripts/tp_check.py under torchrun: the check (TP_CHECK_ARGS) and the speed run (TP_SPEED_ARGS, default
