@@ -216,7 +216,7 @@ if has tp; then
   fi
   if (( tp == 2 )) && [[ "$tp_parts" == *" engine "* ]]; then   # torchrun run against run --simulate of one engine
     # for this machine's GPU type (the ranks refuse an engine built for another), on one checkpoint: with
-    # --weights random each GPU rank draws its own shard, which is not the model --simulate draws whole
+    # --weights random each GPU rank draws its own shard on its GPU, not the model --simulate draws whole
     sed 's/^gpu: .*/gpu: auto/' configs/tiny_cpu_tp2.yaml > "$OUT/tiny_tp2.yaml"
     python -m trtllm_mk build --config "$OUT/tiny_tp2.yaml" --output-dir /tmp/tiny_tp2 > "$OUT/tp_engine.log" 2>&1
     python -c "import json, sys; from trtllm_mk.model.tiny import write_tiny_checkpoint as w
