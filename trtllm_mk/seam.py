@@ -257,6 +257,14 @@ def _kind_enum() -> str:
     return "enum Kind { " + ", ".join(f"{k.name} = {int(k)}" for k in Kind) + " };"
 
 
+def _loader_waits() -> str:
+    """Per kind, whether its loader waits for the task's first event before it streams (the kinds'
+    LOADER_WAITS: weights an event decides, mk_gemv.cuh gemv_load)."""
+    from .graph import Kind
+    flags = ", ".join("true" if getattr(k.module, "LOADER_WAITS", False) else "false" for k in Kind)
+    return f"constexpr bool LOADER_WAITS[] = {{{flags}}};"
+
+
 def emit_cuda_preamble() -> str:
     """What the shared device basics (mk_common.cuh) need first: ErrorInfo and its codes."""
     lines = ["namespace mk {", "", "// The first fault of a step (trtllm_mk/seam.py ERROR_FIELDS).", "struct ErrorInfo {"]
@@ -268,7 +276,9 @@ def emit_cuda_preamble() -> str:
 
 def emit_cuda() -> str:
     """The interface declarations, in namespace mk (after mk_common.cuh, before mk_params.cuh)."""
-    lines = ["namespace mk {", "", "// Task kinds (trtllm_mk.graph.Kind).", _kind_enum(), "",
+    lines = ["namespace mk {", "", "// Task kinds (trtllm_mk.graph.Kind).", _kind_enum(),
+             "// Kinds whose loader waits for the routing before it streams (the kinds' LOADER_WAITS).",
+             _loader_waits(), "",
              "// Device pointers of one layer's weights, HF layouts ([out, in] row-major), read in place.",
              "struct LayerWeights {"]
     lines += [f"  const bf16* {w.field};  // {w.hf_suffix}{' (optional: null when absent)' if w.optional else ''}"

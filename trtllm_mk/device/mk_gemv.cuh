@@ -129,8 +129,6 @@ __device__ __forceinline__ const LayerScales& layer_scales(const Params& p, int 
 //                                 argmax and log-sum-exp); NoTally is the empty one. tally_reduce may
 //                                 use red()'s buffer of parity (groups & 1), which no thread reads then
 template <int KIND> struct GemvKind;
-// Whether KIND streams a routed expert's weights (its loader's in-flight cap: loader_throttle).
-template <int KIND> struct ExpertStream { static constexpr bool value = false; };
 template <int KIND> using GemvGeometry = Geometry<GemvKind<KIND>::KT, GemvKind<KIND>::PAIR, GemvKind<KIND>::WBITS>;
 
 // Global addresses of a slot's pieces: bf16 row j's KC columns of piece kc; for 4-bit weights, tile m
@@ -175,8 +173,26 @@ struct NoTally {
 };
 
 // ------------------------------------------------------------------------------- loader side
+// A loader streaming weights that an event decides (LOADER_WAITS: the expert kinds) waits for the
+// task's first event first (lane 0, then the warp, which orders the lanes' reads of what the event
+// published after the acquire).
+__device__ __forceinline__ void loader_wait_first(Ctx& c, const TaskArgs& a) {
+  if (c.lane() == 0 && a.nw > 0)
+    wait_counter(c.p->counters + a.w[0], cfg::EV_COUNT[a.w[0]] * (c.step + 1), c.p->error, a.w[0],
+                 (uint32_t)a.layer, (uint32_t)c.task_no);
+  __syncwarp();
+}
+
+// The expert of slot a.tile (read after route_done); an idle slot (-1) streams expert 0, whose
+// routing weight is 0 in every row. A prefetch of the next step reads last step's slots: in range too.
+__device__ __forceinline__ int slot_expert(const Params& p, const TaskArgs& a) {
+  const int e = ld_act(p.moe_slot + a.tile);
+  return (unsigned)e < (unsigned)cfg::E ? e : 0;
+}
+
 template <int KIND>
 __device__ void gemv_load(Ctx& c, const TaskArgs& a) {
+  if constexpr (LOADER_WAITS[KIND]) loader_wait_first(c, a);
   using G = GemvGeometry<KIND>;
   constexpr bool QW = GemvKind<KIND>::WBITS != 16;   // quantized: tiles and scale words
   const int groups = (a.r1 - a.r0 + G::OUT_ROWS - 1) / G::OUT_ROWS;
@@ -187,7 +203,7 @@ __device__ void gemv_load(Ctx& c, const TaskArgs& a) {
     const int valid = min_i(G::OUT_ROWS, a.r1 - a.r0 - grp * G::OUT_ROWS);   // output rows in this group
     for (int kc = 0; kc < G::NKC; ++kc, ++c.ring_n) {
       const uint32_t slot = c.ring_n % cfg::STAGES, use = c.ring_n / cfg::STAGES;
-      if constexpr (ExpertStream<KIND>::value)
+      if constexpr (LOADER_WAITS[KIND])   // a cold stream after the routing: its own cap
         c.template loader_throttle<cfg::INFLIGHT_EXPERT, cfg::INFLIGHT_EXPERT>(c.ring_n);
       else
         c.loader_throttle(c.ring_n);

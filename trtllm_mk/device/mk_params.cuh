@@ -66,8 +66,8 @@ struct Ctx {
   // Every outstanding copy lengthens the queue that the dependency chain's L2 round trips (polls,
   // staging loads, releases) wait in, and beyond ~2 x 32 KB per SM more copies in flight add no
   // bandwidth; so cap = INFLIGHT while the consumers stream weights and INFLIGHT_CHAIN while they are
-  // on the chain (chain_hint); the measurements are in benchmarks/NOTES.md. An expert kind's stream
-  // passes its own cap, CAP = CHAIN = INFLIGHT_EXPERT (TilePlan.expert_inflight, default the whole
+  // on the chain (chain_hint); the measurements are in benchmarks/NOTES.md. A LOADER_WAITS kind's stream
+  // (the experts) passes its own cap, CAP = CHAIN = INFLIGHT_EXPERT (TilePlan.expert_inflight, default the whole
   // ring). The cp.async path (sm_80 / sm_89) is not throttled.
   template <int CAP = cfg::INFLIGHT, int CHAIN = cfg::INFLIGHT_CHAIN>
   __device__ __forceinline__ void loader_throttle(uint32_t n) {

@@ -153,7 +153,7 @@ class TilePlan:
     inflight_chain: int = 2    # while they wait on an event, stage an input or run ATTN / COMBINE
     # While the loader streams an expert's weights (EGATEUP / EDOWN; 0: the whole ring). Those streams
     # cannot start before the layer's routing, so every SM starts them with an empty ring at once, and
-    # a cap of 2 x 32 KB holds an SM to ~64 KB per loaded round trip (~20 GB/s): the default lifts it.
+    # the dense kinds' cap would hold each SM to that many bytes per loaded round trip.
     expert_inflight: int = 0
 
     def to_dict(self) -> dict:

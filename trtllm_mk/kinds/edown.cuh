@@ -1,12 +1,10 @@
 // EDOWN's device part: a K chunk of slot a.tile's activation times its expert's down rows, scaled per
 // batch row by the slot's routing weight and added into the residual (fixed point: any order). Its
-// loader waits for route_done (the task's first event) before it streams the expert's weights. The
-// GEMV machinery is mk_gemv.cuh; inlined by codegen after the shared device headers.
+// loader waits for route_done (the task's first event) before it streams the expert's weights
+// (LOADER_WAITS, mk_gemv.cuh gemv_load). Inlined by codegen after the shared device headers.
 #pragma once
 
 namespace mk {
-
-template <> struct ExpertStream<EDOWN> { static constexpr bool value = true; };
 
 template <>
 struct GemvKind<EDOWN> : NoTally {
@@ -29,11 +27,6 @@ struct GemvKind<EDOWN> : NoTally {
   }
 };
 
-template <> struct KindBody<EDOWN> : GemvBody<EDOWN> {
-  static __device__ __forceinline__ void load(Ctx& c, const TaskArgs& a) {
-    loader_wait_first(c, a);
-    gemv_load<EDOWN>(c, a);
-  }
-};
+template <> struct KindBody<EDOWN> : GemvBody<EDOWN> {};
 
 }  // namespace mk

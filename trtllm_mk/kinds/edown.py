@@ -20,7 +20,7 @@ def execute(ex, t, layer: int) -> None:
 # its staged input is the slot's own activation: a task of another slot stages again
 INPUT_PER_SLOT = True
 
-# its loader waits for the task's first event (route_done) before it streams (loader_wait_first)
+# its loader waits for the task's first event (route_done) before it streams (mk_gemv.cuh gemv_load)
 LOADER_WAITS = True
 
 # GEMV cost hooks (kinds/gemv.py)

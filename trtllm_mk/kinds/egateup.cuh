@@ -1,28 +1,11 @@
 // EGATEUP's device part: GATEUP for the expert in slot a.tile (kinds/route.py) on the normed rows the
-// layer's ROUTER tasks published (moe_xn), into the slot's activation. The expert is known only once this layer's ROUTE has run, so the loader waits for the
-// task's first event (route_done) before it streams the weights. The GEMV machinery is mk_gemv.cuh;
-// inlined by codegen after the shared device headers.
+// layer's ROUTER tasks published (moe_xn), into the slot's activation. The expert is known only once
+// this layer's ROUTE has run, so the loader waits for the task's first event (route_done) before it
+// streams the weights (LOADER_WAITS, mk_gemv.cuh gemv_load). Inlined by codegen after the shared
+// device headers.
 #pragma once
 
 namespace mk {
-
-// The expert of slot a.tile (read after route_done); an idle slot (-1) streams expert 0, whose
-// routing weight is 0 in every row. A prefetch of the next step reads last step's slots: in range too.
-__device__ __forceinline__ int slot_expert(const Params& p, const TaskArgs& a) {
-  const int e = ld_act(p.moe_slot + a.tile);
-  return (unsigned)e < (unsigned)cfg::E ? e : 0;
-}
-
-// A loader streaming weights that an event decides waits for it: the task's first wait (lane 0, then
-// the warp, which orders the lanes' reads of what the event published after the acquire).
-__device__ __forceinline__ void loader_wait_first(Ctx& c, const TaskArgs& a) {
-  if (c.lane() == 0 && a.nw > 0)
-    wait_counter(c.p->counters + a.w[0], cfg::EV_COUNT[a.w[0]] * (c.step + 1), c.p->error, a.w[0],
-                 (uint32_t)a.layer, (uint32_t)c.task_no);
-  __syncwarp();
-}
-
-template <> struct ExpertStream<EGATEUP> { static constexpr bool value = true; };
 
 template <>
 struct GemvKind<EGATEUP> : NoTally {
@@ -46,11 +29,6 @@ struct GemvKind<EGATEUP> : NoTally {
   }
 };
 
-template <> struct KindBody<EGATEUP> : GemvBody<EGATEUP> {
-  static __device__ __forceinline__ void load(Ctx& c, const TaskArgs& a) {
-    loader_wait_first(c, a);
-    gemv_load<EGATEUP>(c, a);
-  }
-};
+template <> struct KindBody<EGATEUP> : GemvBody<EGATEUP> {};
 
 }  // namespace mk

@@ -21,7 +21,7 @@ def execute(ex, t, layer: int) -> None:
     gate, up = xn @ ew["gate"][t.r0:t.r1].T, xn @ ew["up"][t.r0:t.r1].T
     ex.moe_act[t.slot, :, t.r0:t.r1] = torch.nn.functional.silu(gate) * up
 
-# its loader waits for the task's first event (route_done) before it streams (loader_wait_first)
+# its loader waits for the task's first event (route_done) before it streams (mk_gemv.cuh gemv_load)
 LOADER_WAITS = True
 
 # GEMV cost hooks (kinds/gemv.py)

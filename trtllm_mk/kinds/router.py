@@ -18,9 +18,9 @@ def execute(ex, t, layer: int) -> None:
     c0, c1 = normed_share(t.r0, t.r1, ex.spec.num_experts, ex.spec.hidden_size)
     ex.moe_xn[:, c0:c1] = xn[:, c0:c1]
 
-# The router's rows are few (E x H, 512 KB at 128 experts of 2048) and its phase stands between OPROJ
-# and the experts, which cannot stream before it: spread over about this many SMs, each streams a ring
-# slot or two instead of a quarter of the matrix.
+# The router's rows are few (E x H) and its phase stands between OPROJ and the experts, which cannot
+# stream before it: spread over about this many SMs, each streams a ring slot or two instead of a
+# large share of the matrix.
 ROUTER_TASKS = 16
 
 # GEMV cost hooks (kinds/gemv.py)

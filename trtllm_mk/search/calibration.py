@@ -79,9 +79,8 @@ class Calibration:
     # streaming SM took 2-3x as long), which nothing in this model prices (benchmarks/NOTES.md).
     max_slot_bytes: int = 0
     # Smallest ring slot (bytes) the search may use where a ring of them fits; 0 = any. A measured
-    # limit too: the in-flight cap counts slots (TilePlan.inflight_slots), so smaller bf16 slots keep
-    # fewer bytes in flight, and on H200 a Qwen3-30B-A3B plan at 8 x 16 KB measured 45% slower than the
-    # same plan at 4 x 32 KB, which the model (priced by ring bytes) ranked the other way (NOTES, v18).
+    # limit too: the in-flight cap counts slots (TilePlan.inflight_slots), so smaller slots keep fewer
+    # bytes in flight, which the model (pricing ring bytes) does not see (benchmarks/NOTES.md).
     min_slot_bytes: int = 0
     # Consumer time per quantized (4- or 8-bit) weight against a bf16 weight's: the same mma after
     # shifts, masks and bf16x2 operations per pair of codes, but fewer shared-memory reads (issue-bound

@@ -120,9 +120,10 @@ def search_candidates(spec: ModelSpec, batch: int, gpu: GpuSpec, context_len: in
     # work budgets (simulated task instances) from budget_s and a nominal speed, never the clock
     slots = cal.slot_sizes(SLOT_SIZES)
     try:   # the smallest slot the calibration allows may leave no ring that fits (large batch, small GPU)
-        initial_plan(spec, batch, gpu, nsm, context_len, slots)
+        init = initial_plan(spec, batch, gpu, nsm, context_len, slots)
     except ValueError:
         slots = cal.slot_sizes(SLOT_SIZES, with_min=False)
+        init = initial_plan(spec, batch, gpu, nsm, context_len, slots)
     ev = Evaluator(spec, batch, gpu, cal, nsm, context_len, seed, slot_sizes=slots)
     work = budget_s * NOMINAL_SIM_RATE
     # each of the two reference families: a descent (w_family), a trim (w_family / 2) and, after the
@@ -144,7 +145,7 @@ def search_candidates(spec: ModelSpec, batch: int, gpu: GpuSpec, context_len: in
     # from the better of the heuristic initial plan and the naive plan (list-scheduled, no barriers),
     # so the searched schedule never starts behind the baseline it must beat (unless the naive plan's
     # slots are ones the calibration rules out).
-    starts = [initial_plan(spec, batch, gpu, nsm, context_len, slots)] + (
+    starts = [init] + (
         [with_weight_inflight(spec, nplan)] if nplan.slot_bytes in slots else [])
     start = min((ev(p) for p in starts), key=lambda e: e.step_us).plan
     best, stats.sweeps = descend(ev, start, w_plans, tick=lambda: report("plans", ev.work))
