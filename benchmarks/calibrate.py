@@ -10,8 +10,8 @@ overhead and launch cost (coordinate descent on the squared relative error of pr
 step time; the report prints both per workload). From traces (scripts/mk_trace.py) it reads the
 per-task constants directly: the event latency (signal -> waiter released), the loaded L2 round trip
 (one-pass staging of OPROJ / DOWN), the fixed part of ATTN / COMBINE task bodies (traced body
-minus the model's bandwidth terms) and the time per weight-row copy of the loader (GATEUP body /
-row copies: its short rows make it copy-bound), and merges them into the existing file. From
+minus the model's bandwidth terms), and merges them into the existing file (the time per weight-row
+copy of the loader comes from benchmarks/micro/ring_stream.cu, one streaming SM). From
 measured step times of known plans it fits the remaining per-task overhead.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ from trtllm_mk.runtime.megakernel import build_decoder  # noqa: E402
 from trtllm_mk.search import Calibration, load_calibration, predict, search  # noqa: E402
 
 FIT_FIELDS = ("sync_us", "task_overhead_us", "launch_us")
-TRACE_FIELDS = ("sync_us", "l2_latency_us", "attn_fixed_us", "combine_fixed_us", "merge_split_us", "copy_issue_us")
+TRACE_FIELDS = ("sync_us", "l2_latency_us", "attn_fixed_us", "combine_fixed_us", "merge_split_us")
 
 
 def constants_from_trace(summary: dict, gpu, cal: Calibration) -> dict:
@@ -47,7 +47,6 @@ def constants_from_trace(summary: dict, gpu, cal: Calibration) -> dict:
     from trtllm_mk.graph import TilePlan, build_step_graph
     from trtllm_mk.graph.tasks import Kind
     from trtllm_mk.search.cost import cost_table, merge_units
-    from trtllm_mk.smem import slot_geometry
     kinds = summary["kinds"]
     known = TilePlan.__dataclass_fields__
     plan = TilePlan.from_dict({k: v for k, v in summary["plan"].items() if k in known})
@@ -67,13 +66,8 @@ def constants_from_trace(summary: dict, gpu, cal: Calibration) -> dict:
         "l2_latency_us": sum(staged) / len(staged),
         "attn_fixed_us": max(0.0, kinds["ATTN"]["mean_body_us"] - base[Kind.ATTN]),
     }
-    # GATEUP streams the shortest rows (two row sets share a slot), so its loader is bound by the
-    # rate of row copies: traced body / row copies per task is the time per copy (a sparse model's
-    # EGATEUP waits on the routing and a cold ring instead: it says nothing about the copies)
-    gu = next((t for t in graph.layer if t.kind == Kind.GATEUP), None)
-    if gu is not None:
-        geo = slot_geometry(gu.k1 - gu.k0, 2, plan.slot_bytes, plan.consumer_warps)
-        out["copy_issue_us"] = kinds["GATEUP"]["mean_body_us"] / (geo.slots_for(gu.rows) * geo.rows_per_slot)
+    # (the time per bulk copy, copy_issue_us, is not read here: no kind's rows are short enough for a
+    # trace to isolate it; benchmarks/micro/ring_stream.cu measures it on one streaming SM)
     if plan.o_merge:   # OPROJ's staging beyond a plain slice's is the merge of the S splits
         o = next(t for t in graph.layer if t.kind == Kind.OPROJ)
         units = merge_units(plan.attn_splits, graph.batch * (o.k1 - o.k0), plan.consumer_warps)

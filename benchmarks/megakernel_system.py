@@ -1,7 +1,7 @@
 """The trtllm_mk megakernel as a benchmark system (``--plugin benchmarks.megakernel_system``).
 
-For each (model, batch, context) the schedule is searched for exactly that deployment (as the
-engine builder does), compiled, bound to the benchmark's weights and a paged KV cache holding
+For each (model, batch, context) the schedule is searched for exactly that deployment and the plan
+chosen as the engine builder chooses it (the best one whose kernel does not spill registers), compiled, bound to the benchmark's weights and a paged KV cache holding
 ``context`` tokens, and one decode step is a replay of a CUDA graph holding one kernel launch (the
 same launch-overhead treatment torch.compile's reduce-overhead mode gets).
 
@@ -26,7 +26,8 @@ from benchmarks.baselines import SystemRun, register_system  # noqa: E402
 from trtllm_mk.config import MegakernelConfig  # noqa: E402
 from trtllm_mk.gpus import GpuSpec, detect_gpu, get_gpu  # noqa: E402
 from trtllm_mk.kv_cache import PagedKVCache  # noqa: E402
-from trtllm_mk.search.cached import cached_search  # noqa: E402
+from trtllm_mk.build import shipped_schedule  # noqa: E402
+from trtllm_mk.search.cached import cached_schedule, schedule_key  # noqa: E402
 
 NAME = "trtllm_mk megakernel"
 SEARCH_BUDGET_S = MegakernelConfig.search_budget_s   # the configs' default: the benchmark measures the plan a build ships
@@ -37,8 +38,11 @@ HEADROOM = 1024   # decode steps the cache has room for beyond the context
 
 
 def schedule_for(spec, batch: int, context_len: int, gpu: GpuSpec):
-    """The searched schedule of this deployment, from the schedule cache when a prebuild left it."""
-    return cached_search(spec, batch, gpu, context_len, SEARCH_BUDGET_S)
+    """The schedule a build of this deployment ships (the search's best plan whose kernel does not
+    spill registers: trtllm_mk.build.shipped_schedule), from the schedule cache when a prebuild left it."""
+    key = schedule_key(spec, batch, gpu, context_len, SEARCH_BUDGET_S) + "-shipped"
+    return cached_schedule(key, lambda: shipped_schedule(spec, batch, gpu, context_len, SEARCH_BUDGET_S,
+                                                         TOKENS_PER_BLOCK, context_len + HEADROOM))
 
 
 def megakernel_system(spec, weights, batch, context_len, device) -> SystemRun:

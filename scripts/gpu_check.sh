@@ -214,7 +214,7 @@ if has tp; then
       > "$OUT/tp_tests.log" 2>&1
     grep -E "rel err|passed|failed|FAILED|Error" "$OUT/tp_tests.log" | tail -20
   fi
-  if (( tp == 2 )) && [[ "$tp_parts" == *" engine "* ]]; then   # torchrun run against run --simulate of one engine
+  if (( ngpu >= 2 )) && [[ "$tp_parts" == *" engine "* ]]; then   # torchrun run (2 GPUs) against run --simulate
     # for this machine's GPU type (the ranks refuse an engine built for another), on one checkpoint: with
     # --weights random each GPU rank draws its own shard on its GPU, not the model --simulate draws whole
     sed 's/^gpu: .*/gpu: auto/' configs/tiny_cpu_tp2.yaml > "$OUT/tiny_tp2.yaml"
@@ -222,7 +222,8 @@ if has tp; then
     python -c "import json, sys; from trtllm_mk.model.tiny import write_tiny_checkpoint as w
 w(sys.argv[1], 'llama', seed=3, **json.load(open('configs/models/tiny-llama.json')))" /tmp/tiny_tp2_ckpt >> "$OUT/tp_engine.log" 2>&1
     for mode in gpu simulate; do
-      if [[ $mode == gpu ]]; then launch=(torchrun --nproc-per-node 2 -m trtllm_mk); else launch=(python -m trtllm_mk); fi
+      if [[ $mode == gpu ]]; then launch=(env CUDA_VISIBLE_DEVICES=0,1 torchrun --nproc-per-node 2 -m trtllm_mk)
+      else launch=(python -m trtllm_mk); fi
       timeout $(part_s 90) "${launch[@]}" run --engine /tmp/tiny_tp2 --weights /tmp/tiny_tp2_ckpt --ignore-eos \
         --prompt "3 141 59 26 5 358 97" --max-new-tokens 16 $([[ $mode == simulate ]] && echo --simulate) \
         2>>"$OUT/tp_engine.log" | head -1 > "$OUT/tp_engine_$mode.txt"

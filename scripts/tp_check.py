@@ -1,7 +1,7 @@
 """Tensor-parallel megakernels across the GPUs of one host, one rank per process:
 
     torchrun --nproc-per-node N scripts/tp_check.py [--model llama-3.2-1b] [--layers 4] [--batch 1]
-             [--steps 32] [--speed] [--out DIR]
+             [--steps 32] [--speed [--trace]] [--set FIELD=VALUE ...] [--out DIR]
 
 Each rank searches the schedule of its share of the model (the search is deterministic, so every rank
 gets the same one), compiles it, binds its weight shard and its KV cache, and puts its cross-rank
@@ -15,7 +15,13 @@ buffers (residual, event counters, LM-head maxima) in torch's symmetric memory
   the tensor-parallel kernels (CUDA events, median after warm-up), in the same run the step of the
   gpt-fast-style tensor-parallel decoder under torch.compile with NCCL all-reduces
   (benchmarks/tp_baseline.py; ``--no-baseline`` leaves it out) on the same weight tensors, and the
-  latency of an NCCL all-reduce of one step's residual message.
+  latency of an NCCL all-reduce of one step's residual message. ``--trace`` then records one step's
+  per-task timeline on every rank (trtllm_mk/runtime/trace.py); rank 0 prints its per-kind table and
+  writes ``tp_trace_rank0.json`` / ``.png`` (the ranks' GPU clocks are not one clock, so each rank's
+  timeline stands alone).
+
+``--set FIELD=VALUE`` replaces tile plan fields of the searched plan (every rank alike) and list-schedules
+the changed plan, to measure what the search did not pick.
 
 Results go to ``DIR/tp_check.json`` (rank 0). Exit 1 when the check fails.
 """
@@ -41,6 +47,8 @@ def _args():
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--context", type=int, default=512, help="--speed: tokens already cached")
     ap.add_argument("--speed", action="store_true")
+    ap.add_argument("--trace", action="store_true", help="--speed: also trace one step on every rank")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="tile plan field")
     ap.add_argument("--no-baseline", dest="baseline", action="store_false",
                     help="--speed: time the megakernel only (not the torch.compile tensor-parallel decoder)")
     ap.add_argument("--budget", type=float, default=10.0, help="search budget, seconds")
@@ -67,18 +75,55 @@ def _timed(fn, iters: int, warmup: int = 5) -> float:
     return statistics.median(times)
 
 
-def _kernel(spec, tp, batch, gpu, context, budget):
-    """(schedule, cubin, layout) of one rank's share of ``spec`` over ``tp`` GPUs."""
+def _plan_sets(items: list[str]) -> dict:
+    out = {}
+    for it in items:
+        k, eq, v = it.partition("=")
+        if not eq or not v.lstrip("-").isdigit():
+            sys.exit(f"--set {it}: expected FIELD=INTEGER")
+        out[k] = int(v)
+    return out
+
+
+def _kernel(spec, tp, batch, gpu, context, budget, sets=None):
+    """(schedule, cubin, layout) of one rank's share of ``spec`` over ``tp`` GPUs; ``sets``: tile plan
+    fields that replace the searched plan's."""
     from trtllm_mk.codegen import compile_cubin, generate_source
     from trtllm_mk.parallel import rank_spec
+    from trtllm_mk.search import schedule_plan
     from trtllm_mk.search.cached import cached_search
-    sch = cached_search(rank_spec(spec, tp), batch, gpu, context, budget)
+    share = rank_spec(spec, tp)
+    sch = cached_search(share, batch, gpu, context, budget)
+    if sets:
+        sch = schedule_plan(share, batch, gpu, dataclasses.replace(sch.plan, **sets), context)
     src, layout = generate_source(sch, 32, MAX_SEQ, use_bulk_copy=gpu.has_tma)
     cubin, _ = compile_cubin(src, gpu.nvcc_arch)
     return sch, cubin, layout
 
 
 MAX_SEQ = 4096
+
+
+def _trace(dec, sch, rank: int, context: int, out: Path) -> dict:
+    """Trace one step on every rank (they wait on each other); rank 0 summarizes its own timeline."""
+    from trtllm_mk.runtime.trace import format_summary, plot_timeline, summarize
+    dec.set_trace(True)
+    B = sch.batch
+    dec.set_state(torch.zeros(B, dtype=torch.int32, device="cuda"), torch.full((B,), context, device="cuda"))
+    dist.barrier()
+    for _ in range(3):
+        dec.step()
+    tasks, per_sm = dec.read_trace()
+    dec.set_trace(False)
+    summ = summarize(sch, tasks.numpy(), per_sm.numpy())
+    if rank != 0:
+        return {}
+    print(format_summary(summ), flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    plot_timeline(summ, out / "tp_trace_rank0.png", title=f"rank 0 of {dist.get_world_size()}, {sch.spec.name}")
+    body = {k: v for k, v in summ.items() if k != "records"}
+    (out / "tp_trace_rank0.json").write_text(json.dumps(body, indent=1) + "\n")
+    return {k: body[k] for k in ("step_us", "layer_period_us", "layer_phases", "event_latency_us")}
 
 
 def _spec(args):
@@ -92,7 +137,8 @@ def main() -> int:
     if args.prebuild:
         from trtllm_mk.gpus import get_gpu
         gpu = get_gpu(os.environ.get("TRTLLM_MK_TEST_GPU", "H100-SXM"))
-        _, cubin, _ = _kernel(_spec(args), args.prebuild, args.batch, gpu, args.context, args.budget)
+        _, cubin, _ = _kernel(_spec(args), args.prebuild, args.batch, gpu, args.context, args.budget,
+                              _plan_sets(args.set))
         print(cubin)
         return 0
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
@@ -112,10 +158,11 @@ def main() -> int:
     spec = _spec(args)
     share = rank_spec(spec, tp)
     gpu = detect_gpu()
-    sch, cubin, layout = _kernel(spec, tp, args.batch, gpu, args.context, args.budget)
+    sch, cubin, layout = _kernel(spec, tp, args.batch, gpu, args.context, args.budget, _plan_sets(args.set))
     B, max_seq = args.batch, MAX_SEQ
     result = dict(model=spec.name, layers=spec.num_layers, tp=tp, batch=B, gpu=gpu.name,
-                  device=torch.cuda.get_device_name(), predicted_step_us=sch.predicted_step_us)
+                  device=torch.cuda.get_device_name(), predicted_step_us=sch.predicted_step_us,
+                  plan=sch.plan.to_dict())
 
     def decoder(weights, cache):
         dec = MegakernelDecoder(sch, cubin, layout, weights, cache, rope_inv_freq(share),
@@ -133,6 +180,9 @@ def main() -> int:
         dist.barrier()
         result["step_us_p50"] = _timed(dec.step, args.steps)   # positions advance by one per step
         dec.synchronize()
+        if rank == 0:   # now, in case the baseline's compile outlasts the caller's time limit
+            print(f"megakernel step p50 {result['step_us_p50']:.1f} us (predicted {sch.predicted_step_us:.1f})",
+                  flush=True)
         if args.baseline:
             from benchmarks.baselines import compiled_step, random_prompt
             from benchmarks.tp_baseline import TensorParallelStaticDecoder
@@ -147,6 +197,8 @@ def main() -> int:
             close()
         msg = torch.randn(B, spec.hidden_size, device="cuda")
         result["nccl_allreduce_us_p50"] = _timed(lambda: dist.all_reduce(msg), 50)
+        if args.trace:
+            result["trace"] = _trace(dec, sch, rank, args.context, Path(args.out))
         ok = True
     else:
         from test_megakernel_gpu import _weights   # random weights with GPT-2's residual scaling

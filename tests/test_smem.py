@@ -29,11 +29,19 @@ def test_slot_geometry_hand_checked():
     assert (g.pieces, g.k_chunk, g.rows_per_slot, g.fill_bytes) == (24, 512, 16, 16384)
     assert g.slots_for(16) == 24 and g.slots_for(40) == 72
     assert g.bytes_for(40) == 40 * 12288 * 2          # a partial last group loads only its rows
-    # GATEUP: a gate block and an up block travel together (32 rows, 16 outputs per group)
+    # GATEUP: 8 gate rows and their 8 up rows share one 16-row block (rows as wide as QKV's: one copy
+    # per row piece, so the pieces are as wide as a block allows), 8 outputs per group
     g = slot_geometry(4096, 2, 16384, 8)
-    assert (g.pieces, g.k_chunk, g.rows_per_slot, g.out_rows) == (16, 256, 32, 16)
+    assert (g.pieces, g.k_chunk, g.rows_per_slot, g.out_rows) == (8, 512, 16, 8)
+    assert g.slots_for(56) == 7 * 8 and g.bytes_for(56) == 2 * 56 * 4096 * 2
     g = slot_geometry(4096, 2, 8192, 8)
-    assert (g.pieces, g.k_chunk, g.rows_per_slot) == (32, 128, 32)
+    assert (g.pieces, g.k_chunk, g.rows_per_slot, g.out_rows) == (16, 256, 16, 8)
+    # whole rows that leave room: a gate block and an up block (16 outputs per group)
+    g = slot_geometry(512, 2, 32768, 8)
+    assert (g.pieces, g.k_chunk, g.rows_per_slot, g.out_rows) == (1, 512, 32, 16)
+    # quantized tiles hold 16 rows of one matrix: GATEUP needs a gate block and an up block
+    g = slot_geometry(4096, 2, 16384, 8, bits=4, group=128, tile=128)
+    assert g.rows_per_slot == 32 and g.out_rows == 16
     # short rows: several blocks per slot, at most 4 (the kernel's slot padding covers 64 rows)
     assert slot_geometry(1024, 1, 65536, 4).rows_per_slot == 32
     assert slot_geometry(256, 1, 65536, 8).rows_per_slot == 64

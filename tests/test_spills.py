@@ -166,6 +166,21 @@ def test_every_plan_spilling_fails_or_ships_when_allowed(cache, tmp_path):
     assert "SPILLS" in summary(out, rep)
 
 
+@needs_nvcc
+def test_benchmarks_measure_the_plan_a_build_ships(cache, tmp_path):
+    """The benchmark's schedule (build.shipped_schedule, what benchmarks/megakernel_system.py and the
+    A/B and trace scripts time) is the build's choice, not the search's first plan when that spills."""
+    from trtllm_mk.build import shipped_schedule
+    cfg = spilling_cfg(max_plan_attempts=3)
+    mk = cfg.megakernel
+    out, rep = build_engine(cfg, tmp_path / "eng", show_progress=False, log=lambda s: None)
+    assert rep["kernel"]["plans_skipped"]                     # the search's first plan spills
+    sched = shipped_schedule(cfg.model_spec, cfg.max_batch_size, cfg.gpu_spec, mk.context_len, mk.search_budget_s,
+                             cfg.kv_cache_config.tokens_per_block, cfg.max_seq_len, max_plans=3, seed=mk.seed)
+    assert sched.plan.to_dict() == json.loads((out / "schedule.json").read_text())["plan"]
+    assert sched.plan.attn_splits != 64
+
+
 def test_config_spill_options():
     cfg = tiny_cfg(allow_spills=True, max_plan_attempts=2)
     assert cfg.megakernel.allow_spills is True and cfg.megakernel.max_plan_attempts == 2

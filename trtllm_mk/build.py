@@ -24,10 +24,11 @@ from pathlib import Path
 from tqdm import tqdm
 
 from .codegen import find_nvcc, kernel_smem_bytes
-from .config import DeploymentConfig
+from .config import DeploymentConfig, MegakernelConfig
 from .engine import TP_MODEL_KEY, KernelBuild, compile_kernel, kernel_function_name, write_checkpoint_record, write_kernel, write_manifest
 from .engine_target import EngineTarget
 from .graph.tasks import StepGraph
+from .model.spec import ModelSpec
 from .quant.kernel_support import UnsupportedQuantization, quantized_spec
 from .errors import ConfigError, EngineError
 from .report import write_report
@@ -94,51 +95,67 @@ class ChosenPlan:
     skipped: list[dict] = field(default_factory=list)
 
 
-def compile_without_spills(cfg: DeploymentConfig, candidates, show_progress: bool = True,
-                           log=print, spilled: SpilledPlans | None = None) -> ChosenPlan:
+def first_without_spills(candidates, gpu, tokens_per_block: int, max_seq_len: int,
+                         spilled: SpilledPlans | None = None, on_skip=None) -> tuple[ChosenPlan, bool]:
     """Compile the ranked ``candidates`` ((schedule, stats) pairs, best first) until one's kernel does
-    not spill, and return it. When every candidate spills: SpillError, or with
-    megakernel.allow_spills the best candidate. ``spilled`` learns each spilling plan (the search
-    then passes over the plans expected to spill alike)."""
-    gpu, mk = cfg.gpu_spec, cfg.megakernel
+    not spill: (that plan, False); when every candidate spills, (the best of them, True). Each spilling
+    plan is recorded in the returned plan's ``skipped``, learnt by ``spilled`` (the search then passes
+    over the plans expected to spill alike) and reported to ``on_skip(rank, schedule, kernel)``."""
     skipped: list[dict] = []
     first = None
+    for rank, (schedule, stats) in enumerate(candidates):
+        graph, validation = _candidate(schedule, gpu)
+        kernel = compile_kernel(schedule, tokens_per_block, max_seq_len, gpu.nvcc_arch, use_bulk_copy=gpu.has_tma)
+        plan = ChosenPlan(rank, schedule, stats, graph, validation, kernel, skipped)
+        if not kernel.spills:
+            return plan, False
+        ptx = kernel.ptxas
+        if spilled is not None:
+            spilled.add(schedule.plan, ptx)
+        skipped.append({"rank": rank + 1, "plan": schedule.plan.to_dict(),
+                        "predicted_step_us": round(schedule.predicted_step_us, 2),
+                        "spill_stores": ptx.spill_stores, "spill_loads": ptx.spill_loads,
+                        "spills": kernel.describe_spills()})
+        first = first or plan
+        if on_skip is not None:
+            on_skip(rank, schedule, kernel)
+    first.skipped = [s for s in skipped if s["rank"] != first.rank + 1]
+    return first, True
+
+
+def compile_without_spills(cfg: DeploymentConfig, candidates, show_progress: bool = True,
+                           log=print, spilled: SpilledPlans | None = None) -> ChosenPlan:
+    """The build's choice among the ranked ``candidates`` (``first_without_spills``): the first plan
+    whose kernel does not spill. When every candidate spills: SpillError, or with
+    megakernel.allow_spills the best candidate."""
+    gpu, mk = cfg.gpu_spec, cfg.megakernel
     bar = None
+
+    def on_skip(rank, schedule, kernel):
+        nonlocal bar
+        more = rank + 1 < mk.max_plan_attempts
+        if bar is not None:
+            bar.clear()                   # the line goes above the bar, not into it
+        log(f"{_plan_line(rank, schedule)} skipped: its kernel spills registers ({kernel.describe_spills()})"
+            + ("; compiling the next ranked plan" if more else ""))
+        if bar is not None:
+            bar.update(1)
+            bar.refresh()
+        elif more:
+            bar = tqdm(total=mk.max_plan_attempts, initial=rank + 1, desc="compiling ranked plans",
+                       unit="plan", disable=not show_progress, leave=False)
+
     try:
-        for rank, (schedule, stats) in enumerate(candidates):
-            graph, validation = _candidate(schedule, gpu)
-            kernel = compile_kernel(schedule, cfg.kv_cache_config.tokens_per_block, cfg.max_seq_len,
-                                    gpu.nvcc_arch, use_bulk_copy=gpu.has_tma)
-            if bar is not None:
-                bar.update(1)
-            plan = ChosenPlan(rank, schedule, stats, graph, validation, kernel, skipped)
-            if not kernel.spills:
-                return plan
-            ptx = kernel.ptxas
-            if spilled is not None:
-                spilled.add(schedule.plan, ptx)
-            skipped.append({"rank": rank + 1, "plan": schedule.plan.to_dict(),
-                            "predicted_step_us": round(schedule.predicted_step_us, 2),
-                            "spill_stores": ptx.spill_stores, "spill_loads": ptx.spill_loads,
-                            "spills": kernel.describe_spills()})
-            first = first or plan
-            more = rank + 1 < mk.max_plan_attempts
-            if bar is not None:
-                bar.clear()                   # the line goes above the bar, not into it
-            log(f"{_plan_line(rank, schedule)} skipped: its kernel spills registers ({kernel.describe_spills()})"
-                + ("; compiling the next ranked plan" if more else ""))
-            if bar is not None:
-                bar.refresh()
-            if bar is None and more:
-                bar = tqdm(total=mk.max_plan_attempts, initial=rank + 1, desc="compiling ranked plans",
-                           unit="plan", disable=not show_progress, leave=False)
+        chosen, spills = first_without_spills(candidates, gpu, cfg.kv_cache_config.tokens_per_block, cfg.max_seq_len,
+                                              spilled, on_skip)
     finally:
         if bar is not None:
             bar.close()
-    rank, schedule, kernel = first.rank, first.schedule, first.kernel
-    n = len(skipped)
-    what = (f"every one of the {n} ranked plans compiled spills registers; the best, "
-            f"{_plan_line(rank, schedule)}, spills {kernel.ptxas.spill_stores} B of stores and "
+    if not spills:
+        return chosen
+    kernel = chosen.kernel
+    what = (f"every one of the {len(chosen.skipped) + 1} ranked plans compiled spills registers; the best, "
+            f"{_plan_line(chosen.rank, chosen.schedule)}, spills {kernel.ptxas.spill_stores} B of stores and "
             f"{kernel.ptxas.spill_loads} B of loads ({kernel.describe_spills()})")
     if not mk.allow_spills:
         raise SpillError(f"{cfg.source or cfg.name}: {what}; raise megakernel.max_plan_attempts "
@@ -146,8 +163,19 @@ def compile_without_spills(cfg: DeploymentConfig, candidates, show_progress: boo
                          "true to ship it")
     log(f"WARNING: {what}; shipping it because megakernel.allow_spills is set (the kernel is slower "
         "than the cost model predicts)")
-    first.skipped = [s for s in skipped if s["rank"] != rank + 1]
-    return first
+    return chosen
+
+
+def shipped_schedule(spec: ModelSpec, batch: int, gpu, context_len: int, budget_s: float, tokens_per_block: int,
+                     max_seq_len: int, max_plans: int = MegakernelConfig.max_plan_attempts, seed: int = 0) -> Schedule:
+    """The schedule a build with these arguments ships (``allow_spills`` set: it never fails): the
+    search's best plan whose kernel does not spill, the plans expected to spill alike passed over. For
+    benchmarks and experiments, which must measure what a build ships."""
+    spilled = SpilledPlans(kernel_function_name)
+    candidates = search_candidates(spec, batch, gpu, context_len=context_len, budget_s=budget_s, seed=seed,
+                                   show_progress=False, max_plans=max_plans, skip=spilled.expected_to_spill)
+    chosen, _ = first_without_spills(candidates, gpu, tokens_per_block, max_seq_len, spilled)
+    return chosen.schedule
 
 
 def build_engine(cfg: DeploymentConfig, output_dir: str | Path | None = None, show_progress: bool = True,

@@ -98,20 +98,22 @@ def row_bytes(k: int, bits: int, group: int) -> int:
 def slot_geometry(k_range: int, pair: int, slot_bytes: int, consumer_warps: int, bits: int = 16,
                   group: int = 0, tile: int = 0) -> SlotGeometry:
     """Pieces: the smallest n with n | KT, KT/n a multiple of the column unit (16 for bf16; for 4-bit
-    weights the tile and the group) and 16*pair rows of KT/n columns within slot_bytes; then as many 16-row
-    blocks as fit (1, 2 or 4, at most the consumer warps, at least ``pair``)."""
-    unit = MMA_ROWS if bits == 16 else max(tile, group)
-    if k_range % unit or MMA_ROWS * pair * row_bytes(unit, bits, group) > slot_bytes:
+    weights the tile and the group) and a block of rows of KT/n columns within slot_bytes (16 rows for
+    bf16, where the gate/up pairs of ``pair`` 2 may share a block; 16 per matrix for quantized tiles);
+    then as many 16-row blocks as fit (1, 2 or 4, at most the consumer warps; quantized: at least ``pair``)."""
+    q = bits != 16
+    unit = MMA_ROWS if not q else max(tile, group)
+    block = pair if q else 1          # 16-row blocks one slot group needs at the least
+    if k_range % unit or MMA_ROWS * block * row_bytes(unit, bits, group) > slot_bytes:
         raise ValueError(f"K range {k_range} (pair {pair}, {bits}-bit weights) cannot use {slot_bytes}-byte slots")
     n = 1
     while not (k_range % n == 0 and (k_range // n) % unit == 0
-               and MMA_ROWS * pair * row_bytes(k_range // n, bits, group) <= slot_bytes):
+               and MMA_ROWS * block * row_bytes(k_range // n, bits, group) <= slot_bytes):
         n += 1
     kc = k_range // n
     nb = slot_bytes // (MMA_ROWS * row_bytes(kc, bits, group))
     nb = min(MAX_BLOCKS if nb >= MAX_BLOCKS else 2 if nb >= 2 else 1, consumer_warps)
-    q = bits != 16
-    return SlotGeometry(k_range, pair, n, kc, MMA_ROWS * max(nb, pair), bits, group if q else 0, tile if q else 0)
+    return SlotGeometry(k_range, pair, n, kc, MMA_ROWS * max(nb, block), bits, group if q else 0, tile if q else 0)
 
 
 def gemv_k_ranges(spec: ModelSpec, plan: TilePlan) -> dict[Kind, tuple[int, int]]:

@@ -228,9 +228,12 @@ __device__ __forceinline__ uint32_t ld_acquire(const uint32_t* p) {
 __device__ __forceinline__ void signal_event(uint32_t* p) {
   asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(p) : "memory");
 }
-// The same for a counter another rank's GPU waits on (a cross-rank event; the counter may be a peer's).
-__device__ __forceinline__ void signal_event_sys(uint32_t* p) {
-  asm volatile("red.release.sys.global.add.u32 [%0], 1;" ::"l"(p) : "memory");
+// Cross-rank events (tensor parallelism: signalled on every rank, waited on by other GPUs) are
+// released by one system-scope fence per task and relaxed adds: a release per add would be a fence per
+// add, and each fence after the first waits for the previous add's round trip over the link.
+__device__ __forceinline__ void fence_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
+__device__ __forceinline__ void add_event_relaxed_sys(uint32_t* p) {
+  asm volatile("red.relaxed.sys.global.add.u32 [%0], 1;" ::"l"(p) : "memory");
 }
 
 // ErrorInfo and ErrorCode are generated (trtllm_mk/seam.py) ahead of this file.

@@ -16,31 +16,32 @@ __host__ __device__ constexpr int max_i(int a, int b) { return a > b ? a : b; }
 
 // Ring geometry of a GEMV kind with K range KT (mirror: trtllm_mk/smem.py slot_geometry). A slot
 // holds NB blocks of 16 weight rows (the mma M dimension) x KC columns; a row of KT columns takes NKC
-// slots when it does not fit one. Rows sit ROW_STRIDE = 2*KC + 16 bytes apart: the 16-byte skew puts
-// the 8 rows an ldmatrix phase reads in 8 different bank groups. The skew lives in SLOT_PAD, the
-// bytes each slot has beyond SLOT_BYTES of weights. PAIR=2 for GATEUP: gate and up rows of the same
-// output rows travel together (slot rows [0, RS/2) are gate, [RS/2, RS) are up).
+// slots when it does not fit one. KC is as wide as one 16-row block allows: the loader issues one bulk
+// copy per row piece at a fixed cost each, so wider pieces stream faster. Rows sit ROW_STRIDE = 2*KC +
+// 16 bytes apart: the 16-byte skew puts the 8 rows an ldmatrix phase reads in 8 different bank groups.
+// The skew lives in SLOT_PAD, the bytes each slot has beyond SLOT_BYTES of weights. PAIR=2 for
+// GATEUP: gate and up rows of the same output rows travel together (slot rows [0, RS/2) are gate,
+// [RS/2, RS) are up; with one block, rows g and g + 8 of the mma's C fragment are a gate/up pair).
 constexpr int ROW_PAD = 16;
 constexpr int ACT_PAD = 8;                 // bf16 after each staged activation row (same bank skew)
 constexpr int MAX_BLOCKS = 4;              // 16-row blocks per slot (SLOT_PAD covers 64 rows of skew)
 static_assert(cfg::SLOT_PAD >= 16 * MAX_BLOCKS * ROW_PAD, "slot padding must cover the row skew");
 
-constexpr int pieces_for(int kt, int pair) {
+constexpr int pieces_for(int kt) {
   int n = 1;
-  while (!(kt % n == 0 && (kt / n) % 16 == 0 && 16 * pair * (kt / n) * 2 <= cfg::SLOT_BYTES)) ++n;
+  while (!(kt % n == 0 && (kt / n) % 16 == 0 && 16 * (kt / n) * 2 <= cfg::SLOT_BYTES)) ++n;
   return n;
 }
-constexpr int blocks_for(int kc, int pair) {
+constexpr int blocks_for(int kc) {
   int nb = cfg::SLOT_BYTES / (16 * kc * 2);
   nb = nb >= MAX_BLOCKS ? MAX_BLOCKS : nb >= 2 ? 2 : 1;
-  nb = min_i(nb, cfg::CWARPS);
-  return nb < pair ? pair : nb;
+  return min_i(nb, cfg::CWARPS);
 }
 template <int KT, int PAIR, int WBITS = 16>
 struct Geometry {
-  static constexpr int NKC = pieces_for(KT, PAIR);
+  static constexpr int NKC = pieces_for(KT);
   static constexpr int KC = KT / NKC;
-  static constexpr int NB = blocks_for(KC, PAIR);      // 16-row mma blocks per slot
+  static constexpr int NB = blocks_for(KC);            // 16-row mma blocks per slot
   static constexpr int RS = 16 * NB;                   // weight rows per slot
   static constexpr int OUT_ROWS = RS / PAIR;           // output rows per slot group
   static constexpr int ROW_STRIDE = KC * 2 + ROW_PAD;  // bytes between rows in a slot

@@ -42,16 +42,29 @@ __device__ __forceinline__ void hand_off_signals(Ctx& c, const TaskArgs& a) {
   }
 }
 
-// One signal of a finished task: a cross-rank event (tensor parallelism) is signalled on every rank.
-__device__ __forceinline__ void signal_counter(const Ctx& c, int index) {
+// The signals of a finished task. Under tensor parallelism a cross-rank event is signalled on every
+// rank, after one system-scope fence for all of the task's cross-rank events.
+__device__ __forceinline__ void signal_task(const Ctx& c, const TaskArgs& a) {
   if constexpr (cfg::TP > 1) {
-    if (cfg::EV_CROSS[index]) {
+    bool cross = false;
 #pragma unroll
-      for (int r = 0; r < cfg::TP; ++r) signal_event_sys(c.p->peers[r].counters + index);
-      return;
+    for (int i = 0; i < cfg::MAX_REFS; ++i) cross |= i < a.ns && cfg::EV_CROSS[a.s[i]];
+    if (cross) fence_sys();
+#pragma unroll
+    for (int i = 0; i < cfg::MAX_REFS; ++i) {
+      if (i >= a.ns) continue;
+      if (cfg::EV_CROSS[a.s[i]]) {
+#pragma unroll
+        for (int r = 0; r < cfg::TP; ++r) add_event_relaxed_sys(c.p->peers[r].counters + a.s[i]);
+      } else {
+        signal_event(c.p->counters + a.s[i]);
+      }
     }
+  } else {
+#pragma unroll
+    for (int i = 0; i < cfg::MAX_REFS; ++i)
+      if (i < a.ns) signal_event(c.p->counters + a.s[i]);
   }
-  signal_event(c.p->counters + index);
 }
 
 // Signaller side: publish the task's events once the consumers have handed it over.
@@ -61,9 +74,7 @@ __device__ __forceinline__ void publish_signals(Ctx& c, const TaskArgs& a) {
   ++c.sig_n;
   if (c.lane() == 0) {
     mbar_wait(&c.sig_full()[slot], use & 1);
-#pragma unroll
-    for (int i = 0; i < cfg::MAX_REFS; ++i)
-      if (i < a.ns) signal_counter(c, a.s[i]);
+    signal_task(c, a);
     mbar_arrive(&c.sig_empty()[slot]);
   }
 }

@@ -31,16 +31,24 @@ def schedule_key(spec: ModelSpec, batch: int, gpu: GpuSpec, context_len: int, bu
     return h.hexdigest()[:24]
 
 
-def cached_search(spec: ModelSpec, batch: int, gpu: GpuSpec, context_len: int, budget_s: float,
-                  num_sms: int | None = None) -> Schedule:
-    """``search(spec, batch, gpu, context_len, budget_s, seed=0, num_sms)``'s schedule, from the cache
-    (codegen.compile.cache_dir()/schedules) when an earlier search left it there."""
+def cached_schedule(key: str, make) -> Schedule:
+    """The schedule stored under ``key`` (a ``schedule_key``, perhaps with a suffix naming what was
+    made from the search) in codegen.compile.cache_dir()/schedules, or ``make()``'s, stored there."""
     from ..codegen.compile import cache_dir
-    from .search import search
-    path = cache_dir() / "schedules" / f"{schedule_key(spec, batch, gpu, context_len, budget_s, num_sms)}.json"
+    path = cache_dir() / "schedules" / f"{key}.json"
     if path.is_file():
         return Schedule.load(path)
-    sched, _ = search(spec, batch, gpu, context_len=context_len, budget_s=budget_s, seed=0, num_sms=num_sms)
+    sched = make()
     path.parent.mkdir(parents=True, exist_ok=True)
     sched.save(path)
     return sched
+
+
+def cached_search(spec: ModelSpec, batch: int, gpu: GpuSpec, context_len: int, budget_s: float,
+                  num_sms: int | None = None) -> Schedule:
+    """``search(spec, batch, gpu, context_len, budget_s, seed=0, num_sms)``'s schedule, from the cache
+    when an earlier search left it there."""
+    from .search import search
+    return cached_schedule(schedule_key(spec, batch, gpu, context_len, budget_s, num_sms),
+                           lambda: search(spec, batch, gpu, context_len=context_len, budget_s=budget_s, seed=0,
+                                          num_sms=num_sms)[0])
