@@ -189,24 +189,3 @@ def test_config_spill_options():
         tiny_cfg(allow_spills="yes")
     with pytest.raises(ConfigError, match="megakernel.max_plan_attempts: 0 must be >= 1"):
         tiny_cfg(max_plan_attempts=0)
-
-
-@needs_nvcc
-def test_long_task_lists_do_not_spill_in_run_program(cache):
-    """Llama-3.1-8B at batch 4 with 8-row GATEUP tiles (a plan the H200 search picked): up to 18 task calls
-    per SM and layer. Each call's event indices are affine in the layer; taken from one visible loop
-    variable, the compiler kept an induction variable per index expression across the calls and
-    run_program spilled ~1.4 KB; through mk::opaque (mk_kernel.cuh) each call computes its own."""
-    from trtllm_mk.codegen import compile_cubin, generate_source
-    from trtllm_mk.gpus import get_gpu
-    from trtllm_mk.model.registry import resolve_model
-    from trtllm_mk.search import schedule_plan
-    plan = TilePlan(qkv_rows=16, o_rows=256, o_ksplit=8, gateup_rows=8, down_rows=224, down_ksplit=7, lm_rows=976,
-                    attn_splits=8, o_merge=True, stages=4, slot_bytes=32768, consumer_warps=8)
-    gpu = get_gpu("H200")
-    sched = schedule_plan(resolve_model("llama-3.1-8b").spec, 4, gpu, plan, 512)
-    assert max(len(p.layer) for p in sched.programs) >= 16
-    src, _ = generate_source(sched, 32, 1536, use_bulk_copy=True)
-    _, log = compile_cubin(src, gpu.nvcc_arch)
-    prog = parse_ptxas(log).function("run_program")
-    assert prog is not None and not prog.spills, log

@@ -214,12 +214,9 @@ def generate_source(schedule: Schedule, tokens_per_block: int, max_seq_len: int,
         for i, j in zip([None] + prog.head[:-1], prog.head):
             lines.append("    " + _task_call(graph, graph.head[j], offsets, graph.head[i] if i is not None else None))
         if prog.layer:
-            # each call takes the layer through mk::opaque (mk_kernel.cuh: no induction variable per
-            # event index expression lives across the calls)
-            lines.append("    for (int layer = 0; layer < cfg::L; ++layer) {")
+            lines.append("    for (int l = 0; l < cfg::L; ++l) {")
             for i, j in zip([None] + prog.layer[:-1], prog.layer):
-                lines.append("      { const int l = mk::opaque(layer); "
-                             + _task_call(graph, graph.layer[j], offsets, graph.layer[i] if i is not None else None) + " }")
+                lines.append("      " + _task_call(graph, graph.layer[j], offsets, graph.layer[i] if i is not None else None))
             lines.append("    }")
         for i, j in zip([None] + prog.tail[:-1], prog.tail):
             lines.append("    " + _task_call(graph, graph.tail[j], offsets, graph.tail[i] if i is not None else None))

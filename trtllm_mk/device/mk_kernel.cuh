@@ -121,15 +121,6 @@ __device__ __noinline__ Ctx run_task(Ctx c, TaskArgs a) {
   return c;
 }
 
-// The layer index as the compiler cannot see it, taken afresh before each task call of the generated
-// layer loop: each call then computes its event indices (affine in the layer) at the call, instead of
-// the compiler keeping one strength-reduced induction variable per index expression live across all
-// the calls, which outgrows the registers on long task lists (run_program spilled).
-__device__ __forceinline__ int opaque(int v) {
-  asm volatile("" : "+r"(v));
-  return v;
-}
-
 }  // namespace mk
 
 __device__ mk::Ctx run_program(mk::Ctx c);  // generated: this SM's static task list
