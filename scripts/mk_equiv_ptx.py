@@ -3,8 +3,9 @@
 For every deployment config, the schedule is searched once with the reference tree (``--ref``) and
 saved; both trees then generate the kernel source from that same schedule.json and nvcc compiles
 each to PTX (the engine's arch for the config's GPU). The PTX texts are compared with comments and
-``.loc`` / ``.file`` lines removed, so a change that only moves source lines compares equal. The
-Params bytes each tree's runtime packs for the same fake pointers are compared too.
+``.loc`` / ``.file`` lines removed and nvcc's per-file symbol prefix normalized, so a change that only
+moves source lines compares equal. The Params bytes each tree's runtime packs for the same fake
+pointers are compared too.
 
     python scripts/mk_equiv_ptx.py --ref /path/to/old/tree --new . [--configs configs/h100_bs1.yaml ...]
 
@@ -47,7 +48,7 @@ print(cfg.gpu_spec.nvcc_arch)
 
 # Packs Params with fake pointers: every tensor's data_ptr() is a distinct integer, no CUDA needed.
 _PACK = r"""
-import dataclasses, sys, types
+import dataclasses, itertools, sys, types
 from trtllm_mk.config import load_config
 from trtllm_mk.schedule import Schedule
 from trtllm_mk.codegen import generate_source
@@ -60,7 +61,7 @@ class Fake:
         self.ptr, self.shape = ptr, shape
     def data_ptr(self):
         return self.ptr
-n = iter(range(0x1000, 0x100000, 0x100))
+n = itertools.count(0x1000, 0x100)   # a mixture-of-experts model has tens of thousands of tensors
 spec = schedule.spec
 weights = {name: Fake(next(n)) for name in sorted(spec.expected_tensors())}
 d = object.__new__(mkm.MegakernelDecoder)
@@ -74,7 +75,7 @@ d.buf = types.SimpleNamespace(**{f.name: None if f.name in moe_only and not spec
 d._layer_table = Fake(next(n))
 d._scale_table = None
 d.rank, d._peer_table = 0, None   # one GPU (tensor parallelism: MegakernelDecoder.connect)
-d._routers = d._experts = None   # a dense model
+d._routers, d._experts = (Fake(next(n)), Fake(next(n))) if spec.is_moe else (None, None)   # the expert tables
 for trace in (None, Fake(next(n))):
     d._trace = trace
     sys.stdout.write(d._pack_params().hex() + "\n")
@@ -104,7 +105,8 @@ def ptx(src: Path, arch: str) -> list[str]:
         s = line.strip()
         if not s or s.startswith("//") or s.startswith(".loc") or s.startswith(".file"):
             continue
-        keep.append(re.sub(r"\s*//.*$", "", line))
+        # nvcc names file-local symbols after the source file (_INTERNAL_<hash>_<n>_<file>_cu_<hash>)
+        keep.append(re.sub(r"_INTERNAL_[0-9a-f]+_\d+_\w+?_cu_[0-9a-f]+", "_INTERNAL_", re.sub(r"\s*//.*$", "", line)))
     return keep
 
 
