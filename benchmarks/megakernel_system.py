@@ -1,9 +1,10 @@
 """The trtllm_mk megakernel as a benchmark system (``--plugin benchmarks.megakernel_system``).
 
-For each (model, batch, context) the schedule is searched for exactly that deployment and the plan
-chosen as the engine builder chooses it (the best one whose kernel does not spill registers), compiled, bound to the benchmark's weights and a paged KV cache holding
-``context`` tokens, and one decode step is a replay of a CUDA graph holding one kernel launch (the
-same launch-overhead treatment torch.compile's reduce-overhead mode gets).
+For each (model, batch, context) the schedule is searched for exactly that deployment and its plan
+chosen as the engine builder chooses it (the best one whose kernel does not spill registers),
+compiled, bound to the benchmark's weights and a paged KV cache holding ``context`` tokens, and one
+decode step is a replay of a CUDA graph holding one kernel launch (the same launch-overhead treatment
+torch.compile's reduce-overhead mode gets).
 
     python benchmarks/megakernel_system.py --prebuild --models llama-3.2-1b --batch 1 4 --context 512
 compiles every kernel a benchmark run will need into the cubin cache without a GPU, and keeps each

@@ -29,9 +29,12 @@ from trtllm_mk.search import schedule_plan  # noqa: E402
 
 
 def parse_sets(items: list[str]) -> dict:
+    """``FIELD=INTEGER`` items as tile plan fields; a malformed one ends the script with one line."""
     out = {}
     for it in items:
-        k, _, v = it.partition("=")
+        k, eq, v = it.partition("=")
+        if not eq or not v.lstrip("-").isdigit():
+            sys.exit(f"--set {it}: expected FIELD=INTEGER")
         out[k] = int(v)
     return out
 

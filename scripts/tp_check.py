@@ -75,16 +75,6 @@ def _timed(fn, iters: int, warmup: int = 5) -> float:
     return statistics.median(times)
 
 
-def _plan_sets(items: list[str]) -> dict:
-    out = {}
-    for it in items:
-        k, eq, v = it.partition("=")
-        if not eq or not v.lstrip("-").isdigit():
-            sys.exit(f"--set {it}: expected FIELD=INTEGER")
-        out[k] = int(v)
-    return out
-
-
 def _kernel(spec, tp, batch, gpu, context, budget, sets=None):
     """(schedule, cubin, layout) of one rank's share of ``spec`` over ``tp`` GPUs; ``sets``: tile plan
     fields that replace the searched plan's."""
@@ -133,12 +123,13 @@ def _spec(args):
 
 
 def main() -> int:
+    from mk_trace import parse_sets
     args = _args()
     if args.prebuild:
         from trtllm_mk.gpus import get_gpu
         gpu = get_gpu(os.environ.get("TRTLLM_MK_TEST_GPU", "H100-SXM"))
         _, cubin, _ = _kernel(_spec(args), args.prebuild, args.batch, gpu, args.context, args.budget,
-                              _plan_sets(args.set))
+                              parse_sets(args.set))
         print(cubin)
         return 0
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
@@ -158,7 +149,7 @@ def main() -> int:
     spec = _spec(args)
     share = rank_spec(spec, tp)
     gpu = detect_gpu()
-    sch, cubin, layout = _kernel(spec, tp, args.batch, gpu, args.context, args.budget, _plan_sets(args.set))
+    sch, cubin, layout = _kernel(spec, tp, args.batch, gpu, args.context, args.budget, parse_sets(args.set))
     B, max_seq = args.batch, MAX_SEQ
     result = dict(model=spec.name, layers=spec.num_layers, tp=tp, batch=B, gpu=gpu.name,
                   device=torch.cuda.get_device_name(), predicted_step_us=sch.predicted_step_us,
@@ -253,5 +244,6 @@ def main() -> int:
 
 if __name__ == "__main__":
     root = Path(__file__).resolve().parent.parent
-    sys.path[:0] = [str(root), str(root / "tests")]   # benchmarks/ (the baseline), tests/ (their weights)
+    # benchmarks/ (the baseline), tests/ (their weights), scripts/ (mk_trace's --set parser)
+    sys.path[:0] = [str(root), str(root / "tests"), str(root / "scripts")]
     sys.exit(main())

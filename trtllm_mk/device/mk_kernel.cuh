@@ -50,20 +50,16 @@ __device__ __forceinline__ void signal_task(const Ctx& c, const TaskArgs& a) {
 #pragma unroll
     for (int i = 0; i < cfg::MAX_REFS; ++i) cross |= i < a.ns && cfg::EV_CROSS[a.s[i]];
     if (cross) fence_sys();
+  }
 #pragma unroll
-    for (int i = 0; i < cfg::MAX_REFS; ++i) {
-      if (i >= a.ns) continue;
-      if (cfg::EV_CROSS[a.s[i]]) {
+  for (int i = 0; i < cfg::MAX_REFS; ++i) {
+    if (i >= a.ns) continue;
+    if (cfg::TP > 1 && cfg::EV_CROSS[a.s[i]]) {
 #pragma unroll
-        for (int r = 0; r < cfg::TP; ++r) add_event_relaxed_sys(c.p->peers[r].counters + a.s[i]);
-      } else {
-        signal_event(c.p->counters + a.s[i]);
-      }
+      for (int r = 0; r < cfg::TP; ++r) add_event_relaxed_sys(c.p->peers[r].counters + a.s[i]);
+    } else {
+      signal_event(c.p->counters + a.s[i]);
     }
-  } else {
-#pragma unroll
-    for (int i = 0; i < cfg::MAX_REFS; ++i)
-      if (i < a.ns) signal_event(c.p->counters + a.s[i]);
   }
 }
 

@@ -70,17 +70,16 @@ class Calibration:
     # Per ring slot: mbarrier wait on 'full', arrive on 'empty'.
     slot_overhead_us: float = 0.02
     # Loader time per weight-row copy (a TMA bulk copy on sm_90, a row of 16-byte cp.async on
-    # sm_80/89): slots of many short rows cap the loader's rate at fill / (rows x this). Traced on
-    # H100: ~0.045 us per bulk copy whatever its length (256 B or 1 KB rows), so rows under ~1 KB
-    # starve the ring.
+    # sm_80/89): slots of many short rows cap the loader's rate at fill / (rows x this). A bulk copy
+    # costs about the same whatever its length, so short rows starve the ring (benchmarks/micro/
+    # ring_stream.cu measures it; the per-GPU values and their sources are in the calibration files).
     copy_issue_us: float = 0.01
-    # Largest ring slot (bytes) the search may use; 0 = any. A measured limit, not a model term: on
-    # H100 64 KB slots were 3-7% slower than 32 KB slots at the same ring bytes (every release of a
-    # streaming SM took 2-3x as long), which nothing in this model prices (benchmarks/NOTES.md).
+    # Largest ring slot (bytes) the search may use; 0 = any. A limit, not a model term: large slots
+    # lengthen every release of a streaming SM, which nothing in this model prices (benchmarks/NOTES.md).
     max_slot_bytes: int = 0
-    # Smallest ring slot (bytes) the search may use where a ring of them fits; 0 = any. A measured
-    # limit too: the in-flight cap counts slots (TilePlan.inflight_slots), so smaller slots keep fewer
-    # bytes in flight, which the model (pricing ring bytes) does not see (benchmarks/NOTES.md).
+    # Smallest ring slot (bytes) the search may use where a ring of them fits; 0 = any. Also a limit:
+    # the in-flight cap counts slots (TilePlan.inflight_slots), so smaller slots keep fewer bytes in
+    # flight, which the model (pricing ring bytes) does not see (benchmarks/NOTES.md).
     min_slot_bytes: int = 0
     # Consumer time per quantized (4- or 8-bit) weight against a bf16 weight's: the same mma after
     # shifts, masks and bf16x2 operations per pair of codes, but fewer shared-memory reads (issue-bound
