@@ -44,6 +44,13 @@ def test_emitted_kind_enum_is_the_graph_kind_and_the_only_one():
         assert "enum Kind" not in path.read_text(), f"{path.name} declares its own enum Kind"
 
 
+def test_event_ref_word_refuses_what_does_not_fit():
+    assert seam.event_ref_word(3, 0) == 3 and seam.event_ref_word(3, 2) == 3 + (2 << seam.EVENT_INDEX_BITS)
+    for index, stride in ((1 << seam.EVENT_INDEX_BITS, 0), (-1, 0), (0, 1 << (31 - seam.EVENT_INDEX_BITS))):
+        with pytest.raises(ValueError, match="does not fit"):
+            seam.event_ref_word(index, stride)
+
+
 def test_task_args_initializer_follows_the_declaration():
     vals = {a.name: (["1", "2", "3", "4"] if a.count else str(i)) for i, a in enumerate(seam.TASK_ARGS)}
     init = seam.task_args_init(vals)
@@ -55,8 +62,13 @@ def test_host_compiler_proves_the_params_layout(tmp_path):
     """The emitted static_asserts (sizeof and every offsetof) hold for a host compiler: the bytes the
     Python runtime packs are the struct the kernel reads."""
     src = tmp_path / "seam_check.cpp"
-    src.write_text("#include <stdint.h>\nstruct bf16 { uint16_t x; };\nnamespace mk { struct ErrorInfo { int w[8]; }; }\n"
-                   "namespace cfg { constexpr int MAX_REFS = 4; }\n" + seam.emit_cuda() + "int main() { return 0; }\n")
+    # the event references the code generator writes decode, on the device, to counter + layer x stride
+    refs = [(0, 0, 5), (37, 8, 0), (1601, 8, 79), (1000, 0, -1), ((1 << seam.EVENT_INDEX_BITS) - 1, 2047, 3)]
+    checks = "".join(f"static_assert(mk::event_counter({seam.event_ref_word(i, s)}, {l}) == {i + l * s}, \"ref\");\n"
+                     for i, s, l in refs)
+    src.write_text("#include <stdint.h>\n#define __device__\n#define __forceinline__ inline\n"
+                   "struct bf16 { uint16_t x; };\nnamespace mk { struct ErrorInfo { int w[8]; }; }\n"
+                   "namespace cfg { constexpr int MAX_REFS = 4; }\n" + seam.emit_cuda() + checks + "int main() { return 0; }\n")
     proc = subprocess.run(["g++", "-std=c++17", "-fsyntax-only", str(src)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
 

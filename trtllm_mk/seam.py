@@ -136,9 +136,23 @@ TASK_ARGS = (
     TaskArg("layer"), TaskArg("r0"), TaskArg("r1"), TaskArg("k0"), TaskArg("k1"), TaskArg("group"), TaskArg("split"),
     TaskArg("tile"),
     TaskArg("stage", doc="GEMV kinds: 1 = stage the activation, 0 = reuse the previous task's (same input)"),
-    TaskArg("nw"), TaskArg("w", "cfg::MAX_REFS", "flat counter indices to wait on"),
-    TaskArg("ns"), TaskArg("s", "cfg::MAX_REFS", "flat counter indices to signal"),
+    TaskArg("nw"), TaskArg("w", "cfg::MAX_REFS", "event references to wait on (event_ref_word)"),
+    TaskArg("ns"), TaskArg("s", "cfg::MAX_REFS", "event references to signal (event_ref_word)"),
 )
+
+# An event reference in TaskArgs: the flat counter index of the task's row in layer 0 (low bits)
+# and the counters between one layer's row and the next (high bits; 0 outside the layer program).
+# The device adds layer x stride itself, so a layer loop's call sites pass constants and only the
+# layer index stays live across the calls (affine indices would each keep a register, and spill).
+EVENT_INDEX_BITS = 20
+
+
+def event_ref_word(index: int, layer_stride: int) -> int:
+    """The TaskArgs word of an event reference (mk::event_counter reads it)."""
+    if not 0 <= index < 1 << EVENT_INDEX_BITS or not 0 <= layer_stride < 1 << (31 - EVENT_INDEX_BITS):
+        raise ValueError(f"event reference (counter {index}, layer stride {layer_stride}) does not fit a "
+                         f"TaskArgs word ({EVENT_INDEX_BITS} + {31 - EVENT_INDEX_BITS} bits)")
+    return index | layer_stride << EVENT_INDEX_BITS
 
 # Per SM and task of a traced step, one 64-bit word each (globaltimer ns, or ns durations). After the
 # TRACE_TASKS x TRACE_WORDS words of every SM, one row of TRACE_SM_WORDS per SM holds
@@ -310,7 +324,10 @@ def emit_cuda() -> str:
     for a in TASK_ARGS:
         decl = f"  int {a.name}{f'[{a.count}]' if a.count else ''};"
         lines.append(decl + (f"  // {a.doc}" if a.doc else ""))
-    lines += ["};", "", "}  // namespace mk"]
+    mask = (1 << EVENT_INDEX_BITS) - 1
+    lines += ["};", "", "// The flat counter index of event reference ``ref`` (a TaskArgs w/s word) in ``layer``.",
+              "__device__ __forceinline__ constexpr int event_counter(int ref, int layer) {",
+              f"  return (ref & {mask:#x}) + layer * (ref >> {EVENT_INDEX_BITS});", "}", "", "}  // namespace mk"]
     return "\n".join(lines) + "\n"
 
 

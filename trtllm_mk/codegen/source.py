@@ -16,7 +16,7 @@ from ..kinds import device_files
 from .diagnostics import Diagnostics
 from ..residual import FRAC_BITS as RESID_FRAC_BITS
 from ..schedule import Schedule
-from ..seam import emit_cuda, emit_cuda_preamble, task_args_init
+from ..seam import emit_cuda, emit_cuda_preamble, event_ref_word, task_args_init
 from ..smem import (SIG_SLOTS, SLOT_PAD, SmemLayout, activation_bytes, attention_kv_ring, geometries, kv_region_bytes,
                     kv_ring_offset, smem_layout)
 
@@ -87,12 +87,11 @@ def _smem_constants(layout: SmemLayout, slot_stride: int) -> str:
 
 
 def _ref_expr(graph: StepGraph, task: Task, ref, offsets: dict[str, int]) -> str:
+    """The reference's TaskArgs word: its counter in layer 0, and for LAYER tasks the event's row
+    stride (the device adds layer x stride: seam.event_ref_word)."""
     ev = graph.events[ref.event]
-    base = f"cfg::EV_{ref.event.upper()}"
-    if task.phase == LAYER:
-        row = f"(l + {ref.index})" if ref.index else "l"
-        return f"{base} + {row} * {ev.slots} + {ref.slot}"
-    return str(offsets[ref.event] + ref.index * ev.slots + ref.slot)
+    index = offsets[ref.event] + ref.index * ev.slots + ref.slot
+    return hex(event_ref_word(index, ev.slots if task.phase == LAYER else 0))
 
 
 def _task_call(graph: StepGraph, task: Task, offsets: dict[str, int], prev: Task | None = None) -> str:

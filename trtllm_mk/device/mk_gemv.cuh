@@ -178,9 +178,11 @@ struct NoTally {
 // task's first event first (lane 0, then the warp, which orders the lanes' reads of what the event
 // published after the acquire).
 __device__ __forceinline__ void loader_wait_first(Ctx& c, const TaskArgs& a) {
-  if (c.lane() == 0 && a.nw > 0)
-    wait_counter(c.p->counters + a.w[0], cfg::EV_COUNT[a.w[0]] * (c.step + 1), c.p->error, a.w[0],
-                 (uint32_t)a.layer, (uint32_t)c.task_no);
+  if (c.lane() == 0 && a.nw > 0) {
+    const int e = event_counter(a.w[0], a.layer);
+    wait_counter(c.p->counters + e, cfg::EV_COUNT[e] * (c.step + 1), c.p->error, e, (uint32_t)a.layer,
+                 (uint32_t)c.task_no);
+  }
   __syncwarp();
 }
 

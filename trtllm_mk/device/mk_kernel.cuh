@@ -21,9 +21,11 @@ __device__ __forceinline__ void wait_all(Ctx& c, const TaskArgs& a) {
   if (threadIdx.x == 0) {
 #pragma unroll   // constant indices keep TaskArgs in registers (a dynamic index puts it in local memory)
     for (int i = 0; i < cfg::MAX_REFS; ++i)
-      if (i < a.nw)
-        wait_counter(c.p->counters + a.w[i], cfg::EV_COUNT[a.w[i]] * (c.step + 1), c.p->error, a.w[i],
-                     (uint32_t)a.layer, (uint32_t)c.task_no);
+      if (i < a.nw) {
+        const int e = event_counter(a.w[i], a.layer);
+        wait_counter(c.p->counters + e, cfg::EV_COUNT[e] * (c.step + 1), c.p->error, e, (uint32_t)a.layer,
+                     (uint32_t)c.task_no);
+      }
   }
   consumer_sync(CTHREADS);
 }
@@ -48,17 +50,18 @@ __device__ __forceinline__ void signal_task(const Ctx& c, const TaskArgs& a) {
   if constexpr (cfg::TP > 1) {
     bool cross = false;
 #pragma unroll
-    for (int i = 0; i < cfg::MAX_REFS; ++i) cross |= i < a.ns && cfg::EV_CROSS[a.s[i]];
+    for (int i = 0; i < cfg::MAX_REFS; ++i) cross |= i < a.ns && cfg::EV_CROSS[event_counter(a.s[i], a.layer)];
     if (cross) fence_sys();
   }
 #pragma unroll
   for (int i = 0; i < cfg::MAX_REFS; ++i) {
     if (i >= a.ns) continue;
-    if (cfg::TP > 1 && cfg::EV_CROSS[a.s[i]]) {
+    const int e = event_counter(a.s[i], a.layer);
+    if (cfg::TP > 1 && cfg::EV_CROSS[e]) {
 #pragma unroll
-      for (int r = 0; r < cfg::TP; ++r) add_event_relaxed_sys(c.p->peers[r].counters + a.s[i]);
+      for (int r = 0; r < cfg::TP; ++r) add_event_relaxed_sys(c.p->peers[r].counters + e);
     } else {
-      signal_event(c.p->counters + a.s[i]);
+      signal_event(c.p->counters + e);
     }
   }
 }
