@@ -35,12 +35,8 @@ class EventMachine:
 
     def __init__(self, schedule: Schedule, graph: StepGraph):
         self.graph = graph
-        self.offsets: dict[str, int] = {}
-        n = 0
-        for name in sorted(graph.events):
-            ev = graph.events[name]
-            self.offsets[name] = n
-            n += ev.rows * ev.slots
+        self.offsets = graph.counter_offsets()
+        n = sum(ev.rows * ev.slots for ev in graph.events.values())
         self.counts = [0] * n
         for name, ev in graph.events.items():
             for row in range(ev.rows):

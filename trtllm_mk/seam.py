@@ -171,7 +171,8 @@ TRACE_WORD_NAMES = (
     "published",       # the signaller published them (0: the task has none)
 )
 TRACE_WORDS = len(TRACE_WORD_NAMES)
-TRACE_SM_WORDS = 4
+TRACE_SM_WORD_NAMES = ("loader_blocked_ns", "loader_done", "consumers_done", "unused")
+TRACE_SM_WORDS = len(TRACE_SM_WORD_NAMES)
 
 # trtllm_mk/sampling.py: the candidate set top-k / top-p select from, and the most top log-probabilities
 CANDIDATES = 256
@@ -317,9 +318,11 @@ def emit_cuda() -> str:
     layout, size = params_layout()
     lines.append(f"static_assert(sizeof(Params) == {size}, \"Params layout (trtllm_mk/seam.py)\");")
     lines += [f"static_assert(__builtin_offsetof(Params, {f.name}) == {off}, \"Params layout\");" for f, off, _ in layout]
-    lines += ["", f"constexpr int TRACE_WORDS = {TRACE_WORDS};  // per traced task: "
-              + ", ".join(f"[{i}] {n}" for i, n in enumerate(TRACE_WORD_NAMES)),
-              f"constexpr int TRACE_SM_WORDS = {TRACE_SM_WORDS};", "",
+    lines += ["", f"constexpr int TRACE_WORDS = {TRACE_WORDS};  // per traced task",
+              "enum TraceWord { " + ", ".join(f"TW_{n.upper()} = {i}" for i, n in enumerate(TRACE_WORD_NAMES)) + " };",
+              f"constexpr int TRACE_SM_WORDS = {TRACE_SM_WORDS};  // per SM, after every SM's task rows",
+              "enum TraceSmWord { " + ", ".join(f"TS_{n.upper()} = {i}" for i, n in enumerate(TRACE_SM_WORD_NAMES)) + " };",
+              "",
               "// One task's arguments (codegen emits an initializer per task call).", "struct TaskArgs {"]
     for a in TASK_ARGS:
         decl = f"  int {a.name}{f'[{a.count}]' if a.count else ''};"

@@ -17,7 +17,7 @@ from .diagnostics import Diagnostics
 from ..residual import FRAC_BITS as RESID_FRAC_BITS
 from ..schedule import Schedule
 from ..seam import emit_cuda, emit_cuda_preamble, event_ref_word, task_args_init
-from ..smem import (SIG_SLOTS, SLOT_PAD, SmemLayout, activation_bytes, attention_kv_ring, geometries, kv_region_bytes,
+from ..smem import (ACT_PAD, MAX_BLOCKS, ROW_PAD, SIG_SLOTS, SLOT_PAD, SmemLayout, activation_bytes, attention_kv_ring, geometries, kv_region_bytes,
                     kv_ring_offset, smem_layout)
 
 KERNEL_NAME = "mk_decode_step"
@@ -48,11 +48,11 @@ class KernelLayout:
 def _event_layout(graph: StepGraph) -> tuple[dict[str, int], list[int], list[int]]:
     """(first counter of each event, signals a counter receives per step, whether it is cross-rank).
     A cross-rank counter receives every rank's signals (graph.builder, tensor parallelism)."""
-    offsets, counts, cross = {}, [], []
+    offsets, counts, cross = graph.counter_offsets(), [], []
     tp = graph.dims.tensor_parallel
     for name in sorted(graph.events):
         ev = graph.events[name]
-        offsets[name] = len(counts)
+        assert offsets[name] == len(counts)
         for row in ev.counts:
             counts.extend(c * (tp if ev.cross_rank else 1) for c in row)
             cross.extend([int(ev.cross_rank)] * len(row))
@@ -79,7 +79,10 @@ def _smem_constants(layout: SmemLayout, slot_stride: int) -> str:
     """The shared-memory layout for the device (namespace mk): each region's offset and size."""
     lines = ["namespace mk {", "// Dynamic shared memory: [ring][activation / attention scratch][red][scratch][mbarriers]",
              f"constexpr int SLOT_STRIDE = {slot_stride};   // a ring slot: weights + row skew (SLOT_PAD)",
-             f"constexpr int SIG_SLOTS = {SIG_SLOTS};   // signal queue entries, consumers -> signaller warp"]
+             f"constexpr int SIG_SLOTS = {SIG_SLOTS};   // signal queue entries, consumers -> signaller warp",
+             f"constexpr int ROW_PAD = {ROW_PAD};   // bytes of skew after each weight row in a slot",
+             f"constexpr int ACT_PAD = {ACT_PAD};   // bf16 of skew after each staged activation row",
+             f"constexpr int MAX_BLOCKS = {MAX_BLOCKS};   // 16-row blocks per slot (SLOT_PAD covers their skew)"]
     for r in layout.regions:
         lines.append(f"constexpr size_t SMEM_{r.name.upper()}_AT = {r.offset}, SMEM_{r.name.upper()} = {r.size};")
     lines += [f"constexpr size_t SMEM_TOTAL = {layout.total};", "}  // namespace mk"]
@@ -115,7 +118,8 @@ def _task_args(layer: str, task: Task, group: int, split: int, tile: int, stage:
 
 def _prefetch_call(task: Task) -> str:
     """The SM's first layer-template GEMV task, as layer 0 of the next step: what its loader streams
-    first, for mk_gemv.cuh prefetch_next_step (a no-op on the cp.async path and with MK_PREFETCH_NEXT=0)."""
+    first, for mk_gemv.cuh prefetch_next_step (a no-op on the cp.async path and with the diagnostic
+    switch prefetch_next off)."""
     none = ["0"] * MAX_REFS
     return f"c = mk::prefetch_next_step<mk::{task.kind.name}>(c, {_task_args('0', task, 0, 0, 0, 0, none, 0, none, 0)});"
 

@@ -22,9 +22,7 @@ __host__ __device__ constexpr int max_i(int a, int b) { return a > b ? a : b; }
 // The skew lives in SLOT_PAD, the bytes each slot has beyond SLOT_BYTES of weights. PAIR=2 for
 // GATEUP: gate and up rows of the same output rows travel together (slot rows [0, RS/2) are gate,
 // [RS/2, RS) are up; with one block, rows g and g + 8 of the mma's C fragment are a gate/up pair).
-constexpr int ROW_PAD = 16;
-constexpr int ACT_PAD = 8;                 // bf16 after each staged activation row (same bank skew)
-constexpr int MAX_BLOCKS = 4;              // 16-row blocks per slot (SLOT_PAD covers 64 rows of skew)
+// ROW_PAD, ACT_PAD and MAX_BLOCKS come with the shared-memory layout (trtllm_mk/smem.py, generated).
 static_assert(cfg::SLOT_PAD >= 16 * MAX_BLOCKS * ROW_PAD, "slot padding must cover the row skew");
 
 constexpr int pieces_for(int kt) {

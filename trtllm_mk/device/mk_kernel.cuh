@@ -87,7 +87,7 @@ __device__ __noinline__ Ctx run_task(Ctx c, TaskArgs a) {
     KindBody<KIND>::load(c, a);
     if (c.tracing && c.lane() == 0) {
       uint64_t* r = c.p->trace + ((size_t)blockIdx.x * cfg::TRACE_TASKS + c.task_no) * TRACE_WORDS;
-      r[5] = l0; r[6] = globaltimer(); r[7] = c.loader_blocked - blocked0;
+      r[TW_LOADER_START] = l0; r[TW_LOADER_ISSUED] = globaltimer(); r[TW_LOADER_WAIT_NS] = c.loader_blocked - blocked0;
     }
     ++c.task_no;
     return c;
@@ -95,7 +95,7 @@ __device__ __noinline__ Ctx run_task(Ctx c, TaskArgs a) {
   if (c.signaller()) {
     publish_signals(c, a);
     if (c.tracing && c.lane() == 0 && a.ns > 0)
-      c.p->trace[((size_t)blockIdx.x * cfg::TRACE_TASKS + c.task_no) * TRACE_WORDS + 10] = globaltimer();
+      c.p->trace[((size_t)blockIdx.x * cfg::TRACE_TASKS + c.task_no) * TRACE_WORDS + TW_PUBLISHED] = globaltimer();
     ++c.task_no;
     return c;
   }
@@ -113,8 +113,8 @@ __device__ __noinline__ Ctx run_task(Ctx c, TaskArgs a) {
   hand_off_signals(c, a);
   if (c.tracing && threadIdx.x == 0) {
     uint64_t* r = c.p->trace + ((size_t)blockIdx.x * cfg::TRACE_TASKS + c.task_no) * TRACE_WORDS;
-    r[0] = t0; r[1] = t1; r[2] = c.t_mark; r[3] = globaltimer(); r[4] = c.full_wait;
-    r[8] = c.t_computed ? c.t_computed : t_sig; r[9] = t_sig;
+    r[TW_START] = t0; r[TW_WAITED] = t1; r[TW_STAGED] = c.t_mark; r[TW_SIGNALLED] = globaltimer(); r[TW_FULL_WAIT_NS] = c.full_wait;
+    r[TW_COMPUTED] = c.t_computed ? c.t_computed : t_sig; r[TW_HANDED] = t_sig;
   }
   ++c.task_no;
   return c;
@@ -159,7 +159,7 @@ mk_decode_step(const __grid_constant__ mk::Params p) {
   c = run_program(c);
   if (c.tracing && (threadIdx.x == 0 || (c.loader() && c.lane() == 0))) {
     uint64_t* r = p.trace + (size_t)gridDim.x * cfg::TRACE_TASKS * mk::TRACE_WORDS + (size_t)blockIdx.x * mk::TRACE_SM_WORDS;
-    if (c.loader()) { r[0] = c.loader_blocked; r[1] = mk::globaltimer(); }
-    else { r[2] = mk::globaltimer(); r[3] = 0; }
+    if (c.loader()) { r[mk::TS_LOADER_BLOCKED_NS] = c.loader_blocked; r[mk::TS_LOADER_DONE] = mk::globaltimer(); }
+    else { r[mk::TS_CONSUMERS_DONE] = mk::globaltimer(); r[mk::TS_UNUSED] = 0; }
   }
 }

@@ -209,6 +209,15 @@ class StepGraph:
     def num_tasks(self) -> int:
         return len(self.head) + self.num_layers * len(self.layer) + len(self.tail)
 
+    def counter_offsets(self) -> dict[str, int]:
+        """The flat counter layout every consumer shares (kernel, CPU executor): the events in name
+        order, each ``rows x slots`` counters, row-major; the value is the event's first counter."""
+        offsets, n = {}, 0
+        for name in sorted(self.events):
+            offsets[name] = n
+            n += self.events[name].rows * self.events[name].slots
+        return offsets
+
     def resolve(self, task: Task, layer: int, ref: EventRef) -> tuple[str, int, int]:
         """Concrete (event, row, slot) of ``ref`` as used by ``task`` in ``layer``."""
         row = ref.index + (layer if task.phase == LAYER else 0)

@@ -30,7 +30,7 @@ from ..graph.tasks import HEAD, LAYER, TAIL, Kind
 from ..schedule import Schedule
 
 
-from ..seam import TRACE_WORD_NAMES, TRACE_WORDS  # noqa: F401  (the kernel's trace words, one description)
+from ..seam import TRACE_SM_WORD_NAMES, TRACE_WORD_NAMES, TRACE_WORDS  # noqa: F401  (the kernel's trace words, one description)
 
 
 # per-kind sums of the summary (us); each also gets a per-task mean, "mean_<name>"
@@ -72,12 +72,14 @@ def task_records(schedule: Schedule, tasks: np.ndarray) -> list[TaskRecord]:
     out = []
     for sm, n, phase, i, l in used:
         row = [int(v) for v in tasks[sm, n]]
-        t = [(v - origin) / 1e3 for v in row[:4]]
+        t = [(v - origin) / 1e3 for v in row[:4]]   # start, waited, staged, signalled
         extra = {}
         if len(row) >= TRACE_WORDS:
-            extra = dict(ring_wait=row[4] / 1e3, l0=(row[5] - origin) / 1e3, l1=(row[6] - origin) / 1e3,
-                         l_full=row[7] / 1e3, t_computed=(row[8] - origin) / 1e3, t_signal=(row[9] - origin) / 1e3,
-                         t_published=(row[10] - origin) / 1e3 if row[10] else 0.0)
+            w = dict(zip(TRACE_WORD_NAMES, row))
+            extra = dict(ring_wait=w["full_wait_ns"] / 1e3, l0=(w["loader_start"] - origin) / 1e3,
+                         l1=(w["loader_issued"] - origin) / 1e3, l_full=w["loader_wait_ns"] / 1e3,
+                         t_computed=(w["computed"] - origin) / 1e3, t_signal=(w["handed"] - origin) / 1e3,
+                         t_published=(w["published"] - origin) / 1e3 if w["published"] else 0.0)
         task = graph.phase_tasks(phase)[i]
         out.append(TaskRecord(sm, task.kind, l, i, phase, *t, **extra))
     return out
@@ -164,7 +166,7 @@ def summarize(schedule: Schedule, tasks: np.ndarray, per_sm: np.ndarray) -> dict
         blocked[r.sm] += r.t1 - r.t0
     lat = event_latencies(schedule, recs)
     phases, period = layer_phases(recs)
-    loader_full = per_sm[:, 0] / 1e3
+    loader_full = per_sm[:, TRACE_SM_WORD_NAMES.index("loader_blocked_ns")] / 1e3
     # timer granularity: per SM the smallest positive difference between two of its stamps (median)
     grains = []
     for sm in range(tasks.shape[0]):
