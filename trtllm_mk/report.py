@@ -19,6 +19,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.colors import to_hex  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from .gpus import GpuSpec, get_gpu  # noqa: E402
@@ -35,6 +36,15 @@ KIND_COLORS = {
     Kind.ARGMAX: "#000000", Kind.ROUTER: "#e377c2", Kind.ROUTE: "#8c564b", Kind.EGATEUP: "#98df8a",
     Kind.EDOWN: "#dbdb8d",
 }
+
+
+def kind_color(kind: Kind) -> str:
+    """The Gantt chart's colour of a task kind: its KIND_COLORS entry, else one of the tab20 colormap
+    picked by the kind's number, so a kind added without an entry still draws."""
+    c = KIND_COLORS.get(kind)
+    return c if c is not None else to_hex(plt.get_cmap("tab20")(int(kind) % 20))
+
+
 SMEM_KINDS = ("QKV", "ATTN", "OPROJ", "GATEUP", "DOWN", "ROUTER", "EGATEUP", "EDOWN", "LMHEAD")
 
 
@@ -263,7 +273,7 @@ def plot_gantt(sim, graph: StepGraph, path: Path, title: str = "") -> None:
         for (s, k), segs in bars.items():
             vis = [(x, w) for x, w in segs if x < b and x + w > a]
             if vis:
-                ax.broken_barh(vis, (s - 0.4, 0.8), facecolors=KIND_COLORS[Kind(k)], edgecolors="none")
+                ax.broken_barh(vis, (s - 0.4, 0.8), facecolors=kind_color(Kind(k)), edgecolors="none")
         for t in sim.layer_end:
             if a < t < b:
                 ax.axvline(t, color="k", lw=0.6, ls=":")
@@ -273,7 +283,7 @@ def plot_gantt(sim, graph: StepGraph, path: Path, title: str = "") -> None:
     axes[0].set_ylim(nsm - 0.5, -0.5)
     axes[0].set_ylabel("SM")
     used = sorted({k for _, k in bars})
-    fig.legend(handles=[Patch(color=KIND_COLORS[Kind(k)], label=Kind(k).name) for k in used],
+    fig.legend(handles=[Patch(color=kind_color(Kind(k)), label=Kind(k).name) for k in used],
                loc="upper center", ncol=len(used), frameon=False, bbox_to_anchor=(0.5, 0.995))
     fig.suptitle(title, y=0.955, fontsize=11)
     fig.tight_layout(rect=(0, 0, 1, 0.93))
