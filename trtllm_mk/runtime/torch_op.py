@@ -6,21 +6,25 @@ MegakernelDecoder is found by an integer handle, since custom ops take tensors, 
 """
 from __future__ import annotations
 
+from itertools import count
+
 import torch
 
 from .megakernel import MegakernelDecoder
 
 _DECODERS: dict[int, MegakernelDecoder] = {}
+_HANDLES = count(1)     # never reused: a stale handle must not reach a later decoder
 
 
 def register(decoder: MegakernelDecoder) -> int:
     """Make ``decoder`` callable from the op; returns its handle."""
-    handle = len(_DECODERS) + 1
+    handle = next(_HANDLES)
     _DECODERS[handle] = decoder
     return handle
 
 
 def unregister(handle: int) -> None:
+    """Drop the op's reference to the decoder under ``handle`` (its buffers can then be freed)."""
     _DECODERS.pop(handle, None)
 
 
