@@ -11,8 +11,8 @@ torch prefill backend (``trtllm_mk/backends/torch_prefill.py``) and the benchmar
 and gate/up rows concatenated once when the decoder is built, so each is one GEMM per layer.
 A mixture-of-experts model's sparse layers replace the dense MLP by the routed experts
 (``model.moe.MoeMlp``, each expert's gate/up rows and the down matrices stacked the same way).
-Qwen3's per-head q/k RMSNorm runs before RoPE. RoPE's inverse frequencies (llama3 scaling included)
-come from ``model.rope``.
+Qwen3's per-head q/k RMSNorm runs before RoPE. RoPE (inverse frequencies with llama3 scaling, the
+cos/sin tables and the rotation) comes from ``model.rope``.
 
 Attention over the KV cache is the part the users do differently, so the block takes it as an
 argument: ``attention(layer, q, k, v)`` gets this pass's ``q [N, T, heads, d]`` and ``k, v
@@ -38,6 +38,7 @@ from torch import nn
 
 from ..errors import ModelError
 from .moe import MoeMlp
+from .rope import apply_rotary, rope_cos_sin  # noqa: F401  (re-exported: callers build the tables the block takes)
 from .spec import ModelSpec
 
 # attention(layer, q [N, T, heads, d], k [N, T, kv_heads, d], v [N, T, kv_heads, d]) -> [N, T, heads, d]
@@ -54,21 +55,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """HF's RMSNorm: statistics in fp32, the normalised value cast back before the gain."""
     xf = x.float()
     return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-
-
-def rope_cos_sin(pos: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin ``[..., T, 1, head_dim]`` for positions ``pos [..., T]``: angles in fp32, then cast to
-    ``dtype`` (the activation dtype for HF's rounding, fp32 for fp32 RoPE)."""
-    ang = pos.float()[..., None] * inv_freq
-    ang = torch.cat([ang, ang], -1)[..., None, :]
-    return ang.cos().to(dtype), ang.sin().to(dtype)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE on ``x [..., T, heads, head_dim]``, computed in cos's dtype, returned in x's."""
-    xc = x.to(cos.dtype)
-    h = x.shape[-1] // 2
-    return (xc * cos + torch.cat([-xc[..., h:], xc[..., :h]], -1) * sin).to(x.dtype)
 
 
 # ---- fused weights ------------------------------------------------------------------------------

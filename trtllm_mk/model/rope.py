@@ -1,7 +1,8 @@
 """Rotary position embedding tables, computed once on the host.
 
 The megakernel, the CPU executor and the reference all read the same ``inv_freq`` vector, so the
-"llama3" frequency scaling lives in exactly one place (here), never in CUDA.
+"llama3" frequency scaling lives in exactly one place (here), never in CUDA; the host-side rotation
+(the reference decoder's, the CPU executor's) lives here too.
 """
 from __future__ import annotations
 
@@ -31,11 +32,22 @@ def rope_inv_freq(spec: ModelSpec) -> torch.Tensor:
     return inv.to(torch.float32)
 
 
-def apply_rope(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE (HF convention). x: [..., T, heads, d] fp32; pos: [..., T] int."""
-    ang = pos.to(torch.float32)[..., None] * inv_freq  # [..., T, d/2]
-    cos = torch.cat([ang.cos(), ang.cos()], -1)[..., None, :]
-    sin = torch.cat([ang.sin(), ang.sin()], -1)[..., None, :]
+def rope_cos_sin(pos: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin ``[..., T, 1, head_dim]`` for positions ``pos [..., T]``: angles in fp32, then cast to
+    ``dtype`` (the activation dtype for HF's rounding, fp32 for fp32 RoPE)."""
+    ang = pos.float()[..., None] * inv_freq
+    ang = torch.cat([ang, ang], -1)[..., None, :]
+    return ang.cos().to(dtype), ang.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE (HF convention) on ``x [..., T, heads, head_dim]`` with tables from
+    ``rope_cos_sin``, computed in cos's dtype, returned in x's."""
+    xc = x.to(cos.dtype)
     h = x.shape[-1] // 2
-    rot = torch.cat([-x[..., h:], x[..., :h]], -1)
-    return x * cos + rot * sin
+    return (xc * cos + torch.cat([-xc[..., h:], xc[..., :h]], -1) * sin).to(x.dtype)
+
+
+def apply_rope(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """fp32 RoPE of ``x [..., T, heads, d]`` (fp32) at positions ``pos [..., T]``."""
+    return apply_rotary(x, *rope_cos_sin(pos, inv_freq, torch.float32))
