@@ -68,7 +68,7 @@ __device__ __forceinline__ uint64_t globaltimer() {
 // The GEMV consumers run on mma.sync m16n8k16 (sm_80+): A = 16 weight rows x 16 k (bf16, from the
 // ring via ldmatrix), B = 16 k x 8 batch columns (bf16 activation; columns >= B are zero), fp32 C.
 // One mma covers 512 bytes of weights for every batch row at once, so the consumer's cost per byte
-// no longer grows with the batch (the fp32-FMA consumer it replaced was the bound at batch 4).
+// does not grow with the batch, where an fp32-FMA loop's grows with every batch row.
 __device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)

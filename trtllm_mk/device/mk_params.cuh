@@ -64,9 +64,10 @@ struct Ctx {
   }
   // Bytes in flight: before requesting ring slot n the loader waits until slot n - cap has landed.
   // Every outstanding copy lengthens the queue that the dependency chain's L2 round trips (polls,
-  // staging loads, releases) wait in, and beyond ~2 x 32 KB per SM more copies in flight add no
-  // bandwidth; so cap = INFLIGHT while the consumers stream weights and INFLIGHT_CHAIN while they are
-  // on the chain (chain_hint); the measurements are in benchmarks/NOTES.md. A LOADER_WAITS kind's stream
+  // staging loads, releases) wait in, and beyond the few slots per SM that saturate the read
+  // bandwidth more copies in flight add no bandwidth; so cap = INFLIGHT while the consumers stream
+  // weights and INFLIGHT_CHAIN while they are on the chain (chain_hint); the measurements are in
+  // benchmarks/NOTES.md. A LOADER_WAITS kind's stream
   // (the experts) passes its own cap, CAP = CHAIN = INFLIGHT_EXPERT (TilePlan.expert_inflight, default the whole
   // ring). The cp.async path (sm_80 / sm_89) is not throttled.
   template <int CAP = cfg::INFLIGHT, int CHAIN = cfg::INFLIGHT_CHAIN>

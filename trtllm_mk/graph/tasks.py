@@ -144,11 +144,12 @@ class TilePlan:
     slot_bytes: int = 32768    # bytes per ring slot
     consumer_warps: int = 8
     # Ring slots the loader keeps requested and not yet landed; the rest of the ring only buffers.
-    # Every outstanding copy lengthens the queue the chain's L2 round trips wait in, and beyond ~2 x 32
-    # KB per SM more copies add no bandwidth. sm_90 bulk-copy path only; not searched (the cost model
-    # does not price queueing); the defaults are H100 measurements (benchmarks/NOTES.md): 2 while
-    # streaming (more is slower on every shape), and no tighter cap on the chain, whose shortening by
-    # o_merge left a cap of 1 there keeping the ring from filling.
+    # Every outstanding copy lengthens the queue the chain's L2 round trips wait in, and beyond the few
+    # slots per SM that saturate the read bandwidth more copies add no bandwidth. sm_90 bulk-copy path
+    # only; not searched (the cost model does not price queueing), so the defaults come from
+    # measurements (benchmarks/NOTES.md): 2 while streaming, the fewest that keep the stream at full
+    # bandwidth, and no tighter cap on the chain, which is short enough that a tighter cap there keeps
+    # the ring from filling before the chain ends.
     inflight_slots: int = 2    # while the consumers stream weights
     inflight_chain: int = 2    # while they wait on an event, stage an input or run ATTN / COMBINE
     # While the loader streams an expert's weights (EGATEUP / EDOWN; 0: the whole ring). Those streams

@@ -113,7 +113,7 @@ __device__ void attn_load(Ctx& c, const TaskArgs& a) {
 // step's producers): per batch row its split range and where the new token's K/V go, the RoPE cos /
 // sin at pos, and the QK-norm weights. After the wait only q/k/v are left to load from L2: one round
 // trip on the dependency chain instead of four dependent ones (pos, inv_freq, block table, q/k/v),
-// each ~1 us while the loaders stream.
+// each as slow as an L2 round trip queued behind the loaders' streaming copies.
 struct AttnRow { int pos, t0, t1, ring_n; long long kv_new; int pad[2]; };   // 32 bytes
 static_assert(sizeof(AttnRow) == 32, "mirror: trtllm_mk/smem.py attention_scratch_bytes");
 

@@ -28,8 +28,8 @@ from .simulate import Simulator, gc_paused
 SIM_LAYERS = 4
 MAX_SWEEPS = 3
 # The ring comes first: its depth decides how much of the chain the loaders stream through and how
-# much shared memory the other fields may take; swept last, a descent that ran out of budget never
-# tried it (v11: the searched 4 x 32 KB ring was 2-3% slower than 6 x 32 KB on every H100 shape).
+# much shared memory the other fields may take; swept last, a descent that runs out of budget never
+# tries it and keeps the initial ring, which can be the wrong depth for every shape (benchmarks/NOTES.md).
 FIELDS = ("ring", "attn_splits", "qkv_rows", "o_ksplit", "o_merge", "o_rows", "gateup_rows", "down_ksplit",
           "down_rows", "lm_rows", "consumer_warps")
 LISTSCHED_COST = 6.0    # one list-scheduled template task costs about as much as this many simulated ones

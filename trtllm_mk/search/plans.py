@@ -211,7 +211,7 @@ def wide_ring_plan(spec: ModelSpec, batch: int, gpu: GpuSpec, num_sms: int, cont
 def with_weight_inflight(spec: ModelSpec, plan: TilePlan) -> TilePlan:
     """``plan`` with the ring slots in flight its weight format wants: the cap counts slots, and a
     4-bit slot carries about a quarter of a bf16 slot's bytes, so quantized weights keep twice the
-    slots in flight (benchmarks/NOTES.md, v16). The search does not vary these fields."""
+    slots in flight (benchmarks/NOTES.md, 4-bit slots in flight). The search does not vary these fields."""
     if not spec.quantized:
         return plan
     return replace(plan, inflight_slots=QUANTIZED_INFLIGHT, inflight_chain=QUANTIZED_INFLIGHT)
