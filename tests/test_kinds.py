@@ -1,28 +1,49 @@
 """The task-kind registry, the per-kind lowering and the event tensors derived from it."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from trtllm_mk.graph import HEAD, LAYER, TAIL, Kind, TilePlan, build_step_graph
-from trtllm_mk.kinds import KIND_DEFS, TASK_ARG_FIELDS, KindDef
+from trtllm_mk.kinds import KIND_DEFS, TASK_ARG_FIELDS, KindDef, calibration_constants
 from trtllm_mk.model.families import FAMILIES
+from trtllm_mk.search import Calibration
+from trtllm_mk.seam import TASK_ARGS
 from test_verify import tiny_spec
+
+
+# The kinds that exist, in registry order: a new kind is appended after them.
+KNOWN = ("EMBED", "QKV", "ATTN", "COMBINE", "OPROJ", "GATEUP", "DOWN", "LMHEAD", "ARGMAX", "ROUTER", "ROUTE",
+         "EGATEUP", "EDOWN")
 
 
 def test_kind_numbers_are_the_schedule_format():
     # schedule.json and the kernel's enum store these numbers: the registry order must not move
-    assert [(k.name, int(k)) for k in Kind] == [("EMBED", 0), ("QKV", 1), ("ATTN", 2), ("COMBINE", 3), ("OPROJ", 4),
-                                               ("GATEUP", 5), ("DOWN", 6), ("LMHEAD", 7), ("ARGMAX", 8),
-                                               ("ROUTER", 9), ("ROUTE", 10), ("EGATEUP", 11), ("EDOWN", 12)]
-    assert [k for k in Kind if k.streams_weights] == [Kind.QKV, Kind.OPROJ, Kind.GATEUP, Kind.DOWN, Kind.LMHEAD,
-                                                      Kind.ROUTER, Kind.EGATEUP, Kind.EDOWN]
+    assert [(k.name, int(k)) for k in Kind][:len(KNOWN)] == [(n, i) for i, n in enumerate(KNOWN)]
+    assert [k for k in Kind if k.streams_weights][:8] == [Kind.QKV, Kind.OPROJ, Kind.GATEUP, Kind.DOWN, Kind.LMHEAD,
+                                                          Kind.ROUTER, Kind.EGATEUP, Kind.EDOWN]
     assert all(k.definition is KIND_DEFS[int(k)] and k.module.DEF is k.definition for k in Kind)
+    assert all(d.device_file == f"{d.name.lower()}.cuh" for d in KIND_DEFS)
 
 
 def test_kind_args_name_task_arg_fields():
     assert all(set(d.args) <= set(TASK_ARG_FIELDS) for d in KIND_DEFS)
+    # mk::TaskArgs less its event-reference lists and their lengths
+    assert set(TASK_ARG_FIELDS) == {a.name for a in TASK_ARGS} - {"nw", "w", "ns", "s"}
     with pytest.raises(ValueError, match="unknown task-argument"):
-        KindDef("X", streams_weights=False, args=("rows",))
+        KindDef("X", streams_weights=False, args=("rows",), device_file="x.cuh")
+
+
+def test_kinds_own_their_calibration_and_ring_geometry():
+    fields = {f.name: f for f in dataclasses.fields(Calibration)}
+    for name, (default, why, kind) in calibration_constants().items():
+        assert getattr(Calibration(), name) == default and fields[name].metadata["kind"] == kind and why
+    assert Calibration().attn_fixed_us == Kind.ATTN.module.CALIBRATION["attn_fixed_us"][0]
+    for k in Kind:
+        if k.streams_weights:   # the GEMV hooks smem.geometries reads (kinds/gemv.py)
+            assert k.module.MATRICES in (1, 2) and isinstance(k.module.BF16_WEIGHTS, bool)
+            assert callable(k.module.k_range)
 
 
 @pytest.mark.parametrize("o_merge", [False, True])
@@ -49,8 +70,6 @@ def test_events_count_the_signals_of_each_slot(o_merge, o_ksplit, down_ksplit):
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_families_compose_the_step(family):
     if FAMILIES[family].moe_block:   # every layer sparse: the layouts the expert kinds run
-        import dataclasses
-
         from trtllm_mk.model.spec import spec_from_hf_config
         from trtllm_mk.model.tiny import tiny_config
         spec = dataclasses.replace(spec_from_hf_config(tiny_config(family), name=family), mlp_only_layers=())

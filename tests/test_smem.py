@@ -9,8 +9,8 @@ from trtllm_mk.graph import TilePlan, build_step_graph
 from trtllm_mk.model.spec import load_spec
 from trtllm_mk.search.plans import no_k_tiling, no_ksplit, ring_candidates, valid
 from trtllm_mk.smem import (ACT_PAD, FIXED_BYTES, SLOT_PAD, attention_kv_ring, attention_scratch_bytes, fits,
-                             kv_region_bytes, kv_ring_offset,
-                            plan_smem, slot_geometry, without_ksplit)
+                            gemv_k_ranges, kv_region_bytes, kv_ring_offset, plan_smem, slot_geometry,
+                            without_ksplit)
 
 MODELS = Path(__file__).resolve().parents[1] / "configs" / "models"
 
@@ -18,6 +18,18 @@ MODELS = Path(__file__).resolve().parents[1] / "configs" / "models"
 @pytest.fixture(scope="module")
 def qwen8b():
     return load_spec(MODELS / "qwen3-8b.json")
+
+
+def test_gemv_k_ranges_from_the_kinds(qwen8b):
+    # each GEMV kind of the family's step, in program order: its module's k_range and MATRICES
+    from trtllm_mk.graph import Kind
+    plan = TilePlan(o_ksplit=4, down_ksplit=6)
+    assert list(gemv_k_ranges(qwen8b, plan).items()) == [
+        (Kind.QKV, (4096, 1)), (Kind.OPROJ, (4096 // 4, 1)), (Kind.GATEUP, (4096, 2)), (Kind.DOWN, (12288 // 6, 1)),
+        (Kind.LMHEAD, (4096, 1))]
+    moe = load_spec(MODELS / "qwen3-30b-a3b.json")
+    assert list(gemv_k_ranges(moe, plan)) == [Kind.QKV, Kind.OPROJ, Kind.ROUTER, Kind.EGATEUP, Kind.EDOWN, Kind.LMHEAD]
+    assert gemv_k_ranges(moe, plan)[Kind.EDOWN] == (moe.moe_intermediate_size // 6, 1)
 
 
 def test_slot_geometry_hand_checked():

@@ -33,11 +33,11 @@ from dataclasses import asdict, dataclass, replace
 
 from .gpus import GpuSpec
 from .graph.tasks import Kind, TilePlan
+from .model.families import FAMILIES
 from .model.spec import ModelSpec
 
 FIXED_BYTES = 4096
 ALIGN = 128
-GEMV_KINDS = (Kind.QKV, Kind.OPROJ, Kind.GATEUP, Kind.DOWN, Kind.LMHEAD)
 
 
 SLOT_PAD = 1024       # bytes of row skew per slot: 16 bytes x up to MAX_BLOCKS x 16 rows
@@ -116,21 +116,24 @@ def slot_geometry(k_range: int, pair: int, slot_bytes: int, consumer_warps: int,
     return SlotGeometry(k_range, pair, n, kc, MMA_ROWS * max(nb, block), bits, group if q else 0, tile if q else 0)
 
 
+def gemv_kinds(spec: ModelSpec) -> tuple[Kind, ...]:
+    """The GEMV kinds of the spec's decode step (its family's), in program order."""
+    return tuple(k for _, names in FAMILIES[spec.family].step for k in map(Kind.__getitem__, names)
+                 if k.streams_weights)
+
+
 def gemv_k_ranges(spec: ModelSpec, plan: TilePlan) -> dict[Kind, tuple[int, int]]:
-    """(K range after K-split, pair) per GEMV kind."""
-    H, I = spec.hidden_size, spec.mlp_intermediate
-    mlp = ({Kind.ROUTER: (H, 1), Kind.EGATEUP: (H, 2), Kind.EDOWN: (I // plan.down_ksplit, 1)} if spec.is_moe
-           else {Kind.GATEUP: (H, 2), Kind.DOWN: (I // plan.down_ksplit, 1)})
-    return {Kind.QKV: (H, 1), Kind.OPROJ: (spec.q_size // plan.o_ksplit, 1), **mlp, Kind.LMHEAD: (H, 1)}
+    """(K range after K-split, pair) per GEMV kind: its module's ``k_range`` and ``MATRICES`` (kinds/gemv.py)."""
+    return {k: (k.module.k_range(spec, plan), k.module.MATRICES) for k in gemv_kinds(spec)}
 
 
 def geometries(spec: ModelSpec, plan: TilePlan) -> dict[Kind, SlotGeometry]:
-    """The decoder layers' GEMV kinds stream the spec's weight format; the LM head stays bf16."""
+    """The GEMV kinds stream the spec's weight format, but for those with ``BF16_WEIGHTS`` (kinds/gemv.py)."""
     from .quant.kernel_layout import tile_cols
     out = {}
     tile = tile_cols(spec) if spec.quantized else 0
     for k, (kt, pair) in gemv_k_ranges(spec, plan).items():
-        q = spec.quantized and k not in (Kind.LMHEAD, Kind.ROUTER)   # bf16 as the checkpoint keeps them
+        q = spec.quantized and not k.module.BF16_WEIGHTS
         out[k] = slot_geometry(kt, pair, plan.slot_bytes, plan.consumer_warps,
                                spec.weight_bits if q else 16, spec.weight_group if q else 0, tile if q else 0)
     return out

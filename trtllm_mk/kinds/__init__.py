@@ -5,7 +5,9 @@ the task dispatch follow from ``Kind``.
 
 Each kind module defines ``DEF``, a ``KindDef``: its name, whether its weight tiles stream through the
 shared-memory ring (the GEMV kinds), the ``TaskArgs`` fields its device body reads, and its device
-file (``<kind>.cuh`` beside the module) once its body lives there."""
+file (``<kind>.cuh`` beside the module). A kind whose cost model needs constants that are not
+datasheet facts declares them in ``CALIBRATION``, ``{name: (default, why)}``: search.calibration's
+``Calibration`` carries them beside the machine's constants and the calibration files set them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,10 +15,15 @@ from enum import IntEnum
 from importlib import import_module
 from pathlib import Path
 
+from ..seam import TASK_ARGS
+
 HERE = Path(__file__).resolve().parent
 
-# The task-argument fields a device body may read (mk::TaskArgs, less the wait/signal lists).
-TASK_ARG_FIELDS = ("layer", "r0", "r1", "k0", "k1", "group", "split", "tile", "stage")
+# The task-argument fields a device body may read: mk::TaskArgs (seam.TASK_ARGS) less its event
+# reference lists (the arrays w / s) and their lengths (nw / ns), which the task dispatch consumes.
+_EVENT_LISTS = {a.name for a in TASK_ARGS if a.count}
+TASK_ARG_FIELDS = tuple(a.name for a in TASK_ARGS
+                        if a.name not in _EVENT_LISTS and a.name.removeprefix("n") not in _EVENT_LISTS)
 
 
 @dataclass(frozen=True)
@@ -24,7 +31,7 @@ class KindDef:
     name: str                      # the enum name, e.g. "QKV"
     streams_weights: bool          # weight tiles go through the shared-memory ring (GEMV tasks)
     args: tuple[str, ...]          # the TaskArgs fields the device body reads
-    device_file: str | None = None  # "<kind>.cuh" beside this package, when the body lives there
+    device_file: str               # "<kind>.cuh" beside this package: the device body
 
     def __post_init__(self):
         unknown = [a for a in self.args if a not in TASK_ARG_FIELDS]
@@ -64,7 +71,19 @@ Kind = _KindBase("Kind", [(d.name, i) for i, d in enumerate(KIND_DEFS)], module=
 
 def device_files() -> list[Path]:
     """The kinds' device files in registry order, for codegen to inline after the shared headers."""
-    return [HERE / d.device_file for d in KIND_DEFS if d.device_file]
+    return [HERE / d.device_file for d in KIND_DEFS]
 
 
-__all__ = ["KIND_DEFS", "KIND_MODULES", "Kind", "KindDef", "TASK_ARG_FIELDS", "device_files"]
+def calibration_constants() -> dict[str, tuple[float, str, str]]:
+    """``{name: (default, why, kind name)}`` of every kind's ``CALIBRATION``, in registry order."""
+    out: dict[str, tuple[float, str, str]] = {}
+    for d, m in zip(KIND_DEFS, KIND_MODULES):
+        for name, (default, why) in getattr(m, "CALIBRATION", {}).items():
+            if name in out:
+                raise ValueError(f"kind {d.name}: calibration constant {name} is also kind {out[name][2]}'s")
+            out[name] = (default, why, d.name)
+    return out
+
+
+__all__ = ["KIND_DEFS", "KIND_MODULES", "Kind", "KindDef", "TASK_ARG_FIELDS", "calibration_constants",
+           "device_files"]

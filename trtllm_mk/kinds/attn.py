@@ -7,6 +7,18 @@ ATTN_TILE_TOKENS = 16   # tokens of one ATTN tensor-core tile (the device body's
 
 DEF = KindDef("ATTN", streams_weights=False, args=("layer", "group", "split"), device_file="attn.cuh")
 
+# Cost-model constants (search.calibration: defaults, set per GPU by the calibration files), each
+# consumer time of one task. Its cached K/V comes through the ring before its wait (duration_us).
+CALIBRATION = {
+    "attn_fixed_us": (4.0, "beyond the bandwidth terms: the chain of dependent reads (qkv from L2, RoPE, "
+                           "the merge) and the block barriers"),
+    "attn_tile_us": (0.8, "one round of tensor-core tiles, a 16-token tile per consumer warp (scores, "
+                          "softmax, P V for the group's heads): a split of more tokens takes more rounds"),
+    "attn_late_token_us": (0.0, "per cached token (per batch row) the task copies into its ring slots itself "
+                                "after its wait (long contexts), beyond the rounds' memory latencies and the "
+                                "tokens' bytes at the HBM share (0: those only)"),
+}
+
 
 def execute(ex, t, layer: int) -> None:
     """CPU-executor semantics (trtllm_mk.executor.CpuExecutor ``ex``): see graph.tasks."""

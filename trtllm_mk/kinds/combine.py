@@ -5,6 +5,15 @@ from . import KindDef
 
 DEF = KindDef("COMBINE", streams_weights=False, args=("group",), device_file="combine.cuh")
 
+# Cost-model constants (search.calibration: defaults, set per GPU by the calibration files).
+CALIBRATION = {
+    "combine_fixed_us": (2.0, "consumer time of a task beyond its bandwidth terms: the dependent reads of "
+                              "the partials and the block barriers"),
+    "merge_split_us": (0.1, "consumer time per split of a merge of split partials (here, and in OPROJ's "
+                            "staging under TilePlan.o_merge): each split adds a (max, sum, o) load per "
+                            "element and an exp, issued together, so their count, not their bytes, sets it"),
+}
+
 
 def execute(ex, t, layer: int) -> None:
     """CPU-executor semantics (trtllm_mk.executor.CpuExecutor ``ex``): see graph.tasks."""

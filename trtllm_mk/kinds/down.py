@@ -13,10 +13,17 @@ def execute(ex, t, layer: int) -> None:
     w = ex.layers[layer]["down"][t.r0:t.r1, t.k0:t.k1]
     ex.x[:, t.r0:t.r1] += to_fixed(ex.stage_round(ex.act[:, t.k0:t.k1]) @ w.T)
 
-# GEMV cost hooks (kinds/gemv.py)
+# GEMV cost and ring hooks (kinds/gemv.py)
 MATRICES = 1
 NORMS_INPUT = False
 staging_extra_us = no_staging_extra
+BF16_WEIGHTS = False   # the spec's weight format (quantized when the layers are)
+
+
+def k_range(spec, plan) -> int:
+    """Columns a task reduces over (one K-chunk of the MLP activation): KT of the
+    ring geometry (smem.geometries)."""
+    return spec.mlp_intermediate // plan.down_ksplit
 
 
 def lower(c) -> list[dict]:

@@ -23,10 +23,17 @@ INPUT_PER_SLOT = True
 # its loader waits for the task's first event (route_done) before it streams (mk_gemv.cuh gemv_load)
 LOADER_WAITS = True
 
-# GEMV cost hooks (kinds/gemv.py)
+# GEMV cost and ring hooks (kinds/gemv.py)
 MATRICES = 1
 NORMS_INPUT = False
 staging_extra_us = no_staging_extra
+BF16_WEIGHTS = False   # the spec's weight format (quantized when the layers are)
+
+
+def k_range(spec, plan) -> int:
+    """Columns a task reduces over (one K-chunk of the slot's activation): KT of the
+    ring geometry (smem.geometries)."""
+    return spec.mlp_intermediate // plan.down_ksplit
 
 
 def lower(c) -> list[dict]:

@@ -24,10 +24,17 @@ def execute(ex, t, layer: int) -> None:
 # its loader waits for the task's first event (route_done) before it streams (mk_gemv.cuh gemv_load)
 LOADER_WAITS = True
 
-# GEMV cost hooks (kinds/gemv.py)
+# GEMV cost and ring hooks (kinds/gemv.py)
 MATRICES = 2
 NORMS_INPUT = False
 staging_extra_us = no_staging_extra
+BF16_WEIGHTS = False   # the spec's weight format (quantized when the layers are)
+
+
+def k_range(spec, plan) -> int:
+    """Columns a task reduces over (the normed rows ROUTER published): KT of the
+    ring geometry (smem.geometries)."""
+    return spec.hidden_size
 
 
 def lower(c) -> list[dict]:

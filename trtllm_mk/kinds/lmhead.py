@@ -20,10 +20,17 @@ def execute(ex, t, layer: int) -> None:
     ex.lm_val[:, col] = val
     ex.lm_idx[:, col] = torch.where(val > -torch.inf, idx.to(torch.int32) + t.r0 + ex.vocab_base, NO_TOKEN)
 
-# GEMV cost hooks (kinds/gemv.py)
+# GEMV cost and ring hooks (kinds/gemv.py)
 MATRICES = 1
 NORMS_INPUT = True
 staging_extra_us = no_staging_extra
+BF16_WEIGHTS = True   # bf16 as the checkpoint keeps them, also when the layers' weights are quantized
+
+
+def k_range(spec, plan) -> int:
+    """Columns a task reduces over (x, normed): KT of the
+    ring geometry (smem.geometries)."""
+    return spec.hidden_size
 
 
 def lower(c) -> list[dict]:

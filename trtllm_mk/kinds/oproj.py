@@ -20,7 +20,7 @@ def execute(ex, t, layer: int) -> None:
         src = ex.attn_out[:, t.k0:t.k1]
     ex.x[:, t.r0:t.r1] += to_fixed(ex.stage_round(src) @ w.T)
 
-# GEMV cost hooks (kinds/gemv.py)
+# GEMV cost and ring hooks (kinds/gemv.py)
 MATRICES = 1
 NORMS_INPUT = False
 
@@ -31,6 +31,15 @@ def staging_extra_us(task, graph, cal) -> float:
         return 0.0
     d = graph.dims
     return merge_cost(d.splits, d.batch * (task.k1 - task.k0), graph.plan.consumer_warps, cal)
+
+
+BF16_WEIGHTS = False   # the spec's weight format (quantized when the layers are)
+
+
+def k_range(spec, plan) -> int:
+    """Columns a task reduces over (one K-chunk of the attention output): KT of the
+    ring geometry (smem.geometries)."""
+    return spec.q_size // plan.o_ksplit
 
 
 def lower(c) -> list[dict]:

@@ -15,10 +15,17 @@ def execute(ex, t, layer: int) -> None:
         out = out + lw["qkv_bias"][t.r0:t.r1]
     ex.qkv[:, t.r0:t.r1] = out
 
-# GEMV cost hooks (kinds/gemv.py)
+# GEMV cost and ring hooks (kinds/gemv.py)
 MATRICES = 1
 NORMS_INPUT = True
 staging_extra_us = no_staging_extra
+BF16_WEIGHTS = False   # the spec's weight format (quantized when the layers are)
+
+
+def k_range(spec, plan) -> int:
+    """Columns a task reduces over (x, normed): KT of the
+    ring geometry (smem.geometries)."""
+    return spec.hidden_size
 
 
 def lower(c) -> list[dict]:

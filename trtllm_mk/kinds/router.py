@@ -23,10 +23,17 @@ def execute(ex, t, layer: int) -> None:
 # large share of the matrix.
 ROUTER_TASKS = 16
 
-# GEMV cost hooks (kinds/gemv.py)
+# GEMV cost and ring hooks (kinds/gemv.py)
 MATRICES = 1
 NORMS_INPUT = True
 staging_extra_us = no_staging_extra
+BF16_WEIGHTS = True   # bf16 as the checkpoint keeps them, also when the layers' weights are quantized
+
+
+def k_range(spec, plan) -> int:
+    """Columns a task reduces over (x, normed): KT of the
+    ring geometry (smem.geometries)."""
+    return spec.hidden_size
 
 
 def lower(c) -> list[dict]:

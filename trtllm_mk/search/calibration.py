@@ -1,6 +1,8 @@
 """Constants of the cost model that are not datasheet facts, with defaults and an optional measured file.
 
-``load_calibration(gpu)`` starts from the defaults below and overrides any field found in
+``Calibration`` holds the machine's constants (below) and the task kinds' (each kind module's
+``CALIBRATION``, collected by ``kinds.calibration_constants``), read as attributes alike.
+``load_calibration(gpu)`` starts from the defaults and overrides any field found in
 ``trtllm_mk/data/calibration/<gpu name>.json`` (written by the calibration benchmark on a real GPU). A
 file with an unknown key or a negative value is rejected: a silently ignored typo would make every
 prediction quietly wrong.
@@ -8,11 +10,12 @@ prediction quietly wrong.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, make_dataclass, replace
 from pathlib import Path
 
 from ..errors import ConfigError
 from ..gpus import GpuSpec
+from ..kinds import calibration_constants
 
 CALIBRATION_DIR = Path(__file__).resolve().parents[1] / "data" / "calibration"
 
@@ -22,7 +25,8 @@ SM_CLOCK_GHZ = {"L20": 2.52, "L40S": 2.52, "A100-80GB": 1.41, "H100-SXM": 1.98, 
 
 
 @dataclass(frozen=True)
-class Calibration:
+class MachineCalibration:
+    """The machine's constants and the methods of ``Calibration``, which adds the kinds' constants."""
     # Time from a producer's release atomicAdd until a consumer spinning with acquire loads on
     # another SM sees the new count and its block is released (global-memory round trip + barrier).
     sync_us: float = 1.0
@@ -38,26 +42,6 @@ class Calibration:
     # One dependent L2 round trip of the consumer while the loaders stream (queued behind their
     # traffic): a staging pass of a GEMV activation costs one (traced: OPROJ / DOWN staging).
     l2_latency_us: float = 0.6
-    # Consumer time of an ATTN / COMBINE task beyond its bandwidth terms: the chain of dependent
-    # reads (ATTN: qkv from L2, RoPE, the merge; COMBINE: the partials) and block barriers (traced
-    # task bodies). ATTN's cached K/V comes through the ring before its wait (cost.py).
-    attn_fixed_us: float = 4.0
-    combine_fixed_us: float = 2.0
-    # Consumer time per ATTN split that a merge of the split partials takes (COMBINE, and OPROJ's
-    # staging under TilePlan.o_merge): each split adds a (max, sum, o) load per element and an exp; the
-    # loads are issued together, but their count, not their bytes, sets the time (traced on H100:
-    # OPROJ staging 0.57 us for attn_out, 1.52 us merging 8 splits, 2.33 us merging 16).
-    merge_split_us: float = 0.1
-    # One round of ATTN's tensor-core tiles: each consumer warp's 16-token tile (scores, softmax, P V
-    # for the group's heads). A split of more tokens than 16 x consumer warps takes more rounds (H100,
-    # llama-3.2-1b at context 512: 4 splits, two rounds, measured 0.5 us per layer slower than 8 splits
-    # with one round, although merging 4 fewer splits saves ~0.4 us).
-    attn_tile_us: float = 0.8
-    # Consumer time per cached token (per batch row) an ATTN task copies into its ring slots itself,
-    # after its wait, beyond what the loader brought before it (long contexts), on top of the rounds'
-    # memory latencies and the tokens' bytes at the HBM share (fitted to measured steps at context
-    # 8192; 0 = bytes and latencies only).
-    attn_late_token_us: float = 0.0
     # A single SM cannot pull more than this multiple of its fair share (read_bandwidth / sm_count)
     # even when few SMs stream.
     sm_bw_cap: float = 4.0
@@ -83,7 +67,7 @@ class Calibration:
     min_slot_bytes: int = 0
     # Consumer time per quantized (4- or 8-bit) weight against a bf16 weight's: the same mma after
     # shifts, masks and bf16x2 operations per pair of codes, but fewer shared-memory reads (issue-bound
-    # where bf16 is shared-memory bound; the 4-bit traces put it near 1).
+    # where bf16 is shared-memory bound).
     quant_consumer_cost: float = 1.0
     # Per output row group (16 x blocks rows): cross-warp reduction barrier and the epilogue stores.
     group_overhead_us: float = 0.1
@@ -95,7 +79,6 @@ class Calibration:
     sm_clock_ghz: float = 0.0
     # Streaming read bandwidth (bytes/s); 0 takes gpu.read_bandwidth (datasheet x measured fraction).
     read_bandwidth: float = 0.0
-    source: str = "defaults"
 
     def resolved(self, gpu: GpuSpec) -> "Calibration":
         """Fill the GPU-dependent zero fields from the catalog."""
@@ -112,6 +95,23 @@ class Calibration:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def _kind_fields() -> list:
+    """The kinds' constants as fields: default, and metadata naming the kind and saying why."""
+    kinds = calibration_constants()
+    clash = sorted(set(kinds) & ({f.name for f in fields(MachineCalibration)} | {"source"}))
+    if clash:
+        raise ValueError(f"kind calibration constants {clash} are also the machine's")
+    return [(name, type(default), field(default=default, metadata={"kind": kind, "why": why}))
+            for name, (default, why, kind) in kinds.items()]
+
+
+# The machine's constants, the kinds' (each kind module's CALIBRATION), then where the values came from.
+Calibration = make_dataclass(
+    "Calibration", _kind_fields() + [("source", str, field(default="defaults"))], bases=(MachineCalibration,),
+    frozen=True, namespace={"__module__": __name__, "__doc__": "The cost model's constants: the machine's "
+                            "(MachineCalibration) and the task kinds' (their modules' CALIBRATION)."})
 
 
 def load_calibration(gpu: GpuSpec | str, directory: Path | None = None) -> Calibration:
