@@ -1,5 +1,6 @@
 """The package stands alone: a wheel holds the device sources, the runtime's C++ sources, the shipped
-configs and architectures and the calibration files, and nothing outside ``trtllm_mk``; installed
+configs and architectures, the calibration files and the TensorRT plugin's sources and CMake project,
+and nothing outside ``trtllm_mk``; installed
 from it (not editable), ``python -m trtllm_mk build`` works in an empty folder on a copy of a shipped
 config."""
 from __future__ import annotations
@@ -34,7 +35,8 @@ def test_wheel_holds_what_the_engine_needs_and_nothing_beside_the_package(wheel)
     for need in ("trtllm_mk/device/mk_kernel.cuh", "trtllm_mk/device/mk_gemv.cuh", "trtllm_mk/kinds/attn.cuh",
                  "trtllm_mk/runtime/csrc/megakernel_module.cpp", "trtllm_mk/configs/l20_bs1.yaml",
                  "trtllm_mk/configs/models/qwen3-8b.json", "trtllm_mk/data/calibration/H100-SXM.json",
-                 "trtllm_mk/data/calibration/L20.json"):
+                 "trtllm_mk/data/calibration/L20.json", "trtllm_mk/plugin/CMakeLists.txt",
+                 "trtllm_mk/plugin/trt/megakernel_plugin.cpp", "trtllm_mk/plugin/trt/kernel_json.h"):
         assert need in names, need
     tops = {n.split("/")[0] for n in names}
     assert tops == {"trtllm_mk", next(t for t in tops if t.endswith(".dist-info"))}, tops
@@ -57,3 +59,24 @@ def test_installed_package_builds_a_shipped_config_in_an_empty_folder(wheel, tmp
     probe = subprocess.run([sys.executable, "-c", "import trtllm_mk; print(trtllm_mk.__file__)"], cwd=work,
                            capture_output=True, text=True, env=env)
     assert probe.stdout.startswith(str(site)), probe.stdout   # the installed copy ran, not the source tree
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs a host C++ compiler")
+def test_installed_package_holds_the_tensorrt_plugin_sources(wheel, tmp_path):
+    """The TensorRT plugin builds from an installed package: its CMake project, C++ sources and the
+    seam header generator ship; the part that needs no TensorRT (the kernel.json reader) compiles."""
+    site = tmp_path / "site"
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(site), str(wheel)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    pkg = site / "trtllm_mk"
+    assert (pkg / "plugin" / "CMakeLists.txt").is_file() and (pkg / "runtime" / "csrc" / "megakernel_module.h").is_file()
+    gen = tmp_path / "gen"
+    subprocess.run([sys.executable, "-I", str(pkg / "seam.py"), "--plugin-header", str(gen / "seam_generated.h")],
+                   check=True, capture_output=True)
+    trt = pkg / "plugin" / "trt"
+    r = subprocess.run(["g++", "-std=c++17", "-Wall", "-Wextra", "-Werror", f"-I{trt}", f"-I{gen}",
+                        str(trt / "kernel_json.cpp"), str(trt / "kernel_json_check.cpp"), "-o",
+                        str(tmp_path / "kernel_json_check")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]

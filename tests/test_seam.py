@@ -103,3 +103,41 @@ def test_generated_source_carries_the_smem_layout():
     assert layout.smem_bytes == smem.total and f"constexpr size_t SMEM_TOTAL = {smem.total};" in src
     for r in smem.regions:
         assert f"constexpr size_t SMEM_{r.name.upper()}_AT = {r.offset}, SMEM_{r.name.upper()} = {r.size};" in src
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_kernel_dims_and_layer_weight_shapes_are_the_checkpoints(family):
+    """kernel.json's dims (seam.KERNEL_DIMS, read by the TensorRT plugin) and the layer weight shapes the
+    plugin checks its inputs against (seam.LAYER_WEIGHT_SHAPES) are the checkpoint's tensors' shapes."""
+    from dataclasses import fields
+
+    from trtllm_mk.graph import Dims, TilePlan, build_step_graph
+    from trtllm_mk.model.spec import ModelSpec
+
+    assert list(seam.LAYER_WEIGHT_SHAPES) == list(seam.LAYER_FIELD_NAMES)
+    assert {a for _, a, _ in seam.KERNEL_DIMS} <= {f.name for f in fields(Dims)}
+    spec = ModelSpec(name="tiny", family=family, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                     num_kv_heads=2, head_dim=32, vocab_size=80, rms_norm_eps=1e-5, rope_theta=10000.0,
+                     max_position_embeddings=256, tie_word_embeddings=False)
+    plan = TilePlan(qkv_rows=48, o_rows=32, gateup_rows=32, down_rows=32, lm_rows=32, embed_rows=32,
+                    attn_splits=2, down_ksplit=2)
+    dims = seam.kernel_dims_json(build_step_graph(spec, 1, plan).dims)
+    assert tuple(dims) == seam.KERNEL_DIM_KEYS
+    assert dims["NH"] == dims["NKV"] * dims["G"] and dims["QKVR"] == dims["NKV"] * (dims["G"] + 2) * dims["D"]
+    tensors = spec.expected_tensors()
+    for w in seam.LAYER_WEIGHTS:
+        name = "model.layers.1." + w.hf_suffix
+        if name in tensors:
+            assert seam.layer_weight_shape(w.field, dims) == tensors[name], w.field
+        else:
+            assert w.optional, f"{w.field}: required but {family} has no {name}"
+
+
+def test_plugin_header_is_emitted_once_and_written_only_on_change(tmp_path):
+    text = seam.emit_plugin_header()
+    assert text == seam.emit_plugin_header() and f"namespace {seam.PLUGIN_HEADER_NAMESPACE} {{" in text
+    out = tmp_path / "gen" / seam.PLUGIN_HEADER_NAME
+    assert seam.main(["--plugin-header", str(out)]) == 0 and out.read_text() == text
+    assert seam.write_plugin_header(out) is False   # unchanged: left alone, so nothing recompiles
+    out.write_text("stale")
+    assert seam.write_plugin_header(out) is True and out.read_text() == text

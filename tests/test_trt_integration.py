@@ -2,11 +2,12 @@
 
 What runs everywhere: the import guards (absence simulated by ``sys.modules[name] = None``, which makes
 ``import name`` raise ImportError), the CMake configure failure without TensorRT headers, the
-kernel.json reader of the plugin (compiled with g++ into plugin_src/trt/kernel_json_check.cpp), and
-the TensorRT-LLM handover logic that is plain torch (block copy, request tracking) on the CPU.
+kernel.json reader of the plugin (compiled with g++ into trtllm_mk/plugin/trt/kernel_json_check.cpp),
+the header the plugin's build generates from trtllm_mk/seam.py (compiled with g++ and checked against
+seam.py), and the TensorRT-LLM handover logic that is plain torch (block copy, request tracking) on the CPU.
 What needs TensorRT's public headers (env TRTLLM_MK_TRT_INCLUDE=<dir with NvInferRuntime.h>, e.g.
 the include/ of github.com/NVIDIA/TensorRT): compiling and linking the plugin library, and running
-its build-phase checks through plugin_src/trt/plugin_check.cpp. Nothing here runs TensorRT itself.
+its build-phase checks through trtllm_mk/plugin/trt/plugin_check.cpp. Nothing here runs TensorRT itself.
 """
 from __future__ import annotations
 
@@ -26,8 +27,18 @@ from trtllm_mk.kv_cache import PagedKVCache
 from trtllm_mk.model.spec import ModelSpec
 
 REPO = Path(__file__).resolve().parents[1]
-TRT_SRC = REPO / "plugin_src" / "trt"
-CMAKE_DIR = REPO / "build_scripts"
+CMAKE_DIR = REPO / "trtllm_mk" / "plugin"   # the plugin's CMake project, shipped in the package
+TRT_SRC = CMAKE_DIR / "trt"
+SEAM_PY = REPO / "trtllm_mk" / "seam.py"
+
+
+def generate_seam_header(out_dir: Path) -> Path:
+    """seam_generated.h in ``out_dir``, by the command the plugin's CMake build runs."""
+    from trtllm_mk import seam
+    header = out_dir / seam.PLUGIN_HEADER_NAME
+    subprocess.run([sys.executable, "-I", str(SEAM_PY), "--plugin-header", str(header)], check=True,
+                   capture_output=True, timeout=60)
+    return header
 
 
 def tiny_spec(layers: int = 2, kv_heads: int = 2, head_dim: int = 32) -> ModelSpec:
@@ -72,7 +83,7 @@ def test_tensorrt_absent_gives_one_clear_error(monkeypatch):
             call()
         msg = str(info.value)
         assert msg.startswith("TensorRT is not installed"), msg
-        assert "pip install tensorrt" in msg and "cmake -S build_scripts" in msg
+        assert "pip install tensorrt" in msg and f"cmake -S {tp.PLUGIN_SOURCE_DIR} " in msg
         assert "\n" not in msg
         assert isinstance(info.value, UserError)  # the CLI prints it as one line, no traceback
 
@@ -200,7 +211,8 @@ def kernel_json_check(tmp_path_factory) -> Path:
     if cxx is None:
         pytest.skip("no C++ compiler (g++) to build the kernel.json reader")
     exe = tmp_path_factory.mktemp("kjc") / "kernel_json_check"
-    subprocess.run([cxx, "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", f"-I{TRT_SRC}",
+    gen = generate_seam_header(exe.parent).parent
+    subprocess.run([cxx, "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", f"-I{TRT_SRC}", f"-I{gen}",
                     str(TRT_SRC / "kernel_json.cpp"), str(TRT_SRC / "kernel_json_check.cpp"), "-o", str(exe)],
                    check=True, capture_output=True, timeout=300)
     return exe
@@ -219,11 +231,12 @@ def test_kernel_json_reader_accepts_the_builders_file(kernel_json_check, real_ke
     for key in ("grid", "block", "smem_bytes", "num_counters", "n_lm_tiles", "history_len", "tokens_per_block",
                 "batch", "attn_splits"):
         assert f" {key}={k[key]} " in proc.stdout
-    for key in ("L", "H", "I", "V", "NH", "NKV", "D", "G", "QKVR"):
+    from trtllm_mk import seam
+    assert tuple(d) == seam.KERNEL_DIM_KEYS
+    for key in seam.KERNEL_DIM_KEYS:
         assert f" {key}={d[key]} " in proc.stdout
     assert f"events={len(k['event_offsets'])}" in proc.stdout
     # the Params layout the plugin packs from is the seam's, field by field
-    from trtllm_mk import seam
     layout, size = seam.params_layout()
     assert f" params_size={size} " in proc.stdout and f" layer_fields={len(seam.LAYER_WEIGHTS)}" in proc.stdout
     assert [ln for ln in proc.stdout.splitlines() if ln.startswith("param ")] == [
@@ -304,6 +317,143 @@ def test_kernel_json_reader_reads_the_weight_format(kernel_json_check, real_kern
     assert " weight_bits=16 " in _check(kernel_json_check, tmp_path, _edit(real_kernel_json, weight_bits=None)).stdout
 
 
+# ----------------------------------------------------------- seam_generated.h (from trtllm_mk/seam.py)
+
+def _cstr(s: str) -> str:
+    return json.dumps(s)   # the seam's names are plain ASCII
+
+
+def _header_program(seam, dims: dict[str, int]) -> str:
+    """A C++ program that static_asserts the generated header's constants against seam.py's values
+    (written here from Python) and prints what only runs at run time (the shape function, names)."""
+    layout, size = seam.params_layout()
+    sa = []
+    sa += [f"static_assert(streq(s::kPluginName, {_cstr(seam.TRT_PLUGIN_NAME)}), \"plugin name\");",
+           f"static_assert(streq(s::kPluginVersion, {_cstr(seam.TRT_PLUGIN_VERSION)}), \"plugin version\");",
+           f"static_assert(streq(s::kPluginNamespace, {_cstr(seam.TRT_PLUGIN_NAMESPACE)}), \"plugin namespace\");",
+           f"static_assert(s::kNumFixedInputs == {len(seam.TRT_PLUGIN_FIXED_INPUTS)}, \"fixed inputs\");",
+           f"static_assert(s::kNumOutputs == {len(seam.TRT_PLUGIN_OUTPUTS)}, \"outputs\");",
+           f"static_assert(s::kNumKernelDims == {len(seam.KERNEL_DIM_KEYS)}, \"dims\");",
+           f"static_assert(s::kNumLayerFields == {len(seam.LAYER_WEIGHTS)}, \"layer fields\");",
+           f"static_assert(s::kNumOptionalLayerFields == {len(seam.OPTIONAL_LAYER_FIELDS)}, \"optional\");",
+           f"static_assert(s::kNumParams == {len(seam.PARAMS)}, \"params\");",
+           f"static_assert(s::kParamsSize == {size}, \"sizeof(Params)\");",
+           f"static_assert(s::kNumErrorFields == {len(seam.ERROR_FIELDS)}, \"error fields\");",
+           f"static_assert(s::kNumErrorCodes == {len(seam.ERROR_CODES)}, \"error codes\");"]
+    for i, n in enumerate(seam.TRT_PLUGIN_FIXED_INPUTS):
+        camel = "k" + "".join(p.capitalize() for p in n.split("_"))
+        sa.append(f"static_assert(s::{camel} == {i} && streq(s::kFixedInputNames[{i}], {_cstr(n)}), \"{n}\");")
+    for i, n in enumerate(seam.TRT_PLUGIN_OUTPUTS):
+        camel = "k" + "".join(p.capitalize() for p in n.split("_"))
+        sa.append(f"static_assert(s::{camel} == {i} && streq(s::kOutputNames[{i}], {_cstr(n)}), \"{n}\");")
+    for i, k in enumerate(seam.KERNEL_DIM_KEYS):
+        sa.append(f"static_assert(s::index_of(s::KernelDim::{k}) == {i} && streq(s::kKernelDimNames[{i}], "
+                  f"{_cstr(k)}), \"dim {k}\");")
+    for i, w in enumerate(seam.LAYER_WEIGHTS):
+        sa.append(f"static_assert(s::index_of(s::LayerField::{w.field}) == {i} && "
+                  f"streq(s::name(s::LayerField::{w.field}), {_cstr(w.field)}) && "
+                  f"streq(s::kLayerFieldHfSuffixes[{i}], {_cstr(w.hf_suffix)}) && "
+                  f"s::kLayerFieldOptional[{i}] == {str(w.optional).lower()}, \"layer field {w.field}\");")
+    for i, (f, off, n) in enumerate(layout):
+        sa.append(f"static_assert(s::index_of(s::Param::{f.name}) == {i} && streq(s::kParams[{i}].name, "
+                  f"{_cstr(f.name)}) && streq(s::kParamNames[{i}], {_cstr(f.name)}) && "
+                  f"streq(s::kParams[{i}].ctype, {_cstr(f.ctype)}) && streq(s::kParams[{i}].role, {_cstr(f.role)}) && "
+                  f"s::kParams[{i}].offset == {off} && s::kParams[{i}].size == {n}, \"param {f.name}\");")
+    for i, (f, _) in enumerate(seam.ERROR_FIELDS):
+        sa.append(f"static_assert(s::index_of(s::ErrorField::{f}) == {i} && streq(s::kErrorFieldNames[{i}], "
+                  f"{_cstr(f)}), \"error field {f}\");")
+    for name, code in seam.ERROR_CODES.items():
+        sa.append(f"static_assert(static_cast<uint32_t>(s::ErrorCode::{name}) == {code} && "
+                  f"streq(s::name(s::ErrorCode::{name}), {_cstr(name)}), \"error code {name}\");")
+    members = " ".join(f"int64_t {k} = {v};" for k, v in dims.items())
+    return "\n".join([
+        "#include <cstdio>", "#include <cstdint>", "", '#include "seam_generated.h"', "",
+        "namespace s = trtllm_mk_seam;",
+        "constexpr bool streq(const char* a, const char* b) { return *a == *b && (*a == 0 || streq(a + 1, b + 1)); }",
+        *sa, "",
+        f"struct Dims {{ {members} }};",
+        "#define PRINT_DIM_KEY(key) std::printf(\"dimkey %s\\n\", #key);",
+        "int main() {",
+        "  TRTLLM_MK_SEAM_KERNEL_DIMS(PRINT_DIM_KEY)",
+        "  const auto shapes = s::layer_weight_shapes(Dims{});",
+        "  for (int f = 0; f < s::kNumLayerFields; ++f) {",
+        "    std::printf(\"shape %s\", s::kLayerFieldNames[f]);",
+        "    for (int64_t n : shapes[f]) std::printf(\" %lld\", static_cast<long long>(n));",
+        "    std::printf(\"\\n\");",
+        "  }",
+        "  for (const auto& p : s::kParams) std::printf(\"param %s %lld %lld\\n\", p.name,",
+        "                                             static_cast<long long>(p.offset), static_cast<long long>(p.size));",
+        "  return 0;",
+        "}", ""])
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs a host C++ compiler")
+def test_generated_plugin_header_compiles_and_matches_the_seam(tmp_path):
+    """The plugin takes its names, counts, offsets and shapes from seam_generated.h; g++ proves the header
+    holds exactly seam.py's values (static_asserts written from Python), and the program prints the rest."""
+    from trtllm_mk import seam
+    header = generate_seam_header(tmp_path)
+    assert header.read_text() == seam.emit_plugin_header()
+    primes = [2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31]
+    dims = dict(zip(seam.KERNEL_DIM_KEYS, primes))   # distinct primes: a product names its factors
+    src = tmp_path / "check.cpp"
+    src.write_text(_header_program(seam, dims))
+    exe = tmp_path / "check"
+    proc = subprocess.run(["g++", "-std=c++17", "-Wall", "-Wextra", "-Wpedantic", "-Werror", f"-I{tmp_path}",
+                           str(src), "-o", str(exe)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True, timeout=60).stdout.splitlines()
+    assert [ln.split()[1] for ln in out if ln.startswith("dimkey ")] == list(seam.KERNEL_DIM_KEYS)
+    assert [ln for ln in out if ln.startswith("shape ")] == [
+        "shape " + " ".join([w.field, *map(str, seam.layer_weight_shape(w.field, dims))]) for w in seam.LAYER_WEIGHTS]
+    layout, _ = seam.params_layout()
+    assert [ln for ln in out if ln.startswith("param ")] == [f"param {f.name} {off} {n}" for f, off, n in layout]
+    # a value the header does not hold fails to compile (the static_asserts do check something)
+    src.write_text(src.read_text().replace(f"s::kParamsSize == {seam.params_layout()[1]}",
+                                           f"s::kParamsSize == {seam.params_layout()[1] + 8}"))
+    bad = subprocess.run(["g++", "-std=c++17", "-fsyntax-only", f"-I{tmp_path}", str(src)], capture_output=True,
+                         text=True, timeout=300)
+    assert bad.returncode != 0 and "sizeof(Params)" in bad.stderr
+
+
+def test_generated_plugin_header_is_not_committed():
+    """seam_generated.h exists only in build directories: the plugin sources hold no copy to drift."""
+    from trtllm_mk import seam
+    copies = [p for p in (REPO / "trtllm_mk").rglob(seam.PLUGIN_HEADER_NAME)]
+    assert copies == [], copies
+    for src in [*TRT_SRC.glob("*.h"), *TRT_SRC.glob("*.cpp")]:
+        text = src.read_text()
+        for hand in ("kLayerInputFields", "kParamsFilled", "kFirstOptionalField", '"q_proj"', 'dims, "L"'):
+            assert hand not in text, f"{src.name} mirrors the seam by hand ({hand})"
+    cmake = (CMAKE_DIR / "CMakeLists.txt").read_text()
+    assert '-I "${SEAM_PY}" --plugin-header "${SEAM_HEADER}"' in cmake   # the command generate_seam_header runs
+
+
+def test_plugin_library_path_is_explicit_env_or_cwd(tmp_path, monkeypatch):
+    from trtllm_mk.backends import tensorrt_plugin as tp
+    from trtllm_mk.errors import EngineError
+    monkeypatch.delenv(tp.LIBRARY_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(EngineError) as info:
+        tp.find_plugin_library()
+    msg = str(info.value)
+    assert msg.startswith(f"{tmp_path / 'build' / 'trt_plugin' / tp.LIBRARY_NAME}: no TensorRT plugin library")
+    assert f"cmake -S {tp.PLUGIN_SOURCE_DIR} -B build/trt_plugin" in msg and tp.LIBRARY_ENV in msg
+    assert "\n" not in msg
+    assert (tp.PLUGIN_SOURCE_DIR / "CMakeLists.txt").is_file()   # the command names a real CMake project
+    lib = tmp_path / "build" / "trt_plugin" / tp.LIBRARY_NAME
+    lib.parent.mkdir(parents=True)
+    lib.write_bytes(b"")
+    assert tp.find_plugin_library() == lib.resolve()                   # ./build/trt_plugin
+    other = tmp_path / "elsewhere.so"
+    other.write_bytes(b"")
+    monkeypatch.setenv(tp.LIBRARY_ENV, str(other))
+    assert tp.find_plugin_library() == other.resolve()                 # the environment variable
+    assert tp.find_plugin_library(lib) == lib.resolve()                # an explicit path wins
+    with pytest.raises(EngineError, match="no TensorRT plugin library"):
+        tp.find_plugin_library(tmp_path / "missing.so")
+
+
 def test_python_side_refuses_a_4bit_engine_in_one_line(real_kernel_json):
     from trtllm_mk.backends.tensorrt_plugin import check_bf16_engine
     check_bf16_engine(real_kernel_json, "eng")
@@ -336,7 +486,8 @@ def plugin_build(tmp_path_factory) -> Path:
     if shutil.which("cmake") is None:
         pytest.skip("cmake is not installed")
     build = tmp_path_factory.mktemp("trt_plugin")
-    cfg = ["cmake", "-S", str(CMAKE_DIR), "-B", str(build), f"-DTENSORRT_INCLUDE_DIR={TRT_INCLUDE}"]
+    cfg = ["cmake", "-S", str(CMAKE_DIR), "-B", str(build), f"-DTENSORRT_INCLUDE_DIR={TRT_INCLUDE}",
+           f"-DPython3_EXECUTABLE={sys.executable}"]
     if not _have_libcuda():  # no CUDA driver here: link against the generated link-only stub
         cfg.append("-DTRTLLM_MK_LINK_STUB_LIBCUDA=ON")
     for cmd in (cfg, ["cmake", "--build", str(build), "-j2"]):
@@ -349,6 +500,9 @@ def plugin_build(tmp_path_factory) -> Path:
 def test_plugin_compiles_and_links_without_libnvinfer(plugin_build):
     lib = plugin_build / "libtrtllm_mk_trt_plugin.so"
     assert lib.is_file()
+    # the build generated the plugin's seam header from seam.py
+    from trtllm_mk import seam
+    assert (plugin_build / "generated" / seam.PLUGIN_HEADER_NAME).read_text() == seam.emit_plugin_header()
     if shutil.which("readelf"):
         dyn = subprocess.run(["readelf", "-d", str(lib)], capture_output=True, text=True, check=True).stdout
         needed = [line.split("[")[1].rstrip("]") for line in dyn.splitlines() if "(NEEDED)" in line]

@@ -53,8 +53,7 @@ def kernel_json(schedule: Schedule, layout: KernelLayout, target: str, resources
         "weight_bits": schedule.spec.weight_bits, "weight_group": schedule.spec.weight_group,
         **({"tensor_parallel": layout.tensor_parallel} if layout.tensor_parallel > 1 else {}),
         **({"experts": d.experts, "experts_per_token": d.experts_per_token} if d.experts else {}),
-        "dims": {"L": d.layers, "H": d.hidden, "I": d.intermediate, "V": d.vocab, "NH": d.heads, "NKV": d.kv_heads,
-                 "D": d.head_dim, "G": d.group, "QKVR": d.qkv_rows},
+        "dims": seam.kernel_dims_json(d),   # keys: seam.KERNEL_DIMS (the TensorRT plugin reads them)
         "params": seam.params_layout_json(),
         **({"resources": resources} if resources is not None else {}),
     }

@@ -341,3 +341,185 @@ def task_args_init(values: dict[str, object]) -> str:
         v = values[a.name]
         parts.append("{" + ", ".join(map(str, v)) + "}" if a.count else str(v))
     return "mk::TaskArgs{" + ", ".join(parts) + "}"
+
+
+# ------------------------------------------------------------------------ the TensorRT plugin's side
+
+# kernel.json "dims": the model dimensions a host without this package needs (the TensorRT plugin checks
+# its inputs and sizes its buffers by them): (key, trtllm_mk.graph.Dims attribute, meaning).
+KERNEL_DIMS = (
+    ("L", "layers", "decoder layers"),
+    ("H", "hidden", "hidden size"),
+    ("I", "intermediate", "MLP width"),
+    ("V", "vocab", "vocabulary size"),
+    ("NH", "heads", "query heads"),
+    ("NKV", "kv_heads", "KV heads"),
+    ("D", "head_dim", "head dimension"),
+    ("G", "group", "query heads per KV head"),
+    ("QKVR", "qkv_rows", "QKV projection rows: NKV * (G + 2) * D"),
+)
+KERNEL_DIM_KEYS = tuple(k for k, _, _ in KERNEL_DIMS)
+
+
+def kernel_dims_json(dims) -> dict[str, int]:
+    """kernel.json's "dims" from a step graph's dimensions (trtllm_mk.graph.Dims)."""
+    return {key: int(getattr(dims, attr)) for key, attr, _ in KERNEL_DIMS}
+
+
+# Each mk::LayerWeights tensor's shape in HF layout ([out, in] for linears): per axis, the KERNEL_DIMS
+# keys whose product it is.
+LAYER_WEIGHT_SHAPES = {
+    "q": (("NH", "D"), ("H",)), "k": (("NKV", "D"), ("H",)), "v": (("NKV", "D"), ("H",)),
+    "o": (("H",), ("NH", "D")), "gate": (("I",), ("H",)), "up": (("I",), ("H",)), "down": (("H",), ("I",)),
+    "ln1": (("H",),), "ln2": (("H",),), "q_norm": (("D",),), "k_norm": (("D",),),
+    "q_bias": (("NH", "D"),), "k_bias": (("NKV", "D"),), "v_bias": (("NKV", "D"),),
+}
+
+
+def layer_weight_shape(field: str, dims: dict[str, int]) -> tuple[int, ...]:
+    """The shape of layer weight ``field`` for kernel.json ``dims``."""
+    out = []
+    for axis in LAYER_WEIGHT_SHAPES[field]:
+        n = 1
+        for key in axis:
+            n *= dims[key]
+        out.append(n)
+    return tuple(out)
+
+
+# The TensorRT plugin's interface (trtllm_mk/plugin/trt, trtllm_mk/backends/tensorrt_plugin.py): its
+# identity in TensorRT's plugin registry, the inputs before the layers' weights (then per layer the
+# LAYER_WEIGHTS in order) and its outputs.
+TRT_PLUGIN_NAME = "TrtllmMkDecodeStep"
+TRT_PLUGIN_VERSION = "1"
+TRT_PLUGIN_NAMESPACE = ""
+TRT_PLUGIN_FIXED_INPUTS = ("tokens", "pos", "kv_pool", "block_table", "embed", "final_norm", "lm_head", "inv_freq")
+TRT_PLUGIN_OUTPUTS = ("next_tokens", "logits")
+
+# The C++ header the plugin's build generates from this file (emit_plugin_header): the CMake build
+# (trtllm_mk/plugin/CMakeLists.txt) runs ``python -I trtllm_mk/seam.py --plugin-header <out>``, which
+# needs nothing but the standard library (``python -m trtllm_mk.seam`` does the same).
+PLUGIN_HEADER_NAME = "seam_generated.h"
+PLUGIN_HEADER_NAMESPACE = "trtllm_mk_seam"
+
+
+def _c_str(s: str) -> str:
+    if not s.isascii() or not s.isprintable() or '"' in s or "\\" in s:
+        raise ValueError(f"{s!r} cannot be a plain C string literal")
+    return f'"{s}"'
+
+
+def _c_ident(s: str) -> str:
+    if not (s.isascii() and s.isidentifier()):
+        raise ValueError(f"{s!r} is not a C identifier")
+    return s
+
+
+def _camel(name: str) -> str:
+    return "k" + "".join(p[:1].upper() + p[1:] for p in name.split("_"))
+
+
+def _named_enum(enum: str, names, doc: str) -> list[str]:
+    """``enum class <enum>`` numbered in order, its count, its names and ``name()`` / ``index_of()``."""
+    names = list(names)
+    return [f"// {doc}",
+            f"enum class {enum} : int {{ " + ", ".join(f"{_c_ident(n)} = {i}" for i, n in enumerate(names)) + " };",
+            f"constexpr int kNum{enum}s = {len(names)};",
+            f"constexpr const char* k{enum}Names[kNum{enum}s] = {{" + ", ".join(map(_c_str, names)) + "};",
+            f"constexpr const char* name({enum} v) {{ return k{enum}Names[static_cast<int>(v)]; }}",
+            f"constexpr int index_of({enum} v) {{ return static_cast<int>(v); }}", ""]
+
+
+def emit_plugin_header() -> str:
+    """seam_generated.h: what the TensorRT plugin (trtllm_mk/plugin/trt) takes from this file, in
+    namespace ``trtllm_mk_seam``. Self-contained C++17 (<cstdint>, <vector>); needs no CUDA or TensorRT."""
+    ns = PLUGIN_HEADER_NAMESPACE
+    lines = ["// Generated from trtllm_mk/seam.py (emit_plugin_header) when the TensorRT plugin is built:",
+             "//   python -I trtllm_mk/seam.py --plugin-header " + PLUGIN_HEADER_NAME,
+             "// Do not edit and do not commit: change trtllm_mk/seam.py.",
+             "#pragma once", "", "#include <cstdint>", "#include <vector>", "",
+             "// The kernel.json dims keys in order, as an X-macro: X(key) once per key.",
+             "#define TRTLLM_MK_SEAM_KERNEL_DIMS(X) " + " ".join(f"X({_c_ident(k)})" for k in KERNEL_DIM_KEYS), "",
+             f"namespace {ns} {{", "",
+             "// The plugin's identity in TensorRT's plugin registry.",
+             f"constexpr const char* kPluginName = {_c_str(TRT_PLUGIN_NAME)};",
+             f"constexpr const char* kPluginVersion = {_c_str(TRT_PLUGIN_VERSION)};",
+             f"constexpr const char* kPluginNamespace = {_c_str(TRT_PLUGIN_NAMESPACE)};", "",
+             "// The plugin's inputs before the layers' weights, then per layer kNumLayerFields inputs.",
+             "enum InputIndex : int { " + ", ".join(f"{_camel(n)} = {i}" for i, n in enumerate(TRT_PLUGIN_FIXED_INPUTS))
+             + " };",
+             f"constexpr int kNumFixedInputs = {len(TRT_PLUGIN_FIXED_INPUTS)};",
+             "constexpr const char* kFixedInputNames[kNumFixedInputs] = {"
+             + ", ".join(map(_c_str, TRT_PLUGIN_FIXED_INPUTS)) + "};",
+             "enum OutputIndex : int { " + ", ".join(f"{_camel(n)} = {i}" for i, n in enumerate(TRT_PLUGIN_OUTPUTS))
+             + " };",
+             f"constexpr int kNumOutputs = {len(TRT_PLUGIN_OUTPUTS)};",
+             "constexpr const char* kOutputNames[kNumOutputs] = {" + ", ".join(map(_c_str, TRT_PLUGIN_OUTPUTS)) + "};",
+             ""]
+    lines += _named_enum("KernelDim", KERNEL_DIM_KEYS, "kernel.json \"dims\" keys: "
+                         + ", ".join(f"{k} {doc}" for k, _, doc in KERNEL_DIMS))
+    lines += _named_enum("LayerField", LAYER_FIELD_NAMES, "mk::LayerWeights members in table order (the plugin's "
+                         "per-layer input order too)")
+    lines += ["constexpr const char* kLayerFieldHfSuffixes[kNumLayerFields] = {"
+              + ", ".join(_c_str(w.hf_suffix) for w in LAYER_WEIGHTS) + "};",
+              "// Absent in some model families (a null pointer then; a 1-element placeholder input for the plugin).",
+              "constexpr bool kLayerFieldOptional[kNumLayerFields] = {"
+              + ", ".join("true" if w.optional else "false" for w in LAYER_WEIGHTS) + "};",
+              f"constexpr int kNumOptionalLayerFields = {sum(w.optional for w in LAYER_WEIGHTS)};", "",
+              "// Each layer weight's shape (HF layout) from a struct holding the kernel.json dims as integer members.",
+              "template <class Dims>", "std::vector<std::vector<int64_t>> layer_weight_shapes(const Dims& d) {",
+              "  return {"]
+    for w in LAYER_WEIGHTS:
+        axes = ", ".join(" * ".join(f"d.{_c_ident(k)}" for k in axis)
+                         for axis in LAYER_WEIGHT_SHAPES[w.field])
+        lines.append(f"      std::vector<int64_t>{{{axes}}},  // {w.field}")
+    lines += ["  };", "}", ""]
+    layout, size = params_layout()
+    lines += _named_enum("Param", [f.name for f in PARAMS], "mk::Params fields in struct order")
+    lines += ["struct ParamFieldInfo {", "  const char* name;", "  const char* ctype;",
+              "  const char* role;  // weight: model tensor; buffer: engine-owned memory; scalar: a value",
+              "  int64_t offset;", "  int64_t size;", "};",
+              "constexpr ParamFieldInfo kParams[kNumParams] = {"]
+    lines += [f"    {{{_c_str(f.name)}, {_c_str(f.ctype)}, {_c_str(f.role)}, {off}, {n}}}," for f, off, n in layout]
+    lines += ["};", f"constexpr int64_t kParamsSize = {size};  // sizeof(mk::Params)", ""]
+    lines += _named_enum("ErrorField", [f for f, _ in ERROR_FIELDS], "mk::ErrorInfo's 32-bit words in order")
+    lines += ["// ErrorInfo.code values.",
+              "enum class ErrorCode : uint32_t { " + ", ".join(f"{_c_ident(k)} = {v}" for k, v in ERROR_CODES.items())
+              + " };",
+              "struct ErrorCodeInfo {", "  const char* name;", "  uint32_t code;", "};",
+              f"constexpr int kNumErrorCodes = {len(ERROR_CODES)};",
+              "constexpr ErrorCodeInfo kErrorCodes[kNumErrorCodes] = {"
+              + ", ".join(f"{{{_c_str(k)}, {v}}}" for k, v in ERROR_CODES.items()) + "};",
+              "constexpr const char* name(ErrorCode c) {",
+              "  for (const ErrorCodeInfo& e : kErrorCodes)",
+              "    if (e.code == static_cast<uint32_t>(c)) return e.name;",
+              "  return \"\";", "}", "",
+              f"}}  // namespace {ns}"]
+    return "\n".join(lines) + "\n"
+
+
+def write_plugin_header(path) -> bool:
+    """Write emit_plugin_header() to ``path`` unless it already holds exactly that; True when written."""
+    from pathlib import Path
+    path, text = Path(path), emit_plugin_header()
+    if path.is_file() and path.read_text() == text:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+    return True
+
+
+def main(argv=None) -> int:
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m trtllm_mk.seam", description="Emit the seam's generated C++.")
+    ap.add_argument("--plugin-header", metavar="OUT", required=True,
+                    help=f"write the TensorRT plugin's {PLUGIN_HEADER_NAME} to OUT")
+    args = ap.parse_args(argv)
+    write_plugin_header(args.plugin_header)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

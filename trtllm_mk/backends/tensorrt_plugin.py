@@ -1,6 +1,6 @@
 """TensorRT face of the megakernel: load the plugin library and put one decode step into a network.
 
-The library (``libtrtllm_mk_trt_plugin.so``, built by ``build_scripts/CMakeLists.txt``) registers the
+The library (``libtrtllm_mk_trt_plugin.so``, built by ``trtllm_mk/plugin/CMakeLists.txt``) registers the
 IPluginV3 ``TrtllmMkDecodeStep`` (version ``"1"``, namespace ``""``) through its exported
 ``getCreators``; its only field is ``engine_dir``, a trtllm_mk engine directory. Written against the
 TensorRT 10/11 Python API (``get_plugin_registry().load_library``, ``PluginFieldCollection``,
@@ -15,12 +15,12 @@ TensorRT 10/11 Python API (``get_plugin_registry().load_library``, ``PluginField
 
 At run time ``kv_pool`` must be bound to the paged KV cache itself
 (``context.set_tensor_address("kv_pool", cache.pool.data_ptr())``): the step appends its K/V there in
-place, as TensorRT-LLM's attention plugin does with its pool (plugin_src/trt/README.md says why and
+place, as TensorRT-LLM's attention plugin does with its pool (trtllm_mk/plugin/trt/README.md says why and
 what that requires).
 
 TensorRT cannot be installed in this project's development environment, so this module was written
 against TensorRT's public Python sources and never executed; the C++ plugin was compiled against
-TensorRT's public headers (see plugin_src/trt/README.md). Without TensorRT every entry point raises
+TensorRT's public headers (see trtllm_mk/plugin/trt/README.md). Without TensorRT every entry point raises
 ``TensorRTNotInstalled`` with one line saying how to install it.
 """
 from __future__ import annotations
@@ -34,20 +34,26 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..errors import EngineError, UserError
-# the order of mk::LayerWeights and the entries a model family may lack
-from ..seam import LAYER_FIELD_NAMES, OPTIONAL_LAYER_FIELDS
+# the order of mk::LayerWeights and the entries a model family may lack; the plugin's identity
+from ..seam import (LAYER_FIELD_NAMES, OPTIONAL_LAYER_FIELDS, TRT_PLUGIN_FIXED_INPUTS, TRT_PLUGIN_NAME,
+                    TRT_PLUGIN_NAMESPACE, TRT_PLUGIN_VERSION)
 
-PLUGIN_NAME = "TrtllmMkDecodeStep"
-PLUGIN_VERSION = "1"
-PLUGIN_NAMESPACE = ""
+PLUGIN_NAME = TRT_PLUGIN_NAME
+PLUGIN_VERSION = TRT_PLUGIN_VERSION
+PLUGIN_NAMESPACE = TRT_PLUGIN_NAMESPACE
 LIBRARY_NAME = "libtrtllm_mk_trt_plugin.so"
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_LIBRARY = REPO_ROOT / "build" / "trt_plugin" / LIBRARY_NAME
+LIBRARY_ENV = "TRTLLM_MK_TRT_PLUGIN"   # the library's path, when not passed explicitly
+# Where the build below puts it, relative to the current directory.
+DEFAULT_LIBRARY = Path("build") / "trt_plugin" / LIBRARY_NAME
+# The plugin's CMake project ships in the package (C++ sources in trtllm_mk/plugin/trt), so it builds
+# the same from a source checkout and from an installed wheel.
+PLUGIN_SOURCE_DIR = Path(__file__).resolve().parents[1] / "plugin"
+BUILD_COMMAND = (f"cmake -S {PLUGIN_SOURCE_DIR} -B build/trt_plugin -DTENSORRT_ROOT=<tensorrt> && "
+                 f"cmake --build build/trt_plugin")
 
 INSTALL_HINT = ("install TensorRT 10 or 11 with its Python bindings (pip install tensorrt, which downloads from "
                 "NVIDIA's index pypi.nvidia.com, or NVIDIA's tar/deb packages), then build the plugin with "
-                "cmake -S build_scripts -B build/trt_plugin -DTENSORRT_ROOT=<tensorrt> && "
-                "cmake --build build/trt_plugin")
+                f"{BUILD_COMMAND}")
 
 
 class TensorRTNotInstalled(UserError):
@@ -72,12 +78,12 @@ def import_tensorrt():
 
 
 def find_plugin_library(path: str | os.PathLike | None = None) -> Path:
-    """``path``, else $TRTLLM_MK_TRT_PLUGIN, else build/trt_plugin/ in the repository; must exist."""
-    cand = Path(path or os.environ.get("TRTLLM_MK_TRT_PLUGIN") or DEFAULT_LIBRARY).expanduser()
+    """``path``, else $TRTLLM_MK_TRT_PLUGIN, else ./build/trt_plugin/libtrtllm_mk_trt_plugin.so (relative to
+    the current directory); must exist."""
+    cand = Path(path or os.environ.get(LIBRARY_ENV) or DEFAULT_LIBRARY).expanduser()
     if not cand.is_file():
-        raise EngineError(f"{cand}: no TensorRT plugin library there; build it with cmake -S build_scripts -B "
-                          f"build/trt_plugin -DTENSORRT_ROOT=<tensorrt> && cmake --build build/trt_plugin "
-                          f"(or set TRTLLM_MK_TRT_PLUGIN to the built {LIBRARY_NAME})")
+        raise EngineError(f"{cand.absolute()}: no TensorRT plugin library there; build it with {BUILD_COMMAND} "
+                          f"(then pass the path of {LIBRARY_NAME} or set {LIBRARY_ENV} to it)")
     return cand.resolve()
 
 
@@ -109,7 +115,7 @@ def load_plugin_library(path: str | os.PathLike | None = None):
 
 
 def read_kernel_json(engine_dir: str | os.PathLike) -> dict:
-    """kernel.json of an engine directory (its schema: plugin_src/trt/kernel_json.h)."""
+    """kernel.json of an engine directory (its schema: trtllm_mk/plugin/trt/kernel_json.h)."""
     path = Path(engine_dir) / "kernel.json"
     try:
         return json.loads(path.read_text())
@@ -223,7 +229,9 @@ def add_decode_step(network, engine_dir: str | os.PathLike, tokens, pos, kv_pool
     if plugin is None:
         raise EngineError(f"TensorRT plugin {PLUGIN_NAME} refused engine dir {engine_dir} (TensorRT's log has the "
                           f"plugin's reason)")
-    inputs = [tokens, pos, kv_pool, block_table, embed, final_norm, lm_head, inv_freq, *layer_inputs]
+    fixed = dict(tokens=tokens, pos=pos, kv_pool=kv_pool, block_table=block_table, embed=embed,
+                 final_norm=final_norm, lm_head=lm_head, inv_freq=inv_freq)
+    inputs = [fixed[n] for n in TRT_PLUGIN_FIXED_INPUTS] + layer_inputs   # the plugin's input order
     layer = network.add_plugin_v3(inputs, [], plugin)
     if layer is None:
         raise EngineError(f"INetworkDefinition.add_plugin_v3 refused {PLUGIN_NAME} (TensorRT's log says why)")

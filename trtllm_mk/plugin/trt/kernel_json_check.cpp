@@ -17,9 +17,11 @@ int main(int argc, char** argv) {
               << " smem_bytes=" << k.smem_bytes << " num_counters=" << k.num_counters
               << " n_lm_tiles=" << k.n_lm_tiles << " history_len=" << k.history_len
               << " tokens_per_block=" << k.tokens_per_block << " batch=" << k.batch
-              << " attn_splits=" << k.attn_splits << " L=" << d.L << " H=" << d.H << " I=" << d.I << " V=" << d.V
-              << " NH=" << d.NH << " NKV=" << d.NKV << " D=" << d.D << " G=" << d.G << " QKVR=" << d.QKVR
-              << " events=" << k.event_offsets.size() << " qk_norm=" << k.qk_norm << " qkv_bias=" << k.qkv_bias
+              << " attn_splits=" << k.attn_splits;
+#define TRTLLM_MK_PRINT_DIM(key) std::cout << " " #key "=" << d.key;
+    TRTLLM_MK_SEAM_KERNEL_DIMS(TRTLLM_MK_PRINT_DIM)
+#undef TRTLLM_MK_PRINT_DIM
+    std::cout << " events=" << k.event_offsets.size() << " qk_norm=" << k.qk_norm << " qkv_bias=" << k.qkv_bias
               << " weight_bits=" << k.weight_bits
               << " params_size=" << k.params.size << " params_fields=" << k.params.fields.size()
               << " layer_fields=" << k.params.layer_fields.size() << "\n";

@@ -98,10 +98,6 @@ int64_t volume(const Dims& d) {
 constexpr int64_t kAnyPositive = -1;   // kv_pool's num_blocks
 constexpr int64_t kAtLeastNeed = -2;   // block_table's max_blocks: at least ceil(history_len / TPB)
 
-const char* const kLayerFieldNames[kLayerFields] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                                    "down_proj", "input_layernorm", "post_attention_layernorm",
-                                                    "q_norm", "k_norm", "q_bias", "k_bias", "v_bias"};
-
 struct Expect {
   std::string name;
   DataType type;
@@ -109,27 +105,46 @@ struct Expect {
   bool optional;  // may be a 1-element placeholder
 };
 
-std::vector<Expect> expectations(const KernelSpec& k) {
+// A switch over a generated enum (seam_generated.h) must name every enumerator: a field or input added
+// to trtllm_mk/seam.py then stops the plugin from compiling until it is handled here.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic error "-Wswitch"
+
+// dtype and shape of fixed input `i`.
+Expect fixed_input(InputIndex i, const KernelSpec& k) {
   const KernelDims& d = k.dims;
-  const int64_t B = k.batch, q = d.NH * d.D, kv = d.NKV * d.D;
-  std::vector<Expect> e = {
-      {"tokens", DataType::kINT32, {B}, false},
-      {"pos", DataType::kINT32, {B}, false},
-      {"kv_pool", DataType::kBF16, {d.L, kAnyPositive, 2, d.NKV, k.tokens_per_block, d.D}, false},
-      {"block_table", DataType::kINT32, {B, kAtLeastNeed}, false},
-      {"embed", DataType::kBF16, {d.V, d.H}, false},
-      {"final_norm", DataType::kBF16, {d.H}, false},
-      {"lm_head", DataType::kBF16, {d.V, d.H}, false},
-      {"inv_freq", DataType::kFLOAT, {d.D / 2}, false},
-  };
-  const std::vector<int64_t> shapes[kLayerFields] = {{q, d.H},    {kv, d.H},   {kv, d.H}, {d.H, q}, {d.I, d.H},
-                                                     {d.I, d.H},  {d.H, d.I},  {d.H},     {d.H},    {d.D},
-                                                     {d.D},       {q},         {kv},      {kv}};
-  for (int64_t l = 0; l < d.L; ++l)
+  const int64_t B = k.batch;
+  const std::string name = seam::kFixedInputNames[i];
+  switch (i) {
+    case kTokens: return {name, DataType::kINT32, {B}, false};
+    case kPos: return {name, DataType::kINT32, {B}, false};
+    case kKvPool: return {name, DataType::kBF16, {d.L, kAnyPositive, 2, d.NKV, k.tokens_per_block, d.D}, false};
+    case kBlockTable: return {name, DataType::kINT32, {B, kAtLeastNeed}, false};
+    case kEmbed: return {name, DataType::kBF16, {d.V, d.H}, false};
+    case kFinalNorm: return {name, DataType::kBF16, {d.H}, false};
+    case kLmHead: return {name, DataType::kBF16, {d.V, d.H}, false};
+    case kInvFreq: return {name, DataType::kFLOAT, {d.D / 2}, false};
+  }
+  throw std::logic_error("unknown plugin input " + std::to_string(static_cast<int>(i)));
+}
+
+#pragma GCC diagnostic pop
+
+std::vector<Expect> expectations(const KernelSpec& k) {
+  std::vector<Expect> e;
+  for (int i = 0; i < kNumFixedInputs; ++i) e.push_back(fixed_input(static_cast<InputIndex>(i), k));
+  const std::vector<std::vector<int64_t>> shapes = seam::layer_weight_shapes(k.dims);
+  for (int64_t l = 0; l < k.dims.L; ++l)
     for (int f = 0; f < kLayerFields; ++f)
-      e.push_back({"layer " + std::to_string(l) + " " + kLayerFieldNames[f], DataType::kBF16, shapes[f],
-                   f >= kFirstOptionalField});
+      e.push_back({"layer " + std::to_string(l) + " " + seam::kLayerFieldNames[f] + " (" +
+                       seam::kLayerFieldHfSuffixes[f] + ")",
+                   DataType::kBF16, shapes[f], seam::kLayerFieldOptional[f]});
   return e;
+}
+
+// "8 + 14 per layer": the plugin's input count, in words.
+std::string input_count_rule() {
+  return std::to_string(kNumFixedInputs) + " + " + std::to_string(kLayerFields) + " per layer";
 }
 
 std::string field_string(const PluginField& f) {
@@ -232,20 +247,22 @@ class DecodeState {
     const volatile uint32_t* e = error_host_;
     if (e == nullptr || e[0] == 0) return "";
     const ParamsLayout& L = k.params;
-    auto word = [&](const char* name) -> uint32_t {
-      const int i = L.error_word(name);
+    // Word indices by name from kernel.json; the names are the seam's (seam_generated.h).
+    auto word = [&](seam::ErrorField f) -> uint32_t {
+      const int i = L.error_word(seam::name(f));
       return i < 0 ? 0u : e[i];
     };
+    using EF = seam::ErrorField;
     std::ostringstream os;
     const int64_t code = e[0];
-    if (code == L.error_code("NONFINITE_LOGITS")) {
-      os << "the logits of batch row " << word("layer") << " were all NaN or -inf at step " << word("task")
+    if (code == L.error_code(seam::name(seam::ErrorCode::NONFINITE_LOGITS))) {
+      os << "the logits of batch row " << word(EF::layer) << " were all NaN or -inf at step " << word(EF::task)
          << " (the weights or the KV cache hold non-finite values)";
-    } else if (code == L.error_code("WAIT_TIMEOUT")) {
-      os << "the megakernel trapped in an earlier step: SM " << word("sm") << " timed out waiting on event "
-         << k.event_name(word("event_index")) << " (counter " << word("event_index") << "): target " << word("target")
-         << ", seen " << word("seen") << ", layer " << static_cast<int32_t>(word("layer")) << ", task #"
-         << word("task")
+    } else if (code == L.error_code(seam::name(seam::ErrorCode::WAIT_TIMEOUT))) {
+      os << "the megakernel trapped in an earlier step: SM " << word(EF::sm) << " timed out waiting on event "
+         << k.event_name(word(EF::event_index)) << " (counter " << word(EF::event_index) << "): target " << word(EF::target)
+         << ", seen " << word(EF::seen) << ", layer " << static_cast<int32_t>(word(EF::layer)) << ", task #"
+         << word(EF::task)
          << " of that SM. The CUDA context is lost; a schedule that cannot make progress is a build bug "
             "(run `verify` on the engine)";
     } else {
@@ -440,11 +457,13 @@ std::string DecodeStepPlugin::check_io(const Dims* in_dims, const DataType* in_t
   std::ostringstream err;
   if (nbInputs != static_cast<int32_t>(expect.size())) {
     err << "got " << nbInputs << " inputs but the engine in " << engine_dir_ << " needs " << expect.size()
-        << " (8 + 14 per layer for " << spec_.dims.L << " layers)";
+        << " (" << input_count_rule() << " for " << spec_.dims.L << " layers)";
     return err.str();
   }
   if (nbOutputs != kNumOutputs) {
-    err << "got " << nbOutputs << " outputs, expected 2 (next_tokens, logits)";
+    err << "got " << nbOutputs << " outputs, expected " << kNumOutputs << " (";
+    for (int o = 0; o < kNumOutputs; ++o) err << (o ? ", " : "") << seam::kOutputNames[o];
+    err << ")";
     return err.str();
   }
   const int64_t need_blocks = (spec_.history_len + spec_.tokens_per_block - 1) / spec_.tokens_per_block;
@@ -491,16 +510,19 @@ std::string DecodeStepPlugin::check_io(const Dims* in_dims, const DataType* in_t
   }
   // A model either has QK-norm / QKV bias in every layer or in none; the kernel was compiled for one.
   const int64_t L = spec_.dims.L;
-  for (int f = kFirstOptionalField; f < kLayerFields; ++f) {
+  for (int f = 0; f < kLayerFields; ++f) {
+    if (!seam::kLayerFieldOptional[f]) continue;
     const bool first = placeholder[kNumFixedInputs + f];
     for (int64_t l = 1; l < L; ++l)
       if (placeholder[kNumFixedInputs + kLayerFields * l + f] != first)
-        return std::string("layer ") + std::to_string(l) + " " + kLayerFieldNames[f] +
+        return std::string("layer ") + std::to_string(l) + " " + seam::kLayerFieldNames[f] +
                (first ? " is a real tensor but layer 0's is a placeholder" : " is a placeholder but layer 0's is not");
   }
-  const bool no_norm = placeholder[kNumFixedInputs + 9], no_bias = placeholder[kNumFixedInputs + 11];
-  if (placeholder[kNumFixedInputs + 10] != no_norm) return "q_norm and k_norm must both be given or both be placeholders";
-  if (placeholder[kNumFixedInputs + 12] != no_bias || placeholder[kNumFixedInputs + 13] != no_bias)
+  auto absent = [&](seam::LayerField f) { return placeholder[kNumFixedInputs + seam::index_of(f)]; };
+  using LF = seam::LayerField;
+  const bool no_norm = absent(LF::q_norm), no_bias = absent(LF::q_bias);
+  if (absent(LF::k_norm) != no_norm) return "q_norm and k_norm must both be given or both be placeholders";
+  if (absent(LF::k_bias) != no_bias || absent(LF::v_bias) != no_bias)
     return "q_bias, k_bias and v_bias must all be given or all be placeholders";
   if (spec_.qk_norm == 1 && no_norm) return "the engine's model has QK-norm: pass q_norm/k_norm, not placeholders";
   if (spec_.qk_norm == 0 && !no_norm) return "the engine's model has no QK-norm: pass 1-element placeholders for q_norm/k_norm";
@@ -537,7 +559,7 @@ int32_t DecodeStepPlugin::getOutputDataTypes(DataType* outputTypes, int32_t nbOu
   if (nbOutputs != kNumOutputs || nbInputs != expected_num_inputs(spec_)) {
     log(Severity::kERROR, "got " + std::to_string(nbInputs) + " inputs / " + std::to_string(nbOutputs) +
                               " outputs; the engine needs " + std::to_string(expected_num_inputs(spec_)) +
-                              " inputs (8 + 14 per layer) and 2 outputs");
+                              " inputs (" + input_count_rule() + ") and " + std::to_string(kNumOutputs) + " outputs");
     return -1;
   }
   try {
@@ -564,7 +586,7 @@ int32_t DecodeStepPlugin::getOutputShapes(const nvinfer1::DimsExprs*, int32_t nb
   if (nbOutputs != kNumOutputs || nbInputs != expected_num_inputs(spec_)) {
     log(Severity::kERROR, "got " + std::to_string(nbInputs) + " inputs / " + std::to_string(nbOutputs) +
                               " outputs; the engine needs " + std::to_string(expected_num_inputs(spec_)) +
-                              " inputs (8 + 14 per layer) and 2 outputs");
+                              " inputs (" + input_count_rule() + ") and " + std::to_string(kNumOutputs) + " outputs");
     return -1;
   }
   // Constants, not expressions of the inputs: the kernel exists for exactly this batch and vocabulary.
@@ -687,7 +709,7 @@ int32_t DecodeStepPlugin::enqueue(const nvinfer1::PluginTensorDesc* inputDesc, c
       for (int j = 0; j < kLayerFields; ++j) {   // j: position in the kernel's table
         const int f = layer_order_[j];
         const int i = kNumFixedInputs + kLayerFields * static_cast<int>(l) + f;
-        const bool absent = f >= kFirstOptionalField && volume(inputDesc[i].dims) == 1;
+        const bool absent = seam::kLayerFieldOptional[f] && volume(inputDesc[i].dims) == 1;
         table[kLayerFields * l + j] = absent ? 0 : reinterpret_cast<uint64_t>(inputs[i]);
       }
     }
@@ -710,44 +732,63 @@ int32_t DecodeStepPlugin::enqueue(const nvinfer1::PluginTensorDesc* inputDesc, c
 
     auto ptr = [&](int i) { return reinterpret_cast<CUdeviceptr>(inputs[i]); };
     // mk::Params is passed by value, so a captured CUDA graph holds these bytes; only the table behind
-    // `layers` is read through a pointer. Offsets and sizes come from kernel.json (trtllm_mk/seam.py).
+    // `layers` is read through a pointer. Offsets and sizes come from kernel.json (trtllm_mk/seam.py);
+    // the value of every field of the seam this plugin was built from comes from param_value.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic error "-Wswitch"   // every seam::Param must be handled (seam_generated.h)
+    auto param_value = [&](seam::Param f) -> uint64_t {
+      using P = seam::Param;
+      switch (f) {
+        case P::layers: return st.device_slot(slot);
+        case P::embed: return ptr(kEmbed);
+        case P::final_norm: return ptr(kFinalNorm);
+        case P::lm_head: return ptr(kLmHead);
+        case P::inv_freq: return ptr(kInvFreq);
+        case P::x: return st.x;
+        case P::qkv: return st.qkv;
+        case P::part_o: return st.part_o;
+        case P::part_ml: return st.part_ml;
+        case P::attn_out: return st.attn_out;
+        case P::act: return st.act;
+        case P::logits: return reinterpret_cast<CUdeviceptr>(outputs[kLogits]);  // written and re-read by the LM head only
+        case P::lm_val: return st.lm_val;
+        case P::lm_idx: return st.lm_idx;
+        case P::tokens: return next_tokens;
+        case P::pos: return st.pos;
+        case P::history: return st.history;
+        case P::kv_pool: return ptr(kKvPool);
+        case P::block_table: return ptr(kBlockTable);
+        case P::counters: return st.counters;
+        case P::control: return st.control;
+        case P::error: return st.error_dev;
+        case P::num_blocks: return static_cast<uint64_t>(inputDesc[kKvPool].dims.d[1]);
+        case P::block_table_stride: return static_cast<uint64_t>(inputDesc[kBlockTable].dims.d[1]);
+        case P::trace: return 0;   // the per-task timeline is off inside TensorRT
+        case P::sampling: return st.sampling;
+        case P::lm_lse: return st.lm_lse;
+        case P::logprobs: return st.logprobs;
+        case P::top_ids: return st.top_ids;
+        case P::cand_hist: return st.cand_hist;
+        case P::layer_scales: return 0;   // bf16 weights: no scale words (layer_table_inputs refuses 4-bit engines)
+        case P::peers: return 0;          // one GPU: no tensor-parallel peers
+        case P::rank: return 0;
+        case P::routers:                  // dense models: no experts (mixture-of-experts engines are refused)
+        case P::experts:
+        case P::router_logits:
+        case P::moe_slot:
+        case P::moe_w:
+        case P::moe_act:
+        case P::moe_xn: return 0;
+      }
+      throw std::logic_error(std::string("no value for mk::Params field ") + seam::name(f));
+    };
+#pragma GCC diagnostic pop
     const ParamsLayout& L = spec_.params;
     std::vector<unsigned char> p(static_cast<size_t>(L.size), 0);
-    L.put(p, "layers", st.device_slot(slot));
-    L.put(p, "embed", ptr(kEmbed));
-    L.put(p, "final_norm", ptr(kFinalNorm));
-    L.put(p, "lm_head", ptr(kLmHead));
-    L.put(p, "inv_freq", ptr(kInvFreq));
-    L.put(p, "x", st.x);
-    L.put(p, "qkv", st.qkv);
-    L.put(p, "part_o", st.part_o);
-    L.put(p, "part_ml", st.part_ml);
-    L.put(p, "attn_out", st.attn_out);
-    L.put(p, "act", st.act);
-    L.put(p, "logits", reinterpret_cast<CUdeviceptr>(outputs[kLogits]));  // written and re-read by the LM head only
-    L.put(p, "lm_val", st.lm_val);
-    L.put(p, "lm_idx", st.lm_idx);
-    L.put(p, "tokens", next_tokens);
-    L.put(p, "pos", st.pos);
-    L.put(p, "history", st.history);
-    L.put(p, "kv_pool", ptr(kKvPool));
-    L.put(p, "block_table", ptr(kBlockTable));
-    L.put(p, "counters", st.counters);
-    L.put(p, "control", st.control);
-    L.put(p, "error", st.error_dev);
-    L.put(p, "num_blocks", static_cast<uint64_t>(inputDesc[kKvPool].dims.d[1]));
-    L.put(p, "block_table_stride", static_cast<uint64_t>(inputDesc[kBlockTable].dims.d[1]));
-    L.put(p, "trace", 0);   // the per-task timeline is off inside TensorRT
-    L.put(p, "sampling", st.sampling);
-    L.put(p, "lm_lse", st.lm_lse);
-    L.put(p, "logprobs", st.logprobs);
-    L.put(p, "top_ids", st.top_ids);
-    L.put(p, "cand_hist", st.cand_hist);
-    L.put(p, "layer_scales", 0);   // bf16 weights: no scale words (layer_table_inputs refuses 4-bit engines)
-    L.put(p, "peers", 0);          // one GPU: no tensor-parallel peers
-    L.put(p, "rank", 0);
-    for (const char* f : {"routers", "experts", "router_logits", "moe_slot", "moe_w", "moe_act", "moe_xn"})
-      L.put(p, f, 0);              // dense models: no experts (mixture-of-experts engines are refused)
+    for (int i = 0; i < seam::kNumParams; ++i) {
+      const auto f = static_cast<seam::Param>(i);
+      L.put(p, seam::name(f), param_value(f));
+    }
     st.module->launch(p.data(), p.size(), stream);
     if (!capturing) st.record_kernel(slot, stream);
     return 0;

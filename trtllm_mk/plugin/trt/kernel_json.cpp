@@ -473,15 +473,9 @@ KernelSpec parse_kernel_json(const std::string& text, const std::string& where) 
   const JValue& dims = r.require(root, "dims", "");
   if (dims.kind != JValue::kObject) r.fail(std::string("\"dims\" must be an object, got ") + kind_name(dims.kind));
   KernelDims& d = k.dims;
-  d.L = r.integer(dims, "L", 1, "dims.");
-  d.H = r.integer(dims, "H", 1, "dims.");
-  d.I = r.integer(dims, "I", 1, "dims.");
-  d.V = r.integer(dims, "V", 1, "dims.");
-  d.NH = r.integer(dims, "NH", 1, "dims.");
-  d.NKV = r.integer(dims, "NKV", 1, "dims.");
-  d.D = r.integer(dims, "D", 1, "dims.");
-  d.G = r.integer(dims, "G", 1, "dims.");
-  d.QKVR = r.integer(dims, "QKVR", 1, "dims.");
+#define TRTLLM_MK_READ_DIM(key) d.key = r.integer(dims, #key, 1, "dims.");
+  TRTLLM_MK_SEAM_KERNEL_DIMS(TRTLLM_MK_READ_DIM)
+#undef TRTLLM_MK_READ_DIM
   if (d.NH != d.NKV * d.G) r.fail("dims are inconsistent: NH != NKV * G");
   if (d.QKVR != d.NKV * (d.G + 2) * d.D) r.fail("dims are inconsistent: QKVR != NKV * (G + 2) * D");
   if (d.D % 2 != 0) r.fail("dims.D must be even (RoPE rotates pairs)");

@@ -13,11 +13,14 @@
 //   2 kv_pool     bf16  [L, num_blocks, 2, NKV, TPB, D]   updated IN PLACE (K/V of this step appended)
 //   3 block_table int32 [B, max_blocks]  with max_blocks * TPB >= history_len
 //   4 embed bf16 [V, H]   5 final_norm bf16 [H]   6 lm_head bf16 [V, H]   7 inv_freq float [D/2]
-//   8 + 14*l + f  layer l's input f in kLayerInputFields order (q, k, v, o, gate, up, down,
+//   8 + 14*l + f  layer l's input f in mk::LayerWeights order (q, k, v, o, gate, up, down,
 //                 ln1, ln2, q_norm, k_norm, q_bias, k_bias, v_bias); the model's absent ones
 //                 (q_norm/k_norm without QK-norm, biases without QKV bias) as 1-element bf16 placeholders
 // Outputs: 0 next_tokens int32 [B] (greedy argmax), 1 logits float [B, V].
 // B, V and all dims are fixed by kernel.json: the kernel was compiled for exactly that deployment.
+// The names, order and counts above (plugin identity, inputs, layer fields and their shapes, the
+// mk::Params fields, the kernel.json dims keys) come from seam_generated.h, which the build generates
+// from trtllm_mk/seam.py; the numbers in this comment are today's values.
 #pragma once
 
 #include <NvInferRuntime.h>
@@ -30,33 +33,38 @@
 
 #include "kernel_json.h"
 #include "megakernel_module.h"
+#include "seam_generated.h"
 
 namespace trtllm_mk {
 namespace trt {
 
-constexpr const char* kPluginName = "TrtllmMkDecodeStep";
-constexpr const char* kPluginVersion = "1";
-constexpr const char* kPluginNamespace = "";
+namespace seam = ::trtllm_mk_seam;   // generated from trtllm_mk/seam.py
 
-constexpr int kNumFixedInputs = 8;
-constexpr int kLayerFields = 14;   // mk::LayerWeights pointers
-constexpr int kFirstOptionalField = 9;  // q_norm, k_norm, q_bias, k_bias, v_bias may be placeholders
-constexpr int kNumOutputs = 2;
-enum InputIndex { kTokens = 0, kPos, kKvPool, kBlockTable, kEmbed, kFinalNorm, kLmHead, kInvFreq };
-enum OutputIndex { kNextTokens = 0, kLogits };
+using seam::kPluginName;
+using seam::kPluginNamespace;
+using seam::kPluginVersion;
 
-// The mk::LayerWeights member each of a layer's inputs binds, in the plugin's input order (its
-// interface). The kernel's own table order comes from kernel.json (params.layer_fields).
-constexpr const char* kLayerInputFields[kLayerFields] = {"q",   "k",   "v",      "o",      "gate",   "up",    "down",
-                                                         "ln1", "ln2", "q_norm", "k_norm", "q_bias", "k_bias", "v_bias"};
-// The mk::Params fields the plugin fills (every other field would be left null: refused).
-constexpr const char* kParamsFilled[] = {
-    "layers", "embed", "final_norm", "lm_head", "inv_freq", "x", "qkv", "part_o", "part_ml", "attn_out", "act",
-    "logits", "lm_val", "lm_idx", "tokens", "pos", "history", "kv_pool", "block_table", "counters", "control",
-    "error", "num_blocks", "block_table_stride", "trace", "sampling", "lm_lse", "logprobs", "top_ids", "cand_hist",
-    "layer_scales",   // null: the plugin binds bf16 weights only (a 4-bit engine is refused below)
-    "peers", "rank",   // null / 0: one GPU (tensor-parallel engines run through the PyTorch runtime)
-    "routers", "experts", "router_logits", "moe_slot", "moe_w", "moe_act", "moe_xn"};   // null: dense models only
+using seam::kNumFixedInputs;
+using seam::kNumOutputs;
+constexpr int kLayerFields = seam::kNumLayerFields;   // mk::LayerWeights pointers, inputs per layer
+using seam::InputIndex;
+using seam::OutputIndex;
+using seam::kTokens;
+using seam::kPos;
+using seam::kKvPool;
+using seam::kBlockTable;
+using seam::kEmbed;
+using seam::kFinalNorm;
+using seam::kLmHead;
+using seam::kInvFreq;
+using seam::kNextTokens;
+using seam::kLogits;
+
+// The plugin's per-layer input order is seam::kLayerFieldNames (mk::LayerWeights' order in the seam the
+// plugin was built from); the kernel's own table order comes from kernel.json (params.layer_fields).
+// The plugin fills every mk::Params field of that seam (enqueue() in megakernel_plugin.cpp: a switch
+// over seam::Param, so a new field does not compile until the plugin fills it); a kernel.json field
+// outside it would be left unset, so such an engine is refused.
 
 // For each entry of the kernel's layer table, the index of the layer input that fills it; throws
 // KernelJsonError when the kernel's Params or layer table has an entry the plugin cannot fill.
@@ -67,7 +75,7 @@ inline std::vector<int> layer_table_inputs(const KernelSpec& k) {
                           "quantized engines run through the PyTorch runtime (python -m trtllm_mk run / serve)");
   for (const auto& f : k.params.fields) {
     bool known = false;
-    for (const char* name : kParamsFilled) known = known || f.name == name;
+    for (const char* name : seam::kParamNames) known = known || f.name == name;
     if (!known) throw KernelJsonError("kernel.json: the kernel's Params field \"" + f.name + "\" is unknown to this "
                                       "plugin; rebuild the plugin from the same trtllm_mk as the engine");
   }
@@ -77,7 +85,7 @@ inline std::vector<int> layer_table_inputs(const KernelSpec& k) {
   std::vector<int> order;
   for (const auto& name : k.params.layer_fields) {
     int f = 0;
-    while (f < kLayerFields && name != kLayerInputFields[f]) ++f;
+    while (f < kLayerFields && name != seam::kLayerFieldNames[f]) ++f;
     if (f == kLayerFields) throw KernelJsonError("kernel.json: layer table entry \"" + name + "\" is unknown to this plugin");
     order.push_back(f);
   }

@@ -3,7 +3,8 @@
 // inputs and to size its device state; they are read with the tiny strict reader below because the
 // plugin must not depend on a JSON library (none ships with TensorRT, and vendoring one for a
 // two-level file is not worth it). No TensorRT or CUDA header is needed here, so the reader is
-// tested on its own (plugin_src/trt/kernel_json_check.cpp).
+// tested on its own (trtllm_mk/plugin/trt/kernel_json_check.cpp). The "dims" keys come from
+// seam_generated.h, which the build generates from trtllm_mk/seam.py (KERNEL_DIMS).
 //
 // Accepted schema (all integers are JSON integers: no fraction, no exponent, within int32):
 //   required  "kernel"            string, the kernel's entry point (e.g. "mk_decode_step")
@@ -16,8 +17,9 @@
 //             "tokens_per_block"  int >= 1, a power of two
 //             "batch"             int >= 1
 //             "attn_splits"       int >= 1
-//             "dims"              object {"L","H","I","V","NH","NKV","D","G","QKVR"}: ints >= 1 with
-//                                 NH == NKV*G, QKVR == NKV*(G+2)*D and D even
+//             "dims"              object {every key of seam KERNEL_DIMS: "L","H","I","V","NH","NKV",
+//                                 "D","G","QKVR"}: ints >= 1 with NH == NKV*G, QKVR == NKV*(G+2)*D
+//                                 and D even
 //             "target"            string, e.g. "sm_90a"
 //             "params"            object {"size": sizeof(mk::Params), "fields": [{"name", "offset",
 //                                 "size" (4 or 8), ...}], "layer_fields": [mk::LayerWeights member
@@ -41,6 +43,8 @@
 #include <utility>
 #include <vector>
 
+#include "seam_generated.h"
+
 namespace trtllm_mk {
 
 class KernelJsonError : public std::runtime_error {
@@ -48,8 +52,11 @@ class KernelJsonError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// kernel.json "dims": one member per key of trtllm_mk/seam.py KERNEL_DIMS (L, H, I, V, NH, NKV, D, G, QKVR).
 struct KernelDims {
-  int64_t L = 0, H = 0, I = 0, V = 0, NH = 0, NKV = 0, D = 0, G = 0, QKVR = 0;
+#define TRTLLM_MK_DIM_MEMBER(key) int64_t key = 0;
+  TRTLLM_MK_SEAM_KERNEL_DIMS(TRTLLM_MK_DIM_MEMBER)
+#undef TRTLLM_MK_DIM_MEMBER
 };
 
 struct ParamField {

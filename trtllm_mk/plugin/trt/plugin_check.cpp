@@ -14,6 +14,7 @@
 #include "megakernel_plugin.h"
 
 using namespace nvinfer1;
+namespace seam = ::trtllm_mk_seam;
 
 namespace {
 
@@ -64,7 +65,7 @@ DynamicPluginTensorDesc desc(DataType t, std::vector<int64_t> dims) {
 // the kernel.json says the model has them).
 std::vector<DynamicPluginTensorDesc> good_inputs(const trtllm_mk::KernelSpec& k) {
   const auto& d = k.dims;
-  const int64_t B = k.batch, q = d.NH * d.D, kv = d.NKV * d.D;
+  const int64_t B = k.batch;
   const int64_t blocks = (k.history_len + k.tokens_per_block - 1) / k.tokens_per_block;
   std::vector<DynamicPluginTensorDesc> in = {
       desc(DataType::kINT32, {B}),
@@ -77,14 +78,14 @@ std::vector<DynamicPluginTensorDesc> good_inputs(const trtllm_mk::KernelSpec& k)
       desc(DataType::kFLOAT, {d.D / 2}),
   };
   const bool norm = k.qk_norm == 1, bias = k.qkv_bias == 1;
-  for (int64_t l = 0; l < d.L; ++l) {
-    const std::vector<std::vector<int64_t>> shapes = {
-        {q, d.H}, {kv, d.H}, {kv, d.H}, {d.H, q}, {d.I, d.H}, {d.I, d.H}, {d.H, d.I}, {d.H}, {d.H},
-        norm ? std::vector<int64_t>{d.D} : std::vector<int64_t>{1}, norm ? std::vector<int64_t>{d.D} : std::vector<int64_t>{1},
-        bias ? std::vector<int64_t>{q} : std::vector<int64_t>{1}, bias ? std::vector<int64_t>{kv} : std::vector<int64_t>{1},
-        bias ? std::vector<int64_t>{kv} : std::vector<int64_t>{1}};
+  using LF = seam::LayerField;
+  std::vector<std::vector<int64_t>> shapes = seam::layer_weight_shapes(d);
+  for (LF f : {LF::q_norm, LF::k_norm})
+    if (!norm) shapes[seam::index_of(f)] = {1};
+  for (LF f : {LF::q_bias, LF::k_bias, LF::v_bias})
+    if (!bias) shapes[seam::index_of(f)] = {1};
+  for (int64_t l = 0; l < d.L; ++l)
     for (const auto& s : shapes) in.push_back(desc(DataType::kBF16, s));
-  }
   return in;
 }
 
@@ -197,7 +198,7 @@ int main(int argc, char** argv) {
   }
   if (spec.dims.L >= 2 && spec.qk_norm != 1) {
     auto bad = in;  // layer 1 with a real q_norm while layer 0 has a placeholder
-    const int i = 8 + 14 + 9;
+    const int i = seam::kNumFixedInputs + seam::kNumLayerFields + seam::index_of(seam::LayerField::q_norm);
     bad[i] = desc(DataType::kBF16, {spec.dims.D});
     expect(build->configurePlugin(bad.data(), nin, out.data(), 2) != 0 &&
                logger.last.find("layer 1 q_norm") != std::string::npos,
