@@ -98,6 +98,9 @@ def test_oproj_merge_and_next_step_prefetch_are_emitted():
         src, _ = generate_source(sched, 16, 256, True)
         assert f"constexpr bool O_MERGE = {'true' if merge else 'false'};" in src
         assert ("run_task<mk::COMBINE>" in src) != merge
+        # the step's kinds' device files, and COMBINE's (OPROJ merges with its merge_splits); no expert bodies
+        assert "// ===== combine.cuh =====" in src and "// ===== oproj.cuh =====" in src
+        assert "// ===== egateup.cuh =====" not in src and "// ===== router.cuh =====" not in src
     g = sched.graph()
     cases = src[src.index("mk::Ctx run_program"):].split("  case ")[1:]
     for sm, (prog, case) in enumerate(zip(sched.programs, cases)):

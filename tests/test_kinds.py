@@ -81,3 +81,10 @@ def test_families_compose_the_step(family):
         kinds = list(dict.fromkeys(t.kind.name for t in tasks))
         assert kinds == list(step[phase])
     assert spec.qkv_bias == FAMILIES[family].qkv_bias and spec.qk_norm == FAMILIES[family].qk_norm
+
+
+def test_device_files_follow_the_step_and_what_it_needs():
+    from trtllm_mk.kinds import device_files
+    names = [p.name for p in device_files({"OPROJ", "EGATEUP"})]
+    assert names == ["combine.cuh", "oproj.cuh", "gateup.cuh", "egateup.cuh"]   # registry order, needs added
+    assert len(device_files()) == len(KIND_DEFS)

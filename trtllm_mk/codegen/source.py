@@ -143,11 +143,12 @@ def _host_model_checks(schedule: Schedule, kv_cap: int) -> str:
     return "\n".join(out) + "\n"
 
 
-def _inline_headers(smem: SmemLayout, slot_stride: int) -> str:
+def _inline_headers(smem: SmemLayout, slot_stride: int, kinds: set[str]) -> str:
     out = []
     src = device_source_dir()
-    # the kinds' device files (trtllm_mk.kinds.device_files) go between the shared headers and the kernel
-    for path in [src / n for n in HEADER_ORDER[:-1]] + device_files() + [src / HEADER_ORDER[-1]]:
+    # the device files of the step's kinds (trtllm_mk.kinds.device_files) go between the shared
+    # headers and the kernel: a dense model's kernel carries no expert bodies
+    for path in [src / n for n in HEADER_ORDER[:-1]] + device_files(kinds) + [src / HEADER_ORDER[-1]]:
         name, text = path.name, path.read_text()
         if name == "mk_common.cuh":   # ErrorInfo, which the shared basics use
             out.append(f"// ===== trtllm_mk/seam.py (generated) =====\n{emit_cuda_preamble()}")
@@ -205,7 +206,8 @@ def generate_source(schedule: Schedule, tokens_per_block: int, max_seq_len: int,
     lines.append(f"__constant__ uint32_t EV_COUNT[{len(counts)}] = {{{', '.join(map(str, counts))}}};")
     lines.append(f"__constant__ uint8_t EV_CROSS[{len(cross)}] = {{{', '.join(map(str, cross))}}};   // signalled on every rank")
     lines.append("}  // namespace cfg")
-    lines.append(_inline_headers(smem_map, p.slot_bytes + SLOT_PAD))
+    kinds = {t.kind.name for t in graph.head + graph.layer + graph.tail}
+    lines.append(_inline_headers(smem_map, p.slot_bytes + SLOT_PAD, kinds))
     lines.append(_host_model_checks(schedule, kv_cap))
     lines.append("__device__ mk::Ctx run_program(mk::Ctx c) {")
     lines.append("  using mk::run_task;")

@@ -32,6 +32,9 @@ class KindDef:
     streams_weights: bool          # weight tiles go through the shared-memory ring (GEMV tasks)
     args: tuple[str, ...]          # the TaskArgs fields the device body reads
     device_file: str               # "<kind>.cuh" beside this package: the device body
+    # kinds whose device files define functions this body calls (inlined with it even when the step
+    # has no task of theirs)
+    device_needs: tuple[str, ...] = ()
 
     def __post_init__(self):
         unknown = [a for a in self.args if a not in TASK_ARG_FIELDS]
@@ -69,9 +72,16 @@ class _KindBase(IntEnum):
 Kind = _KindBase("Kind", [(d.name, i) for i, d in enumerate(KIND_DEFS)], module=__name__)
 
 
-def device_files() -> list[Path]:
-    """The kinds' device files in registry order, for codegen to inline after the shared headers."""
-    return [HERE / d.device_file for d in KIND_DEFS]
+def device_files(names=None) -> list[Path]:
+    """The device files of the kinds ``names`` (default: every kind) and of the kinds they need, in
+    registry order, for codegen to inline after the shared headers."""
+    need = set(d.name for d in KIND_DEFS) if names is None else set(names)
+    while True:
+        more = {n for d in KIND_DEFS if d.name in need for n in d.device_needs} - need
+        if not more:
+            break
+        need |= more
+    return [HERE / d.device_file for d in KIND_DEFS if d.name in need]
 
 
 def calibration_constants() -> dict[str, tuple[float, str, str]]:

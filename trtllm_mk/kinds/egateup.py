@@ -8,7 +8,8 @@ from __future__ import annotations
 from . import KindDef
 from .gemv import no_staging_extra
 
-DEF = KindDef("EGATEUP", streams_weights=True, args=("layer", "r0", "r1", "tile", "stage"), device_file="egateup.cuh")
+DEF = KindDef("EGATEUP", streams_weights=True, args=("layer", "r0", "r1", "tile", "stage"), device_file="egateup.cuh",
+              device_needs=("GATEUP",))
 
 
 def execute(ex, t, layer: int) -> None:

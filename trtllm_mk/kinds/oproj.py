@@ -4,7 +4,8 @@ from __future__ import annotations
 from . import KindDef
 from .combine import merge_cost
 
-DEF = KindDef("OPROJ", streams_weights=True, args=("layer", "r0", "r1", "k0", "k1", "stage"), device_file="oproj.cuh")
+DEF = KindDef("OPROJ", streams_weights=True, args=("layer", "r0", "r1", "k0", "k1", "stage"), device_file="oproj.cuh",
+              device_needs=("COMBINE",))
 
 
 def execute(ex, t, layer: int) -> None:
