@@ -46,6 +46,7 @@ ACT_PAD = 8           # bf16 elements of skew after each staged activation row
 MMA_ROWS = 16         # rows of one tensor-core block (mma.m16n8k16)
 MAX_BLOCKS = 4
 SIG_SLOTS = 4         # signal queue entries between the consumer warps and the signaller warp
+TRACE_ACCS = 3        # 64-bit trace accumulators after the chain-hint word (mk_params.cuh TraceAcc)
 SCRATCH_BYTES = 256 * 4   # norm / argmax scratch: values [0, 128) and indices [128, 256)
 
 
@@ -226,7 +227,7 @@ def smem_layout(plan: TilePlan, batch: int, activation: int) -> SmemLayout:
     and empty barriers, the signal queue's, and one word of chain hint."""
     sizes = (("ring", plan.stages * (plan.slot_bytes + SLOT_PAD)), ("act", _align(activation)),
              ("red", 2 * plan.consumer_warps * MMA_ROWS * batch * 4), ("scratch", SCRATCH_BYTES),
-             ("bars", (2 * plan.stages + 2 * SIG_SLOTS + 1) * 8))
+             ("bars", (2 * plan.stages + 2 * SIG_SLOTS + 1 + TRACE_ACCS) * 8))
     regions, off = [], 0
     for name, size in sizes:
         regions.append(SmemRegion(name, off, size))

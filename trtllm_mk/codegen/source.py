@@ -17,7 +17,7 @@ from .diagnostics import Diagnostics
 from ..residual import FRAC_BITS as RESID_FRAC_BITS
 from ..schedule import Schedule
 from ..seam import emit_cuda, emit_cuda_preamble, event_ref_word, task_args_init
-from ..smem import (ACT_PAD, MAX_BLOCKS, ROW_PAD, SIG_SLOTS, SLOT_PAD, SmemLayout, activation_bytes, attention_kv_ring, geometries, kv_region_bytes,
+from ..smem import (ACT_PAD, MAX_BLOCKS, ROW_PAD, SIG_SLOTS, SLOT_PAD, TRACE_ACCS, SmemLayout, activation_bytes, attention_kv_ring, geometries, kv_region_bytes,
                     kv_ring_offset, smem_layout)
 
 KERNEL_NAME = "mk_decode_step"
@@ -80,6 +80,7 @@ def _smem_constants(layout: SmemLayout, slot_stride: int) -> str:
     lines = ["namespace mk {", "// Dynamic shared memory: [ring][activation / attention scratch][red][scratch][mbarriers]",
              f"constexpr int SLOT_STRIDE = {slot_stride};   // a ring slot: weights + row skew (SLOT_PAD)",
              f"constexpr int SIG_SLOTS = {SIG_SLOTS};   // signal queue entries, consumers -> signaller warp",
+             f"constexpr int TRACE_ACCS = {TRACE_ACCS};   // trace accumulators after the chain hint",
              f"constexpr int ROW_PAD = {ROW_PAD};   // bytes of skew after each weight row in a slot",
              f"constexpr int ACT_PAD = {ACT_PAD};   // bf16 of skew after each staged activation row",
              f"constexpr int MAX_BLOCKS = {MAX_BLOCKS};   // 16-row blocks per slot (SLOT_PAD covers their skew)"]

@@ -83,38 +83,51 @@ __device__ __forceinline__ void publish_signals(Ctx& c, const TaskArgs& a) {
 template <int KIND>
 __device__ __noinline__ Ctx run_task(Ctx c, TaskArgs a) {
   if (c.loader()) {
-    const uint64_t l0 = c.tracing ? globaltimer() : 0, blocked0 = c.loader_blocked;
+    if (c.tracing && c.lane() == 0) {
+      c.trace_row()[TW_LOADER_START] = globaltimer();
+      c.trace_acc()[TA_LOADER_TASK_NS] = 0;
+    }
     KindBody<KIND>::load(c, a);
     if (c.tracing && c.lane() == 0) {
-      uint64_t* r = c.p->trace + ((size_t)blockIdx.x * cfg::TRACE_TASKS + c.task_no) * TRACE_WORDS;
-      r[TW_LOADER_START] = l0; r[TW_LOADER_ISSUED] = globaltimer(); r[TW_LOADER_WAIT_NS] = c.loader_blocked - blocked0;
+      uint64_t* r = c.trace_row();
+      const uint64_t blocked = c.trace_acc()[TA_LOADER_TASK_NS];
+      r[TW_LOADER_ISSUED] = globaltimer(); r[TW_LOADER_WAIT_NS] = blocked;
+      c.trace_acc()[TA_LOADER_TOTAL_NS] += blocked;
     }
     ++c.task_no;
     return c;
   }
   if (c.signaller()) {
     publish_signals(c, a);
-    if (c.tracing && c.lane() == 0 && a.ns > 0)
-      c.p->trace[((size_t)blockIdx.x * cfg::TRACE_TASKS + c.task_no) * TRACE_WORDS + TW_PUBLISHED] = globaltimer();
+    if (c.tracing && c.lane() == 0 && a.ns > 0) c.trace_row()[TW_PUBLISHED] = globaltimer();
     ++c.task_no;
     return c;
   }
-  uint64_t t0 = 0, t1 = 0, t_sig = 0;
-  c.full_wait = 0;
-  c.t_computed = 0;
-  if (c.tracing && threadIdx.x == 0) t0 = globaltimer();
+  const bool traced = c.tracing && threadIdx.x == 0;
+  if (traced) {
+    uint64_t* r = c.trace_row();
+    r[TW_START] = globaltimer(); r[TW_COMPUTED] = 0;
+    c.trace_acc()[TA_FULL_WAIT_NS] = 0;
+  }
   c.set_chain_hint(1);
   typename KindBody<KIND>::Pre pre;
   KindBody<KIND>::prologue(c, a, pre);   // step-invariant inputs, gathered before the wait
   wait_all(c, a);
-  if (c.tracing && threadIdx.x == 0) c.t_mark = t1 = globaltimer();
+  if (traced) {
+    const uint64_t t = globaltimer();
+    c.trace_row()[TW_WAITED] = t; c.trace_row()[TW_STAGED] = t;   // a kind's mark() moves TW_STAGED
+  }
   KindBody<KIND>::compute(c, a, pre);
-  if (c.tracing && threadIdx.x == 0) t_sig = globaltimer();
+  if (traced) {
+    uint64_t* r = c.trace_row();
+    const uint64_t t = globaltimer();
+    r[TW_HANDED] = t;
+    if (r[TW_COMPUTED] == 0) r[TW_COMPUTED] = t;   // the kind marked no earlier point
+  }
   hand_off_signals(c, a);
-  if (c.tracing && threadIdx.x == 0) {
-    uint64_t* r = c.p->trace + ((size_t)blockIdx.x * cfg::TRACE_TASKS + c.task_no) * TRACE_WORDS;
-    r[TW_START] = t0; r[TW_WAITED] = t1; r[TW_STAGED] = c.t_mark; r[TW_SIGNALLED] = globaltimer(); r[TW_FULL_WAIT_NS] = c.full_wait;
-    r[TW_COMPUTED] = c.t_computed ? c.t_computed : t_sig; r[TW_HANDED] = t_sig;
+  if (traced) {
+    uint64_t* r = c.trace_row();
+    r[TW_SIGNALLED] = globaltimer(); r[TW_FULL_WAIT_NS] = c.trace_acc()[TA_FULL_WAIT_NS];
   }
   ++c.task_no;
   return c;
@@ -133,10 +146,6 @@ mk_decode_step(const __grid_constant__ mk::Params p) {
   c.task_no = 0;
   c.step = *reinterpret_cast<volatile uint32_t*>(&p.control[0]);   // advanced by the last step's ARGMAX
   c.tracing = p.trace != nullptr;
-  c.t_mark = 0;
-  c.loader_blocked = 0;
-  c.full_wait = 0;
-  c.t_computed = 0;
   if (threadIdx.x == 0) {
     for (int s = 0; s < cfg::STAGES; ++s) {
 #if defined(MK_USE_BULK_COPY)
@@ -151,6 +160,7 @@ mk_decode_step(const __grid_constant__ mk::Params p) {
       mk::mbar_init(&c.sig_empty()[s], 1);
     }
     *c.chain_hint() = 0;
+    for (int i = 0; i < mk::TRACE_ACCS; ++i) c.trace_acc()[i] = 0;
 #if __CUDA_ARCH__ >= 900
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 #endif
@@ -159,7 +169,7 @@ mk_decode_step(const __grid_constant__ mk::Params p) {
   c = run_program(c);
   if (c.tracing && (threadIdx.x == 0 || (c.loader() && c.lane() == 0))) {
     uint64_t* r = p.trace + (size_t)gridDim.x * cfg::TRACE_TASKS * mk::TRACE_WORDS + (size_t)blockIdx.x * mk::TRACE_SM_WORDS;
-    if (c.loader()) { r[mk::TS_LOADER_BLOCKED_NS] = c.loader_blocked; r[mk::TS_LOADER_DONE] = mk::globaltimer(); }
+    if (c.loader()) { r[mk::TS_LOADER_BLOCKED_NS] = c.trace_acc()[mk::TA_LOADER_TOTAL_NS]; r[mk::TS_LOADER_DONE] = mk::globaltimer(); }
     else { r[mk::TS_CONSUMERS_DONE] = mk::globaltimer(); r[mk::TS_UNUSED] = 0; }
   }
 }

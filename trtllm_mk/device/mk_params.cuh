@@ -11,10 +11,15 @@ namespace mk {
 // publishing an event is a GPU-scope release, which waits until the SM's stores are acknowledged.
 static_assert(SMEM_RING == (size_t)cfg::STAGES * SLOT_STRIDE && SMEM_ACT >= (size_t)cfg::ACT_SMEM_BYTES &&
                   SMEM_RED == (size_t)2 * cfg::CWARPS * 16 * cfg::B * sizeof(float) &&
-                  SMEM_BARS == (2 * cfg::STAGES + 2 * SIG_SLOTS + 1) * sizeof(uint64_t),
+                  SMEM_BARS == (2 * cfg::STAGES + 2 * SIG_SLOTS + 1 + TRACE_ACCS) * sizeof(uint64_t),
               "shared-memory layout and cfg disagree");
 
 extern __shared__ __align__(128) unsigned char smem[];   // the kernel's dynamic shared memory
+
+// The trace's shared accumulators (Ctx::trace_acc, after the chain hint): ns consumer thread 0 waited for
+// ring slots in the current task, ns the loader waited for a free slot in its current task, and in all.
+enum TraceAcc { TA_FULL_WAIT_NS = 0, TA_LOADER_TASK_NS = 1, TA_LOADER_TOTAL_NS = 2 };
+static_assert(TA_LOADER_TOTAL_NS + 1 == TRACE_ACCS, "trace accumulators: smem.py TRACE_ACCS");
 
 // Per-thread execution context, passed by value into each task and returned (mk_kernel.cuh run_task),
 // so it lives in registers: a Ctx in memory (a reference into a non-inlined task) sits in local memory,
@@ -22,6 +27,9 @@ extern __shared__ __align__(128) unsigned char smem[];   // the kernel's dynamic
 // thread (role, lane, shared-memory regions) is derived, not stored.
 // The loader warp and the consumer warps walk the same static task list and count ring slots
 // identically, so no slot bookkeeping crosses roles.
+// The trace's timestamps go to the task's trace row when they are taken and its wait times
+// accumulate in shared memory (trace_acc), so nothing of the trace is live in registers across a
+// task body.
 struct Ctx {
   const Params* p;
   uint32_t step;
@@ -29,10 +37,6 @@ struct Ctx {
   uint32_t sig_n;    // tasks with signals handed over (consumers) / published (signaller) so far
   int task_no;       // running task number (diagnostics, trace row)
   bool tracing;      // p->trace != nullptr
-  uint64_t t_mark;   // trace: when the current task's activation was staged
-  uint64_t loader_blocked;  // trace: ns the loader waited for a free ring slot
-  uint64_t full_wait;       // trace: ns consumer thread 0 waited for ring slots to fill (this task)
-  uint64_t t_computed;      // trace: when the task's reduction finished (before its output stores)
 
   __device__ __forceinline__ int warp() const { return threadIdx.x / 32; }
   __device__ __forceinline__ int lane() const { return threadIdx.x % 32; }
@@ -57,10 +61,16 @@ struct Ctx {
   __device__ __forceinline__ uint64_t* sig_empty() const { return sig_full() + SIG_SLOTS; }
   // shared word: the consumers are on the dependency chain (loader_throttle)
   __device__ __forceinline__ uint32_t* chain_hint() const { return reinterpret_cast<uint32_t*>(sig_empty() + SIG_SLOTS); }
+  // [TRACE_ACCS] shared trace accumulators (ns): see TraceAcc
+  __device__ __forceinline__ uint64_t* trace_acc() const { return sig_empty() + SIG_SLOTS + 1; }
+  // this task's row of the trace (tracing only)
+  __device__ __forceinline__ uint64_t* trace_row() const {
+    return p->trace + ((size_t)blockIdx.x * cfg::TRACE_TASKS + task_no) * TRACE_WORDS;
+  }
 
   // Loader wait for a free slot; with tracing on, the time the ring was full is accumulated.
   __device__ __forceinline__ void loader_wait(uint64_t* bar, uint32_t parity) {
-    timed_wait(bar, parity, loader_blocked, true);
+    timed_wait(bar, parity, TA_LOADER_TASK_NS, lane() == 0);
   }
   // Bytes in flight: before requesting ring slot n the loader waits until slot n - cap has landed.
   // Every outstanding copy lengthens the queue that the dependency chain's L2 round trips (polls,
@@ -81,7 +91,7 @@ struct Ctx {
     }
     if (cap < (uint32_t)cfg::STAGES && n >= cap) {
       const uint32_t m = n - cap;   // slot m's next use is m + STAGES > n: its fill phase is current or done
-      timed_wait(&full()[m % cfg::STAGES], (m / cfg::STAGES) & 1, loader_blocked, true);
+      timed_wait(&full()[m % cfg::STAGES], (m / cfg::STAGES) & 1, TA_LOADER_TASK_NS, lane() == 0);
     }
 #endif
   }
@@ -95,21 +105,22 @@ struct Ctx {
   }
   // Consumer wait for a slot's bytes; with tracing on, thread 0 accumulates the time it waited.
   __device__ __forceinline__ void consumer_wait(uint64_t* bar, uint32_t parity) {
-    timed_wait(bar, parity, full_wait, threadIdx.x == 0);
+    timed_wait(bar, parity, TA_FULL_WAIT_NS, threadIdx.x == 0);
   }
-  // mbarrier wait; with tracing on, the time it blocked is added to `acc` where `counts`.
-  __device__ __forceinline__ void timed_wait(uint64_t* bar, uint32_t parity, uint64_t& acc, bool counts) {
+  // mbarrier wait; with tracing on, the time it blocked is added to accumulator `acc` where `counts`.
+  __device__ __forceinline__ void timed_wait(uint64_t* bar, uint32_t parity, int acc, bool counts) {
     if (!tracing) { mbar_wait(bar, parity); return; }
     if (mbar_test_wait(bar, parity)) return;
     const uint64_t t0 = globaltimer();
     mbar_wait(bar, parity);
-    if (counts) acc += globaltimer() - t0;
+    if (counts) trace_acc()[acc] += globaltimer() - t0;
   }
+  // trace: the task's activation is staged (a kind may mark a later point of its body)
   __device__ __forceinline__ void mark() {
-    if (tracing && threadIdx.x == 0) t_mark = globaltimer();
+    if (tracing && threadIdx.x == 0) trace_row()[TW_STAGED] = globaltimer();
   }
   __device__ __forceinline__ void mark_computed() {   // trace: the task's weights / tokens are reduced
-    if (tracing && threadIdx.x == 0) t_computed = globaltimer();
+    if (tracing && threadIdx.x == 0) trace_row()[TW_COMPUTED] = globaltimer();
   }
 };
 
