@@ -224,7 +224,7 @@ def smem_layout(plan: TilePlan, batch: int, activation: int) -> SmemLayout:
     """[ring][activation / attention scratch][red][scratch][mbarriers]. The ring holds ``stages``
     slots of ``slot_bytes + SLOT_PAD``; the activation region is 128-byte aligned; red holds the
     cross-warp partial sums ([2][consumer_warps][16][batch] fp32); the mbarriers are the ring's full
-    and empty barriers, the signal queue's, and one word of chain hint."""
+    and empty barriers, the signal queue's, one word of chain hint and the trace's accumulators."""
     sizes = (("ring", plan.stages * (plan.slot_bytes + SLOT_PAD)), ("act", _align(activation)),
              ("red", 2 * plan.consumer_warps * MMA_ROWS * batch * 4), ("scratch", SCRATCH_BYTES),
              ("bars", (2 * plan.stages + 2 * SIG_SLOTS + 1 + TRACE_ACCS) * 8))
