@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trtllm_mk.model.decoder_block import Decoder, rope_cos_sin
-from trtllm_mk.model.rope import rope_inv_freq
+from trtllm_mk.model.decoder_block import Decoder
+from trtllm_mk.model.rope import rope_cos_sin, rope_inv_freq
 from trtllm_mk.model.spec import ModelSpec
 
 from .timing import time_steps

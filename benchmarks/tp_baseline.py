@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trtllm_mk.model.decoder_block import Decoder, rms_norm, rope_cos_sin
-from trtllm_mk.model.rope import rope_inv_freq
+from trtllm_mk.model.decoder_block import Decoder, rms_norm
+from trtllm_mk.model.rope import rope_cos_sin, rope_inv_freq
 from trtllm_mk.model.spec import ModelSpec
 from trtllm_mk.parallel import rank_layout, rank_spec
 from trtllm_mk.parallel.emulate import embed_rows

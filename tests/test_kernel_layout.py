@@ -189,8 +189,7 @@ def test_packed_linear_applies_the_kernels_weights_without_a_copy():
     assert fused.packed.data_ptr() == pbind[a + "q_proj.weight"].data_ptr()      # rows of the bound tensor
     assert torch.equal(fused.weight(), torch.cat([dense[a + n + ".weight"] for n in ("q_proj", "k_proj", "v_proj")]))
     # a decoder on the packed modules computes what the decoder on the dequantized weights does
-    from trtllm_mk.model.decoder_block import rope_cos_sin
-    from trtllm_mk.model.rope import rope_inv_freq
+    from trtllm_mk.model.rope import rope_cos_sin, rope_inv_freq
     ids = torch.tensor([[3, 1, 4, 1, 5]])
     ref, got = Decoder(spec, dense), Decoder(spec, packed)
     assert torch.equal(got.layers[0].wqkv.packed, fused.packed)
@@ -330,9 +329,9 @@ def test_fp8_pack_refuses_other_shapes_and_integer_weights():
 def test_fp8_kernel_weights_round_trip_and_packed_modules():
     """An FP8 spec binds Fp8Layout tensors whose bytes are the spec's; the dense dict is the kernel's
     weights; the packed prefill modules compute the same, fused q/k/v on the bound memory."""
-    from trtllm_mk.model.decoder_block import Decoder, rope_cos_sin
+    from trtllm_mk.model.decoder_block import Decoder
     from trtllm_mk.model.random_weights import random_weights
-    from trtllm_mk.model.rope import rope_inv_freq
+    from trtllm_mk.model.rope import rope_cos_sin, rope_inv_freq
     from trtllm_mk.quant.kernel_layout import dequantize_fp8, kernel_dequantize_fp8
     from trtllm_mk.quant.linear import Fp8Linear
     from trtllm_mk.quant.packed_linear import PackedFp8Linear

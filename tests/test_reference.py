@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2
 
 from trtllm_mk.errors import ModelError
 from trtllm_mk.kv_cache import PagedKVCache
-from trtllm_mk.model.decoder_block import apply_rotary, rope_cos_sin
+from trtllm_mk.model.rope import apply_rotary, rope_cos_sin
 from trtllm_mk.model.rope import apply_rope, rope_inv_freq
 from trtllm_mk.model.spec import spec_from_hf_config
 from trtllm_mk.reference import ReferenceDecoder

@@ -28,8 +28,8 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from .kv_cache import PagedKVCache
-from .model.decoder_block import Attention, Decoder, rope_cos_sin
-from .model.rope import rope_inv_freq
+from .model.decoder_block import Attention, Decoder
+from .model.rope import rope_cos_sin, rope_inv_freq
 from .model.spec import ModelSpec
 
 

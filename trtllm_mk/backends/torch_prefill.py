@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from ..kv_cache import PagedKVCache
-from ..model.decoder_block import Attention, Decoder, rope_cos_sin
-from ..model.rope import rope_inv_freq
+from ..model.decoder_block import Attention, Decoder
+from ..model.rope import rope_cos_sin, rope_inv_freq
 from ..model.spec import ModelSpec
 from ..reference import write_kv
 

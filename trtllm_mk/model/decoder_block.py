@@ -38,7 +38,7 @@ from torch import nn
 
 from ..errors import ModelError
 from .moe import MoeMlp
-from .rope import apply_rotary, rope_cos_sin  # noqa: F401  (re-exported: callers build the tables the block takes)
+from .rope import apply_rotary
 from .spec import ModelSpec
 
 # attention(layer, q [N, T, heads, d], k [N, T, kv_heads, d], v [N, T, kv_heads, d]) -> [N, T, heads, d]

@@ -29,8 +29,8 @@ import torch.nn.functional as F
 
 from ..kinds.argmax import NonFiniteLogits
 from ..kv_cache import PagedKVCache
-from ..model.decoder_block import Decoder, check_weights, rms_norm, rope_cos_sin
-from ..model.rope import rope_inv_freq
+from ..model.decoder_block import Decoder, check_weights, rms_norm
+from ..model.rope import rope_cos_sin, rope_inv_freq
 from ..model.spec import ModelSpec
 from ..reference import paged_attention, prompt_inputs
 from ..residual import from_fixed, to_fixed
