@@ -147,6 +147,14 @@ std::string input_count_rule() {
   return std::to_string(kNumFixedInputs) + " + " + std::to_string(kLayerFields) + " per layer";
 }
 
+// Why nbInputs / nbOutputs do not fit the engine, or "" when they do.
+std::string io_count_error(const KernelSpec& k, int32_t nbInputs, int32_t nbOutputs) {
+  if (nbOutputs == kNumOutputs && nbInputs == expected_num_inputs(k)) return "";
+  return "got " + std::to_string(nbInputs) + " inputs / " + std::to_string(nbOutputs) + " outputs; the engine needs " +
+         std::to_string(expected_num_inputs(k)) + " inputs (" + input_count_rule() + ") and " +
+         std::to_string(kNumOutputs) + " outputs";
+}
+
 std::string field_string(const PluginField& f) {
   if (f.type != PluginFieldType::kCHAR && f.type != PluginFieldType::kINT8 && f.type != PluginFieldType::kUNKNOWN)
     throw std::runtime_error(std::string("field ") + f.name + " must be a string (PluginFieldType.CHAR)");
@@ -518,6 +526,7 @@ std::string DecodeStepPlugin::check_io(const Dims* in_dims, const DataType* in_t
         return std::string("layer ") + std::to_string(l) + " " + seam::kLayerFieldNames[f] +
                (first ? " is a real tensor but layer 0's is a placeholder" : " is a placeholder but layer 0's is not");
   }
+  // Whether optional field f is a placeholder: layer 0's answer, which the loop above made every layer's.
   auto absent = [&](seam::LayerField f) { return placeholder[kNumFixedInputs + seam::index_of(f)]; };
   using LF = seam::LayerField;
   const bool no_norm = absent(LF::q_norm), no_bias = absent(LF::q_bias);
@@ -556,10 +565,8 @@ int32_t DecodeStepPlugin::configurePlugin(const nvinfer1::DynamicPluginTensorDes
 
 int32_t DecodeStepPlugin::getOutputDataTypes(DataType* outputTypes, int32_t nbOutputs, const DataType* inputTypes,
                                              int32_t nbInputs) const noexcept {
-  if (nbOutputs != kNumOutputs || nbInputs != expected_num_inputs(spec_)) {
-    log(Severity::kERROR, "got " + std::to_string(nbInputs) + " inputs / " + std::to_string(nbOutputs) +
-                              " outputs; the engine needs " + std::to_string(expected_num_inputs(spec_)) +
-                              " inputs (" + input_count_rule() + ") and " + std::to_string(kNumOutputs) + " outputs");
+  if (const std::string err = io_count_error(spec_, nbInputs, nbOutputs); !err.empty()) {
+    log(Severity::kERROR, err);
     return -1;
   }
   try {
@@ -583,10 +590,8 @@ int32_t DecodeStepPlugin::getOutputDataTypes(DataType* outputTypes, int32_t nbOu
 int32_t DecodeStepPlugin::getOutputShapes(const nvinfer1::DimsExprs*, int32_t nbInputs, const nvinfer1::DimsExprs*,
                                           int32_t, nvinfer1::DimsExprs* outputs, int32_t nbOutputs,
                                           nvinfer1::IExprBuilder& exprBuilder) noexcept {
-  if (nbOutputs != kNumOutputs || nbInputs != expected_num_inputs(spec_)) {
-    log(Severity::kERROR, "got " + std::to_string(nbInputs) + " inputs / " + std::to_string(nbOutputs) +
-                              " outputs; the engine needs " + std::to_string(expected_num_inputs(spec_)) +
-                              " inputs (" + input_count_rule() + ") and " + std::to_string(kNumOutputs) + " outputs");
+  if (const std::string err = io_count_error(spec_, nbInputs, nbOutputs); !err.empty()) {
+    log(Severity::kERROR, err);
     return -1;
   }
   // Constants, not expressions of the inputs: the kernel exists for exactly this batch and vocabulary.
