@@ -231,6 +231,26 @@ def test_long_context_beyond_the_ring_capacity(name, splits, kv_slots, cap):
     check(run_and_compare(spec, 2, _weights(spec), steps=32, schedule=sch, first_len=first_len), 3e-2)
 
 
+# the long-context check at real widths: one layer of the 8B (head 128: 256-byte K/V rows, two
+# warps' worth of 16-byte pieces a token) with 2 x 8 KB slots, so each row's K and V hold 32 tokens
+LONG_CONTEXT_REAL = ("llama-3.1-8b", 4, 2, 32)
+
+
+def test_long_context_beyond_the_ring_capacity_at_real_widths():
+    """The rounds of tokens past the ring at a real head size: a wrong piece of a K/V row shows up as
+    1e-1 or more, as in the other real-width checks."""
+    from trtllm_mk.smem import attention_kv_ring
+    name, splits, kv_slots, cap = LONG_CONTEXT_REAL
+    spec = dataclasses.replace(_spec(name), num_layers=1)
+    sch = _plan_variant(spec, 2, attn_splits=splits, stages=2, slot_bytes=8192)
+    assert attention_kv_ring(spec.head_dim, 8192, splits, 256) == (kv_slots, cap)
+    first_len = 300
+    assert -(-(first_len + 1) // splits) > 2 * cap, "the prompt must take several rounds past the ring"
+    res = run_and_compare(spec, 2, _weights(spec), steps=32, schedule=sch, first_len=first_len)
+    check(res, 1e-2, exact=5e-3)
+    assert res.flips <= 2
+
+
 @pytest.mark.parametrize("name", REAL)
 def test_real_widths_one_layer_agree_exactly(name):
     """Every kernel path at real widths (row pieces, several warps per row, K-split, wide LM head)
@@ -304,6 +324,8 @@ def _prebuild() -> None:
     variants += [(dataclasses.replace(_spec(n), num_layers=1), 4, dict(o_merge=m, o_ksplit=_spec(n).num_kv_heads if m else 1))
                  for n in REAL for m in (False, True)]
     variants += [(_spec(n), 2, dict(attn_splits=s, stages=2, slot_bytes=8192)) for n, s, _, _ in LONG_CONTEXT]
+    variants += [(dataclasses.replace(_spec(LONG_CONTEXT_REAL[0]), num_layers=1), 2,
+                  dict(attn_splits=LONG_CONTEXT_REAL[1], stages=2, slot_bytes=8192))]
     for spec, batch, fields in variants:
         src, _ = generate_source(_plan_variant(spec, batch, gpu, **fields), TPB, MAX_SEQ, use_bulk_copy=gpu.has_tma)
         path, _ = compile_cubin(src, gpu.nvcc_arch)

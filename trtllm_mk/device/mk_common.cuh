@@ -199,15 +199,18 @@ __device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
 }
 #else
-// sm_80 / sm_89: the loader warp's 32 lanes issue 16-byte cp.async copies; each lane's
+// sm_80 / sm_89: the loader warp's 32 lanes issue 16-byte cp.async copies (cp_async16); each lane's
 // cp.async.mbarrier.arrive.noinc fires once its copies land (the full barrier counts 32 arrivals).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
-}
 __device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
 #endif
+// A 16-byte asynchronous copy into shared memory (sm_80 and later): no register holds the data, so a
+// thread can have many in flight (the sm_80/89 loader; on every path, ATTN's late tokens).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 // ---------------------------------------------------------------- event counters
 // Monotonic counters in global memory: a producer adds 1 after its stores (fence + atomic = release),

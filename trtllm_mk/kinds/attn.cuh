@@ -214,29 +214,20 @@ __device__ void prepare_qkv(Ctx& c, const TaskArgs& a, int b, float* sm) {
 
 // Tokens of a split past the ring's capacity (long contexts), `cnt` from relative token `base` on:
 // the consumers copy them from the cache into the row's ring regions, in the ring's layout, once the
-// previous round's tiles are done with them. Not inlined: contexts the schedule was built for never
-// call it, and its code stays out of the hot function.
+// previous round's tiles are done with them. Every 16-byte piece of the round is one cp.async, all in
+// flight at once: one DRAM round trip per round instead of one per few loads a thread can hold in
+// registers. Not inlined: contexts the schedule was built for never call it, and its code stays out
+// of the hot function.
 __device__ __noinline__ void attn_fetch_late(const Params& p, int layer, int group, int b, int t0, int base, int cnt,
                                              unsigned char* k_ring, unsigned char* v_ring) {
   constexpr int V16 = cfg::D / 8;   // 16-byte vectors per token row
-  constexpr int BATCH = 4;          // loads in flight per thread before their stores
   consumer_sync(CTHREADS);          // every warp is done with the previous round's rows
-  for (int i0 = threadIdx.x; i0 < 2 * cnt * V16; i0 += BATCH * CTHREADS) {
-    bf16x8 v[BATCH];
-#pragma unroll
-    for (int j = 0; j < BATCH; ++j) {
-      const int i = i0 + j * CTHREADS, kv = i / (cnt * V16), u = i % (cnt * V16) / V16;
-      if (i < 2 * cnt * V16)
-        v[j] = *reinterpret_cast<const bf16x8*>(p.kv_pool + kv_offset(p, layer, b, t0 + base + u, kv, group) +
-                                                (i % V16) * 8);
-    }
-#pragma unroll
-    for (int j = 0; j < BATCH; ++j) {
-      const int i = i0 + j * CTHREADS, kv = i / (cnt * V16), u = i % (cnt * V16) / V16;
-      if (i < 2 * cnt * V16)
-        *reinterpret_cast<bf16x8*>((kv ? v_ring : k_ring) + kv_ring_offset(u) + (i % V16) * 16) = v[j];
-    }
+  for (int i = threadIdx.x; i < 2 * cnt * V16; i += CTHREADS) {
+    const int kv = i / (cnt * V16), u = i % (cnt * V16) / V16;
+    cp_async16((kv ? v_ring : k_ring) + kv_ring_offset(u) + (i % V16) * 16,
+               p.kv_pool + kv_offset(p, layer, b, t0 + base + u, kv, group) + (i % V16) * 8);
   }
+  cp_async_wait_all();
   consumer_sync(CTHREADS);
 }
 
