@@ -4,6 +4,7 @@ trtllm_mk/data/calibration/<gpu>.json, which the search reads. Two sources:
     python benchmarks/calibrate.py [--out trtllm_mk/data/calibration] [--models llama-3.2-1b ...]     # GPU
     python benchmarks/calibrate.py --from-trace trace_llama-3.2-1b_b1.json [...]               # no GPU
     python benchmarks/calibrate.py --from-measured benchmarks/results/<run>/measured.json        # no GPU
+    python benchmarks/calibrate.py --from-links nvlink.json                                      # no GPU
 
 On the GPU it measures megakernel steps of several shapes and fits event-sync latency, per-task
 overhead and launch cost (coordinate descent on the squared relative error of predicted vs measured
@@ -12,7 +13,10 @@ per-task constants directly: the event latency (signal -> waiter released), the 
 (one-pass staging of OPROJ / DOWN), the fixed part of ATTN / COMBINE task bodies (traced body
 minus the model's bandwidth terms), and merges them into the existing file (the time per weight-row
 copy of the loader comes from benchmarks/micro/ring_stream.cu, one streaming SM). From
-measured step times of known plans it fits the remaining per-task overhead.
+measured step times of known plans it fits the remaining per-task overhead. From the link
+micro-benchmark (benchmarks/micro/nvlink.cu --json, run on a machine with several GPUs) it writes the
+tensor-parallel constants: what a cross-rank event adds to a local one, the link bandwidth (one-shot
+all-reduce fit) and the cost of the epilogue's remote adds.
 """
 from __future__ import annotations
 
@@ -144,6 +148,50 @@ def calibrate_from_measured(path: str, out_dir: Path, fit_fields=("task_overhead
     return 0
 
 
+def constants_from_links(data: dict, reduce_bandwidth: float) -> dict:
+    """Link constants from benchmarks/micro/nvlink.cu's JSON (module docstring)."""
+    from trtllm_mk.parallel.allreduce_cost import fit_one_shot
+    tp = int(data["tp"])
+    fitted = fit_one_shot([tuple(x) for x in data["one_shot"]], tp, reduce_bandwidth=reduce_bandwidth)
+    # the cross-GPU barrier round against the same round between CTAs of one GPU with a local event's
+    # operations: what the link and the system scope add to an event; measured while the SMs stream from
+    # HBM where the file has it (the kernel's events are waited on under the loaders' traffic)
+    key = "_loaded_us" if "sync_loaded_us" in data else "_us"
+    cross, local = data["sync" + key], data["sync_one_gpu" + key]
+    sync = cross - local
+    if sync <= 0:
+        raise ValueError(f"the cross-GPU round ({cross} us) is not slower than the one-GPU round ({local} us)")
+    # one SM's adds: the slope between the two largest messages, per KB and per other rank
+    (b0, t0), (b1, t1) = sorted(tuple(x) for x in data["remote_add_one_sm"])[-2:]
+    per_kb = (t1 - t0) / ((b1 - b0) / 1024) / (tp - 1)
+    if per_kb <= 0:
+        raise ValueError("remote adds of more bytes did not take longer")
+    return {"link_sync_us": round(sync, 3), "link_bandwidth": round(fitted.link_bandwidth, -6),
+            "link_add_us_per_kb": round(per_kb, 4)}
+
+
+def calibrate_from_links(path: str, out_dir: Path) -> int:
+    from trtllm_mk.errors import ConfigError
+    from trtllm_mk.gpus import get_gpu
+    try:
+        data = json.loads(Path(path).read_text())
+        gpu = get_gpu(data["gpu"])
+        values = constants_from_links(data, load_calibration(gpu, out_dir).resolved(gpu).read_bandwidth)
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
+        print(f"error: {path}: not a benchmarks/micro/nvlink.cu result ({type(e).__name__}: {e})", file=sys.stderr)
+        return 2
+    except (ConfigError, ValueError) as e:
+        print(f"error: {path}: {e}", file=sys.stderr)
+        return 2
+    for k, v in values.items():
+        print(f"{k:<20} {v}")
+    out = merge_calibration(out_dir / f"{gpu.name}.json", values, "_link_source",
+                            f"{', '.join(values)}: {data['tp']} x {data['gpu']}, benchmarks/micro/nvlink.cu "
+                            f"({path}; benchmarks/calibrate.py --from-links)")
+    print(f"wrote {out}")
+    return 0
+
+
 def calibrate_from_traces(paths: list[str], out_dir: Path) -> int:
     from trtllm_mk.gpus import get_gpu
     summaries = []
@@ -229,11 +277,15 @@ def main(argv=None) -> int:
     ap.add_argument("--from-measured", metavar="MEASURED_JSON",
                     help="fit the per-task overhead to measured step times of known plans (a list of "
                          "workloads or a decode_latency report.json); no GPU needed")
+    ap.add_argument("--from-links", metavar="NVLINK_JSON",
+                    help="write the tensor-parallel link constants from benchmarks/micro/nvlink.cu --json; no GPU needed")
     ap.add_argument("--fit", nargs="+", default=["task_overhead_us"], choices=sorted(MEASURED_FIT_FIELDS),
                     help="constants --from-measured fits (default: task_overhead_us)")
     args = ap.parse_args(argv)
     if args.from_trace:
         return calibrate_from_traces(args.from_trace, Path(args.out))
+    if args.from_links:
+        return calibrate_from_links(args.from_links, Path(args.out))
     if args.from_measured:
         return calibrate_from_measured(args.from_measured, Path(args.out), tuple(args.fit))
     if not torch.cuda.is_available():

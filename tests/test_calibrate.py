@@ -83,3 +83,84 @@ def test_a_sparse_models_trace_gives_the_constants_its_kinds_show():
     assert "copy_issue_us" not in c
     assert c["l2_latency_us"] == pytest.approx(s["kinds"]["EDOWN"]["mean_staging_us"])
     assert c["merge_split_us"] > 0 and c["sync_us"] == s["event_latency_us"]["median"]
+
+
+# ------------------------------------------------------------------ link constants (tensor parallelism)
+
+def _links_json(link, tp=4, sync_round=2.5, local_round=0.6, add_per_kb=0.2):
+    """What benchmarks/micro/nvlink.cu writes, made from a known link."""
+    from trtllm_mk.parallel import allreduce_cost as arc
+    sizes = [1 << k for k in range(12, 25, 2)]
+    return {"gpu": "NVIDIA H200", "tp": tp, "sms": 132, "sync_us": sync_round, "sync_all_sms_us": 2 * sync_round,
+            "sync_one_gpu_sys_us": 0.9, "sync_one_gpu_us": local_round,
+            "one_shot": [[n, arc.one_shot_us(n, tp, link)] for n in sizes],
+            "two_shot": [[n, arc.two_shot_us(n, tp, link)] for n in sizes],
+            "remote_add_one_sm": [[n, 1.5 + n / 1024 * (tp - 1) * add_per_kb] for n in (1024, 4096, 16384, 65536)],
+            "remote_add_all_sms": [[n, 2.0 + n / 50e3] for n in (16384, 65536, 262144)]}
+
+
+def test_link_constants_come_from_the_micro_benchmark(tmp_path, capsys):
+    from benchmarks.calibrate import calibrate_from_links
+    from trtllm_mk.parallel import allreduce_cost as arc
+    h200 = get_gpu("H200")
+    bw = load_calibration(h200).resolved(h200).read_bandwidth
+    link = arc.LinkModel(sync_us=3.0, link_bandwidth=300e9, reduce_bandwidth=bw)
+    src = tmp_path / "nvlink.json"
+    src.write_text(json.dumps(_links_json(link)))
+    out = tmp_path / "cal"
+    out.mkdir()
+    kept = {k: v for k, v in json.loads((ROOT / "trtllm_mk" / "data" / "calibration" / "H200.json").read_text()).items()
+            if not k.startswith(("link_", "_link"))}
+    (out / "H200.json").write_text(json.dumps(kept))
+    before = load_calibration(h200, out)
+    assert before.link_source == "" and not before.link().measured
+    assert calibrate_from_links(str(src), out) == 0
+    cal = load_calibration(h200, out)
+    assert cal.link_sync_us == pytest.approx(2.5 - 0.6)          # the link's share of a cross-rank event
+    assert cal.link_bandwidth == pytest.approx(300e9, rel=1e-3)  # the one-shot fit recovers the link
+    assert cal.link_add_us_per_kb == pytest.approx(0.2)
+    assert cal.sync_us == kept["sync_us"] and cal.link_source.endswith("calibrate.py --from-links)")
+    assert cal.link().measured and cal.link().sync_us == cal.link_sync_us
+    assert "link_sync_us" in capsys.readouterr().out
+    # rounds measured under HBM traffic, where the file has them, are the ones that count
+    src.write_text(json.dumps(dict(_links_json(link), sync_loaded_us=4.0, sync_one_gpu_loaded_us=1.5)))
+    assert calibrate_from_links(str(src), out) == 0
+    assert load_calibration(h200, out).link_sync_us == pytest.approx(2.5)
+
+
+@pytest.mark.parametrize("broken, fragment", [
+    ("{not json", "not a benchmarks/micro/nvlink.cu result"),
+    (json.dumps({"gpu": "NVIDIA H200", "tp": 2}), "not a benchmarks/micro/nvlink.cu result"),
+    (json.dumps(dict(_links_json(__import__("trtllm_mk.parallel.allreduce_cost", fromlist=["x"]).UNMEASURED),
+                     sync_us=0.5, sync_one_gpu_us=0.6)), "is not slower than the one-GPU round"),
+])
+def test_a_bad_link_result_is_one_line(tmp_path, capsys, broken, fragment):
+    from benchmarks.calibrate import calibrate_from_links
+    src = tmp_path / "nvlink.json"
+    src.write_text(broken)
+    (tmp_path / "H200.json").write_text((ROOT / "trtllm_mk" / "data" / "calibration" / "H200.json").read_text())
+    assert calibrate_from_links(str(src), tmp_path) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and fragment in err[0]
+
+
+def test_the_search_prices_cross_rank_events_and_remote_adds_with_the_link_constants():
+    from trtllm_mk.parallel import rank_spec
+    from trtllm_mk.search import predict, search
+    from trtllm_mk.search.cost import remote_add_us
+    h200 = get_gpu("H200")
+    spec = rank_spec(resolve_model("llama-3.1-8b").spec, 2)
+    sch, stats = search(spec, 1, h200, context_len=512, budget_s=1.0, seed=0)
+    assert "; link: " in stats.calibration and "nvlink.cu" in stats.calibration   # the report says where from
+    cal = load_calibration(h200).resolved(h200)
+    slow = replace(cal, link_sync_us=cal.link_sync_us + 5.0)
+    assert predict(sch, h200, slow).step_us > predict(sch, h200, cal).step_us + 5.0 * spec.num_layers
+    g = sch.graph()
+    adds = [t for t in g.layer if any(w.add and w.buf == "x" for w in t.writes)]
+    assert {t.kind for t in adds} == {Kind.OPROJ, Kind.DOWN}
+    for t in adds:
+        x = sum(w.hi - w.lo for w in t.writes if w.buf == "x")
+        assert remote_add_us(t, g.dims, cal) == pytest.approx(x * 8 / 1024 * cal.link_add_us_per_kb)
+    one, one_stats = search(resolve_model("llama-3.2-1b").spec, 1, h200, context_len=512, budget_s=0.5, seed=0)
+    assert all(remote_add_us(t, one.graph().dims, cal) == 0.0 for t in one.graph().layer)
+    assert "link" not in one_stats.calibration

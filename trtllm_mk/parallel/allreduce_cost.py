@@ -12,10 +12,11 @@ two-shot on large ones; the crossover is where the extra latency equals the time
 (``crossover_bytes``). With two ranks both variants send the same bytes, and two-shot saves only
 local reading, so its crossover lies far above a decode step's messages.
 
-The parameters are calibration constants. ``UNMEASURED`` holds defaults that no measurement
-supports yet: NVLink 4's 450 GB/s per direction per GPU at an assumed 80 % efficiency, and an assumed
-1.5 us per cross-GPU flag handshake. ``fit_one_shot`` derives both from timings of one-shot
-all-reduces of several sizes (the micro-benchmark a multi-GPU machine runs).
+The parameters are calibration constants (``Calibration.link()`` builds this model from a GPU's
+calibration file). ``UNMEASURED`` holds the defaults of a GPU whose link was never measured: NVLink 4's
+450 GB/s per direction per GPU at an assumed 80 % efficiency, and an assumed 1.5 us per cross-GPU flag
+handshake. ``fit_one_shot`` derives both from timings of one-shot all-reduces of several sizes
+(benchmarks/micro/nvlink.cu on a machine with several GPUs; benchmarks/calibrate.py --from-links).
 """
 from __future__ import annotations
 

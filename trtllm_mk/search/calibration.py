@@ -16,6 +16,7 @@ from pathlib import Path
 from ..errors import ConfigError
 from ..gpus import GpuSpec
 from ..kinds import calibration_constants
+from ..parallel.allreduce_cost import UNMEASURED, LinkModel
 
 CALIBRATION_DIR = Path(__file__).resolve().parents[1] / "data" / "calibration"
 
@@ -79,6 +80,18 @@ class MachineCalibration:
     sm_clock_ghz: float = 0.0
     # Streaming read bandwidth (bytes/s); 0 takes gpu.read_bandwidth (datasheet x measured fraction).
     read_bandwidth: float = 0.0
+    # Tensor parallelism, between the GPUs of one host (benchmarks/micro/nvlink.cu measures them;
+    # calibrate.py --from-links writes them; the defaults are parallel.allreduce_cost.UNMEASURED's
+    # assumptions). What a cross-rank event adds to a local event's latency (system-scope fence, adds
+    # on every rank, the peer's poll):
+    link_sync_us: float = UNMEASURED.sync_us
+    # Bytes per second one GPU sends to its peers, all links together (the one-shot all-reduce's slope).
+    link_bandwidth: float = UNMEASURED.link_bandwidth
+    # Consumer time per KB of fixed-point partials one SM adds into one other rank's residual (the
+    # OPROJ / DOWN epilogue under tensor parallelism: 64-bit reductions over the link).
+    link_add_us_per_kb: float = 0.12
+    # Where the link constants come from ("" while they are the defaults).
+    link_source: str = ""
 
     def resolved(self, gpu: GpuSpec) -> "Calibration":
         """Fill the GPU-dependent zero fields from the catalog."""
@@ -92,6 +105,12 @@ class MachineCalibration:
         ``with_min`` is false, min_slot_bytes)."""
         return tuple(s for s in candidates if (not self.max_slot_bytes or s <= self.max_slot_bytes)
                      and (not with_min or s >= self.min_slot_bytes))
+
+    def link(self) -> LinkModel:
+        """The all-reduce cost model's view of the link (parallel.allreduce_cost)."""
+        return LinkModel(sync_us=self.link_sync_us, link_bandwidth=self.link_bandwidth,
+                         reduce_bandwidth=self.read_bandwidth or UNMEASURED.reduce_bandwidth,
+                         measured=bool(self.link_source))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -130,7 +149,7 @@ def load_calibration(gpu: GpuSpec | str, directory: Path | None = None) -> Calib
         raise ConfigError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a JSON object of calibration constants")
-    known = {f.name for f in fields(Calibration) if f.name != "source"}
+    known = {f.name for f in fields(Calibration) if f.name not in ("source", "link_source")}
     values = {}
     for k, v in data.items():
         if k.startswith("_"):          # comments / provenance (e.g. "_measured_on")
@@ -140,4 +159,6 @@ def load_calibration(gpu: GpuSpec | str, directory: Path | None = None) -> Calib
         if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
             raise ConfigError(f"{path}: '{k}' must be a non-negative number, got {v!r}")
         values[k] = type(getattr(cal, k))(v)
+    if any(k.startswith("link_") for k in values):
+        values["link_source"] = str(data.get("_link_source") or path)
     return replace(cal, source=str(path), **values)

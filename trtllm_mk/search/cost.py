@@ -99,6 +99,15 @@ def staging_passes(kind: Kind, hidden: int, batch: int, consumer_warps: int) -> 
     return 1
 
 
+def remote_add_us(task: Task, dims, cal: Calibration) -> float:
+    """Under tensor parallelism the adds a task declares into the residual x go to every rank (the
+    all-reduce fused into the epilogue): the (tp - 1) remote copies' 8-byte reductions over the link."""
+    if dims.tensor_parallel <= 1:
+        return 0.0
+    elems = sum(w.hi - w.lo for w in task.writes if w.add and w.buf == "x") * dims.batch
+    return elems * 8 / 1024 * (dims.tensor_parallel - 1) * cal.link_add_us_per_kb
+
+
 def task_cost(task: Task, graph: StepGraph, rates: Rates, cal: Calibration,
               geo: SlotGeometry | None = None) -> TaskCost:
     plan, d = graph.plan, graph.dims
@@ -116,6 +125,7 @@ def task_cost(task: Task, graph: StepGraph, rates: Rates, cal: Calibration,
         # the consumer's work is per weight: a quantized slot costs its bf16-equivalent bytes, dequantized
         work = geo.rows_per_slot * geo.k_chunk * 2 * cal.quant_consumer_cost if qw else geo.fill_bytes
         comp = nslots * work / rates.gemv + nslots * cal.slot_overhead_us + ngroups * cal.group_overhead_us
+        comp += remote_add_us(task, d, cal)
         slot_t = comp / nslots
         fill = task.weight_bytes / nslots
         ring = plan.stages * fill

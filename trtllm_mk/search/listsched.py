@@ -29,7 +29,6 @@ from ..graph.tasks import StepGraph
 from ..schedule import SMProgram
 from .calibration import Calibration
 from .cost import CostTable, TaskCost
-from .simulate import link_sync_us
 
 
 class _State:
@@ -100,7 +99,7 @@ def list_schedule(graph: StepGraph, costs: CostTable, num_sms: int, cal: Calibra
         return r.event, row, r.slot
 
     # a cross-rank event (tensor parallelism) is seen a GPU-to-GPU synchronisation later (simulate.py)
-    link = link_sync_us() if graph.dims.tensor_parallel > 1 else 0.0
+    link = cal.link_sync_us if graph.dims.tensor_parallel > 1 else 0.0
     extra = {name: link if ev.cross_rank else 0.0 for name, ev in graph.events.items()}
 
     def run(tasks, tcosts, attr: str) -> None:

@@ -108,7 +108,10 @@ def search_candidates(spec: ModelSpec, batch: int, gpu: GpuSpec, context_len: in
     t_start = time.perf_counter()
     cal = (calibration or load_calibration(gpu)).resolved(gpu)
     nsm = num_sms or gpu.sm_count
-    stats = SearchStats(seed=seed, budget_s=budget_s, calibration=cal.source)
+    where = cal.source
+    if spec.tensor_parallel > 1:   # the cross-rank events are priced with the link's constants
+        where += f"; link: {cal.link_source or 'assumed, not measured (parallel/allreduce_cost.py UNMEASURED)'}"
+    stats = SearchStats(seed=seed, budget_s=budget_s, calibration=where)
 
     # 1. naive baseline (exact)
     nplan = naive_plan(spec, batch, gpu)

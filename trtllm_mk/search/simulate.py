@@ -47,13 +47,6 @@ from .calibration import Calibration
 from .cost import CostTable, Streaming, cost_table, streaming_key
 
 
-def link_sync_us() -> float:
-    """One cross-GPU synchronisation (parallel/allreduce_cost.py; its unmeasured default until a
-    multi-GPU machine's micro-benchmark is fitted)."""
-    from ..parallel.allreduce_cost import UNMEASURED
-    return UNMEASURED.sync_us
-
-
 @contextmanager
 def gc_paused():
     """Pause the cyclic garbage collector: the simulator allocates many small lists and no cycles,
@@ -131,7 +124,7 @@ class Simulator:
             ncnt += rows * ev.slots
         target = [0] * ncnt
         # a cross-rank event (tensor parallelism) is seen a GPU-to-GPU synchronisation later
-        link_us = link_sync_us() if g.dims.tensor_parallel > 1 else 0.0
+        link_us = self.cal.link_sync_us if g.dims.tensor_parallel > 1 else 0.0
         extra = [0.0] * ncnt
         for name in sorted(g.events):
             ev = g.events[name]
