@@ -13,6 +13,10 @@ the package, so a GPU run skips the search too; any change to trtllm_mk/ or the 
 ``--weights w4a16 [--group 128]`` prebuilds the kernels of ``decode_latency --weights w4a16``.
 
 With 4-bit weights (``benchmarks.w4a16_weights.W4A16Weights``) the kernel binds their packed form.
+
+A second system, ``trtllm_mk megakernel cp.async``, runs the same schedule with the weight ring of the
+GPUs without bulk copies (sm_80 / sm_89: the loader warp's 16-byte ``cp.async``), compiled for this GPU:
+on an H100 / H200 it measures that path beside the bulk-copy one (``--prebuild --cp-async`` compiles it).
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ from trtllm_mk.build import shipped_schedule  # noqa: E402
 from trtllm_mk.search.cached import cached_schedule, schedule_key  # noqa: E402
 
 NAME = "trtllm_mk megakernel"
+CP_ASYNC_NAME = "trtllm_mk megakernel cp.async"
 SEARCH_BUDGET_S = MegakernelConfig.search_budget_s   # the configs' default: the benchmark measures the plan a build ships
 TOKENS_PER_BLOCK = 32
 HEADROOM = 1024   # decode steps the cache has room for beyond the context
@@ -46,14 +51,16 @@ def schedule_for(spec, batch: int, context_len: int, gpu: GpuSpec):
                                                          TOKENS_PER_BLOCK, context_len + HEADROOM))
 
 
-def megakernel_system(spec, weights, batch, context_len, device) -> SystemRun:
+def _run(spec, weights, batch, context_len, device, bulk_copy: bool | None) -> SystemRun:
+    """``bulk_copy``: None, the GPU's own weight ring; False, the cp.async ring."""
     from trtllm_mk.runtime.megakernel import build_decoder
     gpu = detect_gpu()
     sched = schedule_for(spec, batch, context_len, gpu)
     max_seq = context_len + HEADROOM
     cache = PagedKVCache.allocate(spec, batch, max_seq, TOKENS_PER_BLOCK, device=device, fill=1.0)
     bind = getattr(weights, "kernel", weights)   # W4A16Weights: packed codes and scale words
-    dec = build_decoder(sched, bind, cache, gpu.nvcc_arch, gpu.has_tma, max_seq_len=max_seq)
+    bulk = gpu.has_tma if bulk_copy is None else bulk_copy
+    dec = build_decoder(sched, bind, cache, gpu.nvcc_arch, bulk, max_seq_len=max_seq)
     dec.set_state(torch.randint(0, spec.vocab_size, (batch,)), torch.full((batch,), context_len))
     for _ in range(3):
         dec.step()
@@ -72,14 +79,26 @@ def megakernel_system(spec, weights, batch, context_len, device) -> SystemRun:
 
     return SystemRun(step=step, close=close,
                      info={"mode": mode, "predicted_ms": round(sched.predicted_step_us / 1e3, 4),
-                           "plan": sched.plan.to_dict(), "smem_bytes": dec.layout.smem_bytes})
+                           "plan": sched.plan.to_dict(), "smem_bytes": dec.layout.smem_bytes,
+                           "weight_ring": "bulk copies" if bulk else "cp.async"})
+
+
+def megakernel_system(spec, weights, batch, context_len, device) -> SystemRun:
+    return _run(spec, weights, batch, context_len, device, None)
+
+
+def cp_async_system(spec, weights, batch, context_len, device) -> SystemRun:
+    return _run(spec, weights, batch, context_len, device, False)
 
 
 register_system(NAME, megakernel_system)
+register_system(CP_ASYNC_NAME, cp_async_system)
 
 
-def prebuild(models, batches, contexts, gpu_name: str, group: int | None = None, weights: str = "bf16") -> None:
-    """``weights`` "w4a16": the kernels of 4-bit weights in groups of ``group`` columns; "fp8": of FP8 ones."""
+def prebuild(models, batches, contexts, gpu_name: str, group: int | None = None, weights: str = "bf16",
+             cp_async: bool = False) -> None:
+    """``weights`` "w4a16": the kernels of 4-bit weights in groups of ``group`` columns; "fp8": of FP8 ones.
+    ``cp_async``: also the cp.async-ring kernels (CP_ASYNC_NAME)."""
     from trtllm_mk.codegen import compile_cubin, generate_source
     from trtllm_mk.model.registry import resolve_model
     gpu = get_gpu(gpu_name)
@@ -94,9 +113,11 @@ def prebuild(models, batches, contexts, gpu_name: str, group: int | None = None,
         for b in batches:
             for c in contexts:
                 sched = schedule_for(spec, b, c, gpu)
-                src, _ = generate_source(sched, TOKENS_PER_BLOCK, c + HEADROOM, use_bulk_copy=gpu.has_tma)
-                path, _ = compile_cubin(src, gpu.nvcc_arch)
-                print(f"{m} b{b} ctx{c}: predicted {sched.predicted_step_us / 1e3:.3f} ms -> {path.name}", flush=True)
+                for bulk in sorted({gpu.has_tma, gpu.has_tma and not cp_async}, reverse=True):
+                    src, _ = generate_source(sched, TOKENS_PER_BLOCK, c + HEADROOM, use_bulk_copy=bulk)
+                    path, _ = compile_cubin(src, gpu.nvcc_arch)
+                    print(f"{m} b{b} ctx{c}{'' if bulk == gpu.has_tma else ' cp.async'}: predicted "
+                          f"{sched.predicted_step_us / 1e3:.3f} ms -> {path.name}", flush=True)
 
 
 if __name__ == "__main__":
@@ -108,5 +129,6 @@ if __name__ == "__main__":
     ap.add_argument("--gpu", default="H100-SXM")
     ap.add_argument("--weights", choices=("bf16", "w4a16", "fp8"), default="bf16")
     ap.add_argument("--group", type=int, default=128, help="--weights w4a16: input columns per scale")
+    ap.add_argument("--cp-async", action="store_true", help="also the kernels of the cp.async weight ring")
     a = ap.parse_args()
-    prebuild(a.models, a.batch, a.context, a.gpu, a.group, a.weights)
+    prebuild(a.models, a.batch, a.context, a.gpu, a.group, a.weights, a.cp_async)
