@@ -42,10 +42,11 @@ __device__ __forceinline__ void signal(int how, uint32_t* ctr) {
   else if (how == 4) asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(ctr) : "memory");
 }
 
-// mode 0: bulk copies, lanes issue in parallel; 1: bulk copies, lane 0 issues all; 2: 16-byte cp.async
+// mode 0: bulk copies, lanes issue in parallel; 1: bulk copies, lane 0 issues all; 2: 16-byte cp.async;
+// 3: 16-byte cp.async issued by two warps (8 and 9, alternate rows of a slot): is one warp's issue the limit?
 // sig: consumer warp 0 stores a value and signals after every slot (`signal` above); its mean time per
 // signal (ns) lands in sig_ns[blockIdx.x]
-__global__ void __launch_bounds__(288, 1) stream(const char* src, size_t bytes_per_sm, int row_bytes, int copy, int stages,
+__global__ void __launch_bounds__(320, 1) stream(const char* src, size_t bytes_per_sm, int row_bytes, int copy, int stages,
                                                 int slot, int mode, int sig, float* scratch, uint32_t* ctrs,
                                                 unsigned long long* sig_ns) {
   extern __shared__ __align__(128) unsigned char smem[];
@@ -53,7 +54,7 @@ __global__ void __launch_bounds__(288, 1) stream(const char* src, size_t bytes_p
   uint64_t* empty = full + stages;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (threadIdx.x == 0) {
-    for (int s = 0; s < stages; ++s) { mbar_init(&full[s], mode == 2 ? 32 : 1); mbar_init(&empty[s], 8); }
+    for (int s = 0; s < stages; ++s) { mbar_init(&full[s], mode == 2 ? 32 : mode == 3 ? 64 : 1); mbar_init(&empty[s], 8); }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -61,13 +62,18 @@ __global__ void __launch_bounds__(288, 1) stream(const char* src, size_t bytes_p
   const int rows_per_slot = slot / copy, pieces = row_bytes / copy;
   const size_t nslots = bytes_per_sm / slot;
   // slot n covers row group n / pieces (rows_per_slot rows) and piece n % pieces of each of its rows
-  if (warp == 8) {
+  if (warp == 9 && mode != 3) return;   // the second loader warp of mode 3 only
+  if (warp >= 8) {
     for (size_t n = 0; n < nslots; ++n) {
       const uint32_t s = n % stages, use = n / stages;
       wait(&empty[s], (use & 1) ^ 1);
       const char* g = base + (n / pieces) * (size_t)rows_per_slot * row_bytes + (n % pieces) * (size_t)copy;
       unsigned char* d = smem + (size_t)s * slot;
-      if (mode == 2) {
+      if (mode == 3) {
+        for (int r = warp - 8; r < rows_per_slot; r += 2)
+          for (int v = lane; v < copy / 16; v += 32) cp16(d + r * copy + v * 16, g + (size_t)r * row_bytes + v * 16);
+        cp_arrive(&full[s]);
+      } else if (mode == 2) {
         for (int r = 0; r < rows_per_slot; ++r)
           for (int v = lane; v < copy / 16; v += 32) cp16(d + r * copy + v * 16, g + (size_t)r * row_bytes + v * 16);
         cp_arrive(&full[s]);
@@ -236,10 +242,11 @@ int main() {
   cudaEventCreate(&e1);
   struct Cfg { int sms, row, copy, stages, slot, mode; };
   std::vector<Cfg> cfgs;
-  const char* mname[] = {"bulk/lanes", "bulk/lane0", "cp.async16"};
-  for (int mode : {0, 2})
+  const char* mname[] = {"bulk/lanes", "bulk/lane0", "cp.async16", "cp.async16 x2 warps"};
+  for (int mode : {0, 2, 3})
     for (int copy : {256, 512, 1024, 2048, 4096})
       cfgs.push_back({nsm, 4096, copy, 4, 32768, mode});
+  for (int copy : {1024, 2048}) cfgs.push_back({nsm, 8192, copy, 6, 32768, 3});
   for (int copy : {1024, 4096, 8192}) cfgs.push_back({nsm, 8192, copy, 4, 32768, 1});
   for (int copy : {1024, 2048, 8192}) cfgs.push_back({nsm, 8192, copy, 6, 32768, 0});
   for (int copy : {1024, 2048, 8192}) cfgs.push_back({nsm, 8192, copy, 3, 65536, 0});
@@ -251,7 +258,7 @@ int main() {
   for (const Cfg& c : cfgs) {
     const size_t smem = (size_t)c.stages * c.slot + 2 * c.stages * 8;
     const double t = 1e-3 * median_ms(e0, e1, 2, 6, [&] {
-      stream<<<c.sms, 288, smem>>>(src, per_sm, c.row, c.copy, c.stages, c.slot, c.mode, 0, scratch, ctrs, sig_ns);
+      stream<<<c.sms, 320, smem>>>(src, per_sm, c.row, c.copy, c.stages, c.slot, c.mode, 0, scratch, ctrs, sig_ns);
     });
     CK(cudaGetLastError());
     const double gbs = (double)per_sm * c.sms / t / 1e9, per = gbs / c.sms;
