@@ -109,13 +109,14 @@ if has sanitize; then
   # (and memcheck / all-lanes racecheck again on a plan whose OPROJ merges the attention partials)
   # (and, with every row sampling through the candidate search, memcheck and all-lanes racecheck)
   # (and, with 4-bit and FP8 weights, memcheck and all-lanes racecheck: the fifth field, 1 or 8)
-  for run in ${SANITIZE_RUNS:-memcheck:0:0:0:0 racecheck:0:0:0:0 racecheck:1:0:0:0 memcheck:0:1:0:0 racecheck:1:1:0:0 memcheck:0:0:1:0 racecheck:1:0:1:0 memcheck:0:0:0:1 racecheck:1:0:0:1 memcheck:0:0:0:8 racecheck:1:0:0:8}; do
-    IFS=: read -r tool all merge sample w4 <<< "$run"
-    w4=${w4:-0}
-    log="$OUT/sanitize_${tool}_${all}_${merge}_${sample}_$w4.log"
-    MK_SMOKE_SHORT=1 MK_SMOKE_ARRIVE_ALL=$all MK_SMOKE_MERGE=$merge MK_SMOKE_SAMPLE=$sample MK_SMOKE_W4=$w4 timeout 240 \
+  # (and the cp.async weight ring of GPUs without bulk copies: the sixth field, 1)
+  for run in ${SANITIZE_RUNS:-memcheck:0:0:0:0 racecheck:0:0:0:0 racecheck:1:0:0:0 memcheck:0:1:0:0 racecheck:1:1:0:0 memcheck:0:0:1:0 racecheck:1:0:1:0 memcheck:0:0:0:1 racecheck:1:0:0:1 memcheck:0:0:0:8 racecheck:1:0:0:8 memcheck:0:0:0:0:1 racecheck:1:0:0:0:1}; do
+    IFS=: read -r tool all merge sample w4 cpa <<< "$run"
+    w4=${w4:-0}; cpa=${cpa:-0}
+    log="$OUT/sanitize_${tool}_${all}_${merge}_${sample}_${w4}_$cpa.log"
+    MK_SMOKE_SHORT=1 MK_SMOKE_ARRIVE_ALL=$all MK_SMOKE_MERGE=$merge MK_SMOKE_SAMPLE=$sample MK_SMOKE_W4=$w4 MK_SMOKE_CPASYNC=$cpa timeout 240 \
       compute-sanitizer --tool $tool --print-limit 20 python scripts/mk_smoke.py tiny-llama > "$log" 2>&1
-    echo "$tool (all-lanes release $all, o_merge $merge, sampling $sample, 4-bit $w4) exit $?: $(grep -E \
+    echo "$tool (all-lanes release $all, o_merge $merge, sampling $sample, 4-bit $w4, cp.async ring $cpa) exit $?: $(grep -E \
       "ERROR SUMMARY|RACECHECK SUMMARY|Hazard|Invalid" "$log" | tail -3)" | tee -a "$OUT/sanitize.txt"
   done
 fi

@@ -4,7 +4,8 @@ Usage: python scripts/mk_smoke.py [tiny-llama|tiny-qwen3|tiny-qwen2|llama-1b] [b
 (--prebuild: compile the kernel into the cubin cache for a 132-SM H100 without a GPU; MK_SMOKE_MERGE=1:
 a plan whose OPROJ merges the attention partials, TilePlan.o_merge; MK_SMOKE_W4=1: the decoder layers'
 weights RTN-quantized to 4 bits in groups of 64, the kernel streaming them packed; MK_SMOKE_W4=8: FP8
-e4m3 with per-channel scales)"""
+e4m3 with per-channel scales; MK_SMOKE_CPASYNC=1: the weight ring of GPUs without bulk copies, the loader
+warps' 16-byte cp.async)"""
 import dataclasses
 import os
 import sys
@@ -67,7 +68,8 @@ def main():
     max_seq = 1024
     # MK_SMOKE_ARRIVE_ALL=1: the sanitizer variant of the ring release (see EMPTY_ARRIVALS in mk_kernel.cuh)
     diag = Diagnostics(all_lanes_release=int(os.environ.get("MK_SMOKE_ARRIVE_ALL") == "1"))
-    src, layout = generate_source(sch, 32, max_seq, use_bulk_copy=True, diagnostics=diag)
+    src, layout = generate_source(sch, 32, max_seq, use_bulk_copy=os.environ.get("MK_SMOKE_CPASYNC") != "1",
+                                  diagnostics=diag)
     t0 = time.time()
     cubin, rep = compile_cubin(src, "sm_90a")
     print(f"compiled in {time.time() - t0:.1f}s smem={layout.smem_bytes}", [l for l in rep.splitlines() if "Used" in l][:1])

@@ -22,6 +22,15 @@ from ..smem import (ACT_PAD, MAX_BLOCKS, ROW_PAD, SIG_SLOTS, SLOT_PAD, TRACE_ACC
 
 KERNEL_NAME = "mk_decode_step"
 MAX_REFS = 4  # TaskArgs holds up to 4 waits and 4 signals
+# Warps that fill the weight ring. Bulk copies: one (a copy per row, issued by its lanes). 16-byte
+# cp.async copies: two, each taking every other row of a slot, because one warp's issue rate holds the
+# stream to ~18 GB/s per SM at 2 KB rows and two reach ~30 (benchmarks/micro/ring_stream.cu); a CTA of
+# consumers + 3 warps keeps the register cap of consumers + 2.
+CP_ASYNC_LOADER_WARPS = 2
+
+
+def loader_warps_for(use_bulk_copy: bool) -> int:
+    return 1 if use_bulk_copy else CP_ASYNC_LOADER_WARPS
 HEADER_ORDER = ["mk_common.cuh", "mk_params.cuh", "mk_gemv.cuh", "mk_sampling.cuh", "mk_kernel.cuh"]
 
 
@@ -184,6 +193,7 @@ def generate_source(schedule: Schedule, tokens_per_block: int, max_seq_len: int,
         diagnostics.emit_cuda() + "namespace cfg {",
     ]
     kv_slots, kv_cap = attention_kv_ring(d.head_dim, p.slot_bytes, d.splits, d.context_len)
+    loader_warps = loader_warps_for(use_bulk_copy)
     consts = dict(B=d.batch, L=d.layers, H=d.hidden, I=d.intermediate, V=d.vocab, NH=d.heads, NKV=d.kv_heads, D=d.head_dim, G=d.group,
                   S=d.splits, GR=d.group_rows, QKVR=d.qkv_rows, QD=d.q_dim, TPB=tokens_per_block, HISTORY_LEN=max_seq_len,
                   NUM_SMS=schedule.num_sms, STAGES=p.stages, SLOT_BYTES=p.slot_bytes, CWARPS=p.consumer_warps,
@@ -194,7 +204,8 @@ def generate_source(schedule: Schedule, tokens_per_block: int, max_seq_len: int,
                   INFLIGHT_EXPERT=p.expert_inflight or p.stages, MAX_REFS=MAX_REFS,
                   RESID_FRAC_BITS=RESID_FRAC_BITS, WBITS=spec.weight_bits, QGROUP=spec.weight_group,
                   QTILE=graph.dims.weight_tile, TP=d.tensor_parallel, LM_TILES_ALL=d.tensor_parallel * d.n_lm_tiles,
-                  E=d.experts, TOPK=d.experts_per_token, NSLOT=d.expert_slots)
+                  E=d.experts, TOPK=d.experts_per_token, NSLOT=d.expert_slots,
+                  LOADER_WARPS=loader_warps)
     for k, v in consts.items():
         lines.append(f"constexpr int {k} = {v};")
     lines.append(f"constexpr bool QK_NORM = {'true' if spec.qk_norm else 'false'};")
@@ -234,7 +245,7 @@ def generate_source(schedule: Schedule, tokens_per_block: int, max_seq_len: int,
     lines.append("  }")
     lines.append("  return c;")
     lines.append("}")
-    layout = KernelLayout(grid=schedule.num_sms, block=(p.consumer_warps + 2) * 32, smem_bytes=smem,
+    layout = KernelLayout(grid=schedule.num_sms, block=(p.consumer_warps + loader_warps + 1) * 32, smem_bytes=smem,
                           event_offsets=offsets, num_counters=len(counts), n_lm_tiles=d.n_lm_tiles,
                           history_len=max_seq_len, tokens_per_block=tokens_per_block,
                           trace_tasks=max(1, trace_tasks), tensor_parallel=d.tensor_parallel)

@@ -244,17 +244,19 @@ __device__ void gemv_load(Ctx& c, const TaskArgs& a) {
         for (int b = 0; b < G::NB; ++b) {
           if ((16 * b) % G::OUT_ROWS >= valid) continue;
           const WeightRef r = GemvKind<KIND>::weight_ref(*c.p, a, grp, 16 * b);
+          // the loader warps take every LOADER_WARPS-th 16-byte piece
+          const int v0 = c.lane() + 32 * c.loader_index();
           for (int m = 0; m < G::TPR; ++m) {
             const uint4* src = reinterpret_cast<const uint4*>(tile_src<KIND>(r, kc, m));
             uint4* d = reinterpret_cast<uint4*>(dst + b * G::BLOCK_BYTES + m * G::TILE_BYTES);
-            for (int v = c.lane(); v < G::TILE_BYTES / 16; v += 32) cp_async16(d + v, src + v);
+            for (int v = v0; v < G::TILE_BYTES / 16; v += 32 * cfg::LOADER_WARPS) cp_async16(d + v, src + v);
           }
           const uint4* ssrc = reinterpret_cast<const uint4*>(scale_src<KIND>(r, kc));
           uint4* sd = reinterpret_cast<uint4*>(dst + G::SZ_AT + b * G::SZ_BLOCK);
-          for (int v = c.lane(); v < G::SZ_BLOCK / 16; v += 32) cp_async16(sd + v, ssrc + v);
+          for (int v = v0; v < G::SZ_BLOCK / 16; v += 32 * cfg::LOADER_WARPS) cp_async16(sd + v, ssrc + v);
         }
       } else {
-        for (int j = 0; j < G::RS; ++j) {
+        for (int j = c.loader_index(); j < G::RS; j += cfg::LOADER_WARPS) {   // the loader warps take rows in turn
           if (j % G::OUT_ROWS >= valid) continue;
           const bf16x8* src = reinterpret_cast<const bf16x8*>(row_src<KIND>(GemvKind<KIND>::weight_ref(*c.p, a, grp, j), kc));
           bf16x8* d = reinterpret_cast<bf16x8*>(dst + j * G::ROW_STRIDE);

@@ -83,12 +83,12 @@ __device__ __forceinline__ void publish_signals(Ctx& c, const TaskArgs& a) {
 template <int KIND>
 __device__ __noinline__ Ctx run_task(Ctx c, TaskArgs a) {
   if (c.loader()) {
-    if (c.tracing && c.lane() == 0) {
+    if (c.tracing && c.loader_lead()) {
       c.trace_row()[TW_LOADER_START] = globaltimer();
       c.trace_acc()[TA_LOADER_TASK_NS] = 0;
     }
     KindBody<KIND>::load(c, a);
-    if (c.tracing && c.lane() == 0) {
+    if (c.tracing && c.loader_lead()) {
       uint64_t* r = c.trace_row();
       const uint64_t blocked = c.trace_acc()[TA_LOADER_TASK_NS];
       r[TW_LOADER_ISSUED] = globaltimer(); r[TW_LOADER_WAIT_NS] = blocked;
@@ -137,7 +137,7 @@ __device__ __noinline__ Ctx run_task(Ctx c, TaskArgs a) {
 
 __device__ mk::Ctx run_program(mk::Ctx c);  // generated: this SM's static task list
 
-extern "C" __global__ void __launch_bounds__((cfg::CWARPS + 2) * 32, 1)
+extern "C" __global__ void __launch_bounds__((cfg::CWARPS + cfg::LOADER_WARPS + 1) * 32, 1)
 mk_decode_step(const __grid_constant__ mk::Params p) {
   mk::Ctx c;
   c.p = &p;
@@ -151,7 +151,7 @@ mk_decode_step(const __grid_constant__ mk::Params p) {
 #if defined(MK_USE_BULK_COPY)
       mk::mbar_init(&c.full()[s], 1);
 #else
-      mk::mbar_init(&c.full()[s], 32);
+      mk::mbar_init(&c.full()[s], 32 * cfg::LOADER_WARPS);   // every lane of every loader warp arrives
 #endif
       mk::mbar_init(&c.empty()[s], mk::EMPTY_ARRIVALS);
     }
@@ -167,7 +167,7 @@ mk_decode_step(const __grid_constant__ mk::Params p) {
   }
   __syncthreads();
   c = run_program(c);
-  if (c.tracing && (threadIdx.x == 0 || (c.loader() && c.lane() == 0))) {
+  if (c.tracing && (threadIdx.x == 0 || c.loader_lead())) {
     uint64_t* r = p.trace + (size_t)gridDim.x * cfg::TRACE_TASKS * mk::TRACE_WORDS + (size_t)blockIdx.x * mk::TRACE_SM_WORDS;
     if (c.loader()) { r[mk::TS_LOADER_BLOCKED_NS] = c.trace_acc()[mk::TA_LOADER_TOTAL_NS]; r[mk::TS_LOADER_DONE] = mk::globaltimer(); }
     else { r[mk::TS_CONSUMERS_DONE] = mk::globaltimer(); r[mk::TS_UNUSED] = 0; }

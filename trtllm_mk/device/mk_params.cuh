@@ -40,8 +40,12 @@ struct Ctx {
 
   __device__ __forceinline__ int warp() const { return threadIdx.x / 32; }
   __device__ __forceinline__ int lane() const { return threadIdx.x % 32; }
-  __device__ __forceinline__ bool loader() const { return warp() == cfg::CWARPS; }
-  __device__ __forceinline__ bool signaller() const { return warp() == cfg::CWARPS + 1; }  // publishes events
+  // the ring's loader warps (LOADER_WARPS: codegen/source.py loader_warps_for), then the signaller
+  __device__ __forceinline__ bool loader() const { return warp() >= cfg::CWARPS && warp() < cfg::CWARPS + cfg::LOADER_WARPS; }
+  __device__ __forceinline__ int loader_index() const { return warp() - cfg::CWARPS; }
+  // lane 0 of loader warp 0: keeps the loader's trace
+  __device__ __forceinline__ bool loader_lead() const { return warp() == cfg::CWARPS && lane() == 0; }
+  __device__ __forceinline__ bool signaller() const { return warp() == cfg::CWARPS + cfg::LOADER_WARPS; }  // publishes events
   // the weight ring: STAGES slots of SLOT_STRIDE bytes
   __device__ __forceinline__ unsigned char* ring() const { return smem; }
   // resident bf16 activation of the current GEMV (also attention scratch)
@@ -70,7 +74,7 @@ struct Ctx {
 
   // Loader wait for a free slot; with tracing on, the time the ring was full is accumulated.
   __device__ __forceinline__ void loader_wait(uint64_t* bar, uint32_t parity) {
-    timed_wait(bar, parity, TA_LOADER_TASK_NS, lane() == 0);
+    timed_wait(bar, parity, TA_LOADER_TASK_NS, loader_lead());
   }
   // Bytes in flight: before requesting ring slot n the loader waits until slot n - cap has landed.
   // Every outstanding copy lengthens the queue that the dependency chain's L2 round trips (polls,
