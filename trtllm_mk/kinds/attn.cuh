@@ -97,7 +97,7 @@ __device__ void attn_load(Ctx& c, const TaskArgs& a) {
 #else
     constexpr int V16 = cfg::D / 8;   // 16-byte vectors per token row
     for (int kv = 0; kv < 2; ++kv) {
-      for (int i = c.lane(); i < r.ring_n * V16; i += 32) {
+      for (int i = c.lane() + 32 * c.loader_index(); i < r.ring_n * V16; i += 32 * cfg::LOADER_WARPS) {
         const int u = i / V16;
         cp_async16(dst[kv] + kv_ring_offset(u) + (i % V16) * 16,
                    p.kv_pool + kv_offset(p, a.layer, b, r.t0 + u, kv, a.group) + (i % V16) * 8);
