@@ -113,7 +113,7 @@ def prebuild(models, batches, contexts, gpu_name: str, group: int | None = None,
         for b in batches:
             for c in contexts:
                 sched = schedule_for(spec, b, c, gpu)
-                for bulk in sorted({gpu.has_tma, gpu.has_tma and not cp_async}, reverse=True):
+                for bulk in [gpu.has_tma] + ([False] if cp_async and gpu.has_tma else []):
                     src, _ = generate_source(sched, TOKENS_PER_BLOCK, c + HEADROOM, use_bulk_copy=bulk)
                     path, _ = compile_cubin(src, gpu.nvcc_arch)
                     print(f"{m} b{b} ctx{c}{'' if bulk == gpu.has_tma else ' cp.async'}: predicted "

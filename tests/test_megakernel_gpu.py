@@ -85,15 +85,16 @@ def _gpu():
     return detect_gpu()
 
 
-def _decoder(spec, batch, weights, schedule=None, budget_s=5.0):
+def _decoder(spec, batch, weights, schedule=None, budget_s=5.0, use_bulk_copy=None):
     """(decoder, cache): ``weights`` as the kernel binds them (bf16 tensors, or a quantized spec's
-    packed codes and scale words)."""
+    packed codes and scale words). ``use_bulk_copy``: the weight ring (default: the GPU's own)."""
     from trtllm_mk.runtime.megakernel import build_decoder
     gpu = _gpu()
     if schedule is None:
         schedule, _ = search(spec, batch, gpu, context_len=256, budget_s=budget_s, seed=0)
     cache = PagedKVCache.allocate(spec, batch, MAX_SEQ, TPB, device="cuda", fill=1e4, seed=3)
-    return build_decoder(schedule, weights, cache, gpu.nvcc_arch, gpu.has_tma), cache
+    bulk = gpu.has_tma if use_bulk_copy is None else use_bulk_copy
+    return build_decoder(schedule, weights, cache, gpu.nvcc_arch, bulk), cache
 
 
 def _prompts(spec, batch, gen, first_len=17):
@@ -183,19 +184,17 @@ def test_tiny_models_match_reference(name, batch):
 CP_ASYNC = [("tiny-llama", 1, 0), ("tiny-llama", 4, 0), ("tiny-qwen3", 2, 0), ("llama-3.2-1b", 4, 1)]
 
 
+def _cp_async_spec(name, layers):
+    return dataclasses.replace(_spec(name), num_layers=layers) if layers else _spec(name)
+
+
 @pytest.mark.parametrize("name,batch,layers", CP_ASYNC)
 def test_cp_async_weight_ring(name, batch, layers):
-    """The loader warp's 16-byte cp.async copies and their mbarrier arrivals (the L20 / A100 path),
+    """The loader warps' 16-byte cp.async copies and their mbarrier arrivals (the L20 / A100 path),
     compiled for this GPU, compute what the bulk-copy path computes."""
-    from trtllm_mk.runtime.megakernel import build_decoder
-    spec = _spec(name)
-    spec = dataclasses.replace(spec, num_layers=layers) if layers else spec
-    gpu = _gpu()
-    sch, _ = search(spec, batch, gpu, context_len=256, budget_s=5.0, seed=0)
+    spec = _cp_async_spec(name, layers)
     w = _weights(spec)
-    cache = PagedKVCache.allocate(spec, batch, MAX_SEQ, TPB, device="cuda", fill=1e4, seed=3)
-    dec = build_decoder(sch, w, cache, gpu.nvcc_arch, use_bulk_copy=False)
-    res = run_and_compare(spec, batch, w, steps=64, decoder=(dec, cache))
+    res = run_and_compare(spec, batch, w, steps=64, decoder=_decoder(spec, batch, w, use_bulk_copy=False))
     if layers:   # real widths: as test_real_widths_one_layer_agree_exactly
         check(res, 1e-2, exact=5e-3)
         assert res.flips <= 2
@@ -344,7 +343,7 @@ def _prebuild() -> None:
             path, _ = compile_cubin(src, gpu.nvcc_arch)
             print(spec.name, spec.num_layers, batch, path, flush=True)
     for name, batch, layers in CP_ASYNC:
-        spec = dataclasses.replace(_spec(name), num_layers=layers) if layers else _spec(name)
+        spec = _cp_async_spec(name, layers)
         sch, _ = search(spec, batch, gpu, context_len=256, budget_s=5.0, seed=0)
         path, _ = compile_cubin(generate_source(sch, TPB, MAX_SEQ, use_bulk_copy=False)[0], gpu.nvcc_arch)
         print(spec.name, spec.num_layers, batch, "cp.async", path, flush=True)

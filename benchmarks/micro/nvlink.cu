@@ -102,7 +102,8 @@ __global__ void k_sync_local(unsigned* ctr, int* err, int rounds) {
   }
 }
 
-__device__ __forceinline__ float partial_value(int rank, size_t i) {
+// Rank `rank`'s partial at element i; the host's check sums the same values.
+__host__ __device__ __forceinline__ float partial_value(int rank, size_t i) {
   return (float)((i * 2654435761u + 97u * (unsigned)rank) % 1021u) * (1.0f / 1024.0f) - 0.5f;
 }
 
@@ -236,10 +237,6 @@ static float launch(Rig& R, Variant v, size_t n, int grid, int rounds) {
   return ms;
 }
 
-static float host_partial(int rank, size_t i) {
-  return (float)((i * 2654435761u + 97u * (unsigned)rank) % 1021u) * (1.0f / 1024.0f) - 0.5f;
-}
-
 // The reduced result of one round on every rank against the host's sum in rank order.
 static void check_reduce(Rig& R, Variant v, size_t n) {
   for (int r = 0; r < R.tp; ++r) { CK(cudaSetDevice(r)); CK(cudaMemset(R.P.out[r], 0xff, n * 4)); }
@@ -249,8 +246,8 @@ static void check_reduce(Rig& R, Variant v, size_t n) {
     CK(cudaSetDevice(r));
     CK(cudaMemcpy(h.data(), R.P.out[r], n * 4, cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < n; ++i) {
-      float s = host_partial(0, i);
-      for (int k = 1; k < R.tp; ++k) s += host_partial(k, i);
+      float s = partial_value(0, i);
+      for (int k = 1; k < R.tp; ++k) s += partial_value(k, i);
       if (h[i] != s) {
         fprintf(stderr, "%s n=%zu: rank %d element %zu is %g, expected %g\n", v == ONE_SHOT ? "one_shot" : "two_shot",
                 n, r, i, h[i], s);

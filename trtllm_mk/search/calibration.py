@@ -88,7 +88,8 @@ class MachineCalibration:
     # Bytes per second one GPU sends to its peers, all links together (the one-shot all-reduce's slope).
     link_bandwidth: float = UNMEASURED.link_bandwidth
     # Consumer time per KB of fixed-point partials one SM adds into one other rank's residual (the
-    # OPROJ / DOWN epilogue under tensor parallelism: 64-bit reductions over the link).
+    # OPROJ / DOWN epilogue under tensor parallelism: 64-bit reductions over the link); the default is an
+    # assumption too (allreduce_cost's model has no such term).
     link_add_us_per_kb: float = 0.12
     # Where the link constants come from ("" while they are the defaults).
     link_source: str = ""

@@ -526,7 +526,8 @@ std::string DecodeStepPlugin::check_io(const Dims* in_dims, const DataType* in_t
         return std::string("layer ") + std::to_string(l) + " " + seam::kLayerFieldNames[f] +
                (first ? " is a real tensor but layer 0's is a placeholder" : " is a placeholder but layer 0's is not");
   }
-  // Whether optional field f is a placeholder: layer 0's answer, which the loop above made every layer's.
+  // absent(f): whether optional field f is a placeholder. Layer 0 answers for every layer (the loop above
+  // checked that all layers agree).
   auto absent = [&](seam::LayerField f) { return placeholder[kNumFixedInputs + seam::index_of(f)]; };
   using LF = seam::LayerField;
   const bool no_norm = absent(LF::q_norm), no_bias = absent(LF::q_bias);
