@@ -59,12 +59,36 @@ def test_events_count_the_signals_of_each_slot(o_merge, o_ksplit, down_ksplit):
     assert ev["resid_ready"].rows == L + 1 and ev["resid_ready"].per_layer
     assert ev["resid_ready"].counts == ((n[Kind.EMBED],),) + ((n[Kind.DOWN],),) * L
     assert ev["oproj_done"].counts == ((n[Kind.OPROJ],),) * L
-    assert ev["gateup_done"].counts == ((n[Kind.GATEUP],),) * L
+    assert ev["gateup_done"].counts == ((n[Kind.GATEUP],),) * L and "gateup_staged" not in ev
     assert ev["lm_done"].counts == ((n[Kind.LMHEAD],),) and not ev["lm_done"].per_layer
     assert sum(ev["qkv_done"].counts[0]) >= n[Kind.QKV]     # a tile spanning two groups signals both
     assert ("combine_done" in ev) == (not o_merge) and ("qkv_all" in ev) == (o_ksplit > 1)
     per_slot = plan.attn_splits * (spec.num_kv_heads // o_ksplit if o_merge else 1)
     assert ev["attn_done"].counts == ((per_slot,) * (o_ksplit if o_merge else spec.num_kv_heads),) * L
+
+
+@pytest.mark.parametrize("down_ksplit", [1, 2])
+def test_tensor_parallel_guards_of_x_are_staged_signals(down_ksplit):
+    """Under tensor parallelism the guards of x are published once a tile has staged x: qkv_all by
+    QKV, gateup_staged by GATEUP; gateup_done then has a slot per DOWN K-chunk, counting the GATEUP
+    tiles in it, and a DOWN task waits on its chunk's slot and on gateup_staged."""
+    from test_verify import tp_share
+    spec = tp_share()
+    plan = TilePlan(qkv_rows=48, o_rows=32, gateup_rows=64, down_rows=32, down_ksplit=down_ksplit, lm_rows=128)
+    g = build_step_graph(spec, 1, plan)
+    L, I = spec.num_layers, spec.intermediate_size
+    gu = [t for t in g.layer if t.kind == Kind.GATEUP]
+    qkv = [t for t in g.layer if t.kind == Kind.QKV]
+    assert all(t.staged_signals == 1 and t.signals[0].event == "gateup_staged" for t in gu)
+    assert all(t.staged_signals == 1 and t.signals[0].event == "qkv_all" for t in qkv)
+    assert all(a.staged for t in gu + qkv for a in t.reads if a.buf == "x")
+    chunk = I // down_ksplit
+    per_chunk = tuple(sum(t.r0 < (k + 1) * chunk and t.r1 > k * chunk for t in gu) for k in range(down_ksplit))
+    assert g.events["gateup_done"].counts == (per_chunk,) * L and not g.events["gateup_done"].cross_rank
+    assert g.events["gateup_staged"].counts == ((len(gu),),) * L and g.events["gateup_staged"].cross_rank
+    for t in g.layer:
+        if t.kind == Kind.DOWN:
+            assert [w.event for w in t.waits] == ["gateup_staged", "gateup_done"] and t.waits[1].slot == t.k0 // chunk
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

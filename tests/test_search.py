@@ -474,16 +474,20 @@ def test_oproj_merge_is_searched_and_drops_the_combine_level():
     assert ev(replace(plan, o_merge=True)).step_us < ev(plan).step_us
 
 
-def test_merge_cost_counts_the_elements_of_each_consumer_thread():
-    """A merge of the split partials (COMBINE, OPROJ under o_merge) costs per split, times the
-    elements each consumer thread merges one after another (8B shapes with 8 OPROJ K-chunks: 512
-    elements over 256 threads, two each)."""
+def test_merge_cost_counts_the_load_rounds_of_each_consumer_thread():
+    """A merge of the split partials (COMBINE, OPROJ under o_merge) costs per split, times the rounds
+    of loads on a consumer thread's path: a thread loads the partials of 32 // splits elements together
+    (combine.cuh merge_heads), so 70B TP4 OPROJ chunks (1024 elements over 256 threads, 8 splits) are
+    one round where merging element by element took four."""
     from trtllm_mk.search.cost import merge_cost
     cal = Calibration(merge_split_us=0.1)
     assert merge_cost(8, 256, 8, cal) == pytest.approx(0.8)
-    assert merge_cost(8, 512, 8, cal) == pytest.approx(1.6)
-    assert merge_cost(16, 257, 8, cal) == pytest.approx(3.2)
-    assert merge_cost(8, 256, 4, cal) == pytest.approx(1.6)
+    assert merge_cost(8, 1024, 8, cal) == pytest.approx(0.8)    # four elements a thread, one round
+    assert merge_cost(8, 4096, 8, cal) == pytest.approx(3.2)    # sixteen: four rounds
+    assert merge_cost(16, 257, 8, cal) == pytest.approx(1.6)    # two a thread, two at once
+    assert merge_cost(16, 1024, 8, cal) == pytest.approx(3.2)
+    assert merge_cost(64, 256, 8, cal) == pytest.approx(6.4)    # more splits than 32: one at a time
+    assert merge_cost(8, 1024, 4, cal) == pytest.approx(1.6)    # fewer consumer warps
 
 
 def test_partial_slot_groups_cost_whole_slots_on_the_consumer():

@@ -22,6 +22,16 @@ def tiny_spec(layers: int = 2, family: str = "llama") -> ModelSpec:
                      rope_theta=10000.0, max_position_embeddings=256, tie_word_embeddings=False)
 
 
+def tp_share(layers: int = 2) -> ModelSpec:
+    """One rank's share of a tiny model under tensor parallelism 2 (graph.builder: the guards of x
+    are staged signals there)."""
+    from trtllm_mk.parallel import rank_spec
+    spec = ModelSpec(name="tiny-tp", family="llama", hidden_size=128, intermediate_size=256, num_layers=layers,
+                     num_heads=4, num_kv_heads=2, head_dim=32, vocab_size=128, rms_norm_eps=1e-5,
+                     rope_theta=10000.0, max_position_embeddings=256, tie_word_embeddings=False)
+    return rank_spec(spec, 2)
+
+
 TINY_PLAN = TilePlan(qkv_rows=48, o_rows=32, gateup_rows=64, down_rows=32, lm_rows=32, embed_rows=32,
                      attn_splits=2, down_ksplit=2)
 
@@ -80,25 +90,41 @@ def brute_force_verdict(sched: Schedule, g: StepGraph) -> str | None:
             _, row, slot = g.resolve(t, l, r)
             if ev is None or not (0 <= row < ev.rows and 0 <= slot < ev.slots):
                 return "structure"
-    sig: dict = {}
-    for k, (_, t, l) in enumerate(inst):
+    per_slot: dict = {}
+    for _, t, l in inst:
         for r in t.signals:
-            sig.setdefault(g.resolve(t, l, r), []).append(k)
+            per_slot[g.resolve(t, l, r)] = per_slot.get(g.resolve(t, l, r), 0) + 1
     for name, ev in g.events.items():
         for row in range(ev.rows):
             for slot in range(ev.slots):
-                if len(sig.get((name, row, slot), [])) != ev.counts[row][slot]:
+                if per_slot.get((name, row, slot), 0) != ev.counts[row][slot]:
                     return "counts"
-    succ: list[set[int]] = [set() for _ in inst]
-    for k, (_, t, l) in enumerate(inst):
-        for r in t.waits:
+    # A task with staged signals is two steps: staging (its waits, staged reads, staged signals), then
+    # the rest (its other accesses and signals). Each step: (sm, waits, signals, accesses, layer, task).
+    steps = []
+    for sm, t, l in inst:
+        k = t.staged_signals
+        reads = [(a, False) for a in t.reads]
+        writes = [(a, True) for a in t.writes]
+        if k:
+            steps.append((sm, t.waits, t.signals[:k], [(a, w) for a, w in reads if a.staged], l, t))
+            steps.append((sm, (), t.signals[k:], [(a, w) for a, w in reads if not a.staged] + writes, l, t))
+        else:
+            steps.append((sm, t.waits, t.signals, reads + writes, l, t))
+    sig: dict = {}
+    for k, (_, _, sigs, _, l, t) in enumerate(steps):
+        for r in sigs:
+            sig.setdefault(g.resolve(t, l, r), []).append(k)
+    succ: list[set[int]] = [set() for _ in steps]
+    for k, (_, waits, _, _, l, t) in enumerate(steps):
+        for r in waits:
             for a in sig.get(g.resolve(t, l, r), []):
                 succ[a].add(k)
-    for a in range(len(inst) - 1):
-        if inst[a][0] == inst[a + 1][0]:
+    for a in range(len(steps) - 1):
+        if steps[a][0] == steps[a + 1][0]:
             succ[a].add(a + 1)
     reach = []
-    for s in range(len(inst)):
+    for s in range(len(steps)):
         seen, stack = set(), list(succ[s])
         while stack:
             x = stack.pop()
@@ -106,18 +132,18 @@ def brute_force_verdict(sched: Schedule, g: StepGraph) -> str | None:
                 seen.add(x)
                 stack.extend(succ[x])
         reach.append(seen)
-    if any(k in reach[k] for k in range(len(inst))):
+    if any(k in reach[k] for k in range(len(steps))):
         return "deadlock"
 
-    def accesses(t, l):
-        for accs, w in ((t.reads, False), (t.writes, True)):
-            for a in accs:
-                lay = a.layer + l if (a.layer >= 0 and t.phase == LAYER) else a.layer
-                yield a.buf, lay, a.lo, a.hi, w, a.add
+    def accesses(step):
+        _, _, _, accs, l, t = step
+        for a, w in accs:
+            lay = a.layer + l if (a.layer >= 0 and t.phase == LAYER) else a.layer
+            yield a.buf, lay, a.lo, a.hi, w, a.add
 
-    acc = [list(accesses(t, l)) for _, t, l in inst]
-    for i in range(len(inst)):
-        for j in range(i + 1, len(inst)):
+    acc = [list(accesses(st)) for st in steps]
+    for i in range(len(steps)):
+        for j in range(i + 1, len(steps)):
             if j in reach[i] or i in reach[j]:
                 continue
             for b1, l1, lo1, hi1, w1, a1 in acc[i]:
@@ -207,7 +233,7 @@ def test_count_too_high_deadlocks(good):
 def test_count_too_low_is_a_race(good):
     g = good.graph()
     ev = g.events["gateup_done"]
-    counts = tuple((row[0] - 1,) for row in ev.counts)
+    counts = tuple(tuple(c - 1 for c in row) for row in ev.counts)
     g2 = _graph_with(g, events={**g.events, "gateup_done": dataclasses.replace(ev, counts=counts)})
     rep = validate(good, g2)
     assert rep.failed_check == "counts" and "may pass before all its producers" in rep.errors[0]
@@ -249,13 +275,14 @@ def test_wait_on_later_task_of_same_sm():
 
 
 def _per_chunk_gateup(g: StepGraph) -> StepGraph:
-    """The variant the builder avoids: DOWN chunk c waits only for the GATEUP tiles of its K-chunk."""
+    """What the builder avoids: DOWN chunk c waits only for the GATEUP tiles of its K-chunk, with no
+    gateup_staged guarding the GATEUP tiles' reads of x."""
     ks, I = g.plan.down_ksplit, g.dims.intermediate
     chunk = I // ks
     layer = []
     for t in g.layer:
         if t.kind == Kind.GATEUP:
-            t = dataclasses.replace(t, signals=(EventRef("gateup_done", 0, t.r0 // chunk),))
+            t = dataclasses.replace(t, signals=(EventRef("gateup_done", 0, t.r0 // chunk),), staged_signals=0)
         elif t.kind == Kind.DOWN:
             t = dataclasses.replace(t, waits=(EventRef("gateup_done", 0, t.k0 // chunk),))
         layer.append(t)
@@ -264,7 +291,8 @@ def _per_chunk_gateup(g: StepGraph) -> StepGraph:
         if t.kind == Kind.GATEUP:
             per[t.r0 // chunk] += 1
     ev = Event("gateup_done", g.num_layers, ks, (tuple(per),) * g.num_layers, True)
-    return _graph_with(g, layer_tasks=layer, events={**g.events, "gateup_done": ev})
+    events = {k: v for k, v in g.events.items() if k != "gateup_staged"}
+    return _graph_with(g, layer_tasks=layer, events={**events, "gateup_done": ev})
 
 
 def test_race_per_chunk_gateup(good):
@@ -273,6 +301,34 @@ def test_race_per_chunk_gateup(good):
     assert rep.failed_check == "races"
     msg = rep.errors[0]
     assert msg.startswith("race on x[") and "DOWN" in msg and "GATEUP" in msg and "adds into it" in msg
+
+
+def test_staged_guards_order_per_chunk_down():
+    """Under tensor parallelism DOWN waits on its K-chunk's gateup_done and on gateup_staged, which
+    every GATEUP tile publishes once it has staged x: valid, and racy without the guard."""
+    good = round_robin_schedule(tp_share(), TINY_PLAN, 3)
+    g = good.graph()
+    assert g.plan.down_ksplit > 1 and g.events["gateup_done"].slots == g.plan.down_ksplit
+    assert validate(good).ok and brute_force_verdict(good, g) is None
+    rep = validate(good, _per_chunk_gateup(g))
+    assert rep.failed_check == "races" and "DOWN" in rep.errors[0] and "GATEUP" in rep.errors[0]
+
+
+def test_staged_signal_orders_only_staged_reads():
+    """gateup_staged goes out after a GATEUP tile's staging: valid because the tile's read of x is a
+    staged read. The same signal with x read in the body (not staged) lets DOWN add into x while the
+    tile may still read it."""
+    good = round_robin_schedule(tp_share(), TINY_PLAN, 3)
+    g = good.graph()
+    gu = [t for t in g.layer if t.kind == Kind.GATEUP]
+    assert all(t.staged_signals == 1 and t.signals[0].event == "gateup_staged" for t in gu)
+    assert all(any(a.buf == "x" and a.staged for a in t.reads) for t in gu)
+    layer = [dataclasses.replace(t, reads=tuple(dataclasses.replace(a, staged=False) for a in t.reads))
+             if t.kind == Kind.GATEUP else t for t in g.layer]
+    g2 = _graph_with(g, layer_tasks=layer)
+    rep = validate(good, g2)
+    assert rep.failed_check == "races"
+    assert "GATEUP" in rep.errors[0] and "DOWN" in rep.errors[0] and "race on x[" in rep.errors[0]
     assert brute_force_verdict(good, g2) == "races"
     assert machine_completes(good, g2, seeds=1)   # it runs; it is just wrong
 
@@ -345,6 +401,11 @@ PLANS = [TINY_PLAN, dataclasses.replace(TINY_PLAN, qkv_rows=32, attn_splits=3, d
          dataclasses.replace(TINY_PLAN, gateup_rows=32, down_rows=64, lm_rows=64, embed_rows=64),
          dataclasses.replace(TINY_PLAN, o_merge=True, o_ksplit=2, attn_splits=3),
          dataclasses.replace(TINY_PLAN, o_merge=True)]
+# one rank's share under tensor parallelism 2 (one KV head: no OPROJ K-split); its guards of x are
+# staged signals, so a task is two steps (staging, the rest) for the checkers
+TP_PLANS = [TINY_PLAN, dataclasses.replace(TINY_PLAN, qkv_rows=32, attn_splits=3, down_ksplit=1),
+            dataclasses.replace(TINY_PLAN, gateup_rows=32, down_rows=64, lm_rows=64, embed_rows=64),
+            dataclasses.replace(TINY_PLAN, o_merge=True)]
 
 
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -406,11 +467,12 @@ def _mutate(s: Schedule, g: StepGraph, rng: random.Random) -> tuple[Schedule, St
 
 
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 2 ** 31), plan=st.sampled_from(PLANS), layers=st.integers(1, 2),
-       sms=st.integers(1, 4), n_mut=st.integers(1, 3))
-def test_mutations_no_false_accept_or_reject(seed, plan, layers, sms, n_mut):
+@given(seed=st.integers(0, 2 ** 31), case=st.sampled_from([(False, p) for p in PLANS] + [(True, p) for p in TP_PLANS]),
+       layers=st.integers(1, 2), sms=st.integers(1, 4), n_mut=st.integers(1, 3))
+def test_mutations_no_false_accept_or_reject(seed, case, layers, sms, n_mut):
     rng = random.Random(seed)
-    s = random_legal_schedule(tiny_spec(layers), plan, sms, rng)
+    tp, plan = case
+    s = random_legal_schedule(tp_share(layers) if tp else tiny_spec(layers), plan, sms, rng)
     g = s.graph()
     for _ in range(n_mut):
         s, g = _mutate(s, g, rng)

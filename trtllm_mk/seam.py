@@ -138,6 +138,7 @@ TASK_ARGS = (
     TaskArg("stage", doc="GEMV kinds: 1 = stage the activation, 0 = reuse the previous task's (same input)"),
     TaskArg("nw"), TaskArg("w", "cfg::MAX_REFS", "event references to wait on (event_ref_word)"),
     TaskArg("ns"), TaskArg("s", "cfg::MAX_REFS", "event references to signal (event_ref_word)"),
+    TaskArg("nss", doc="the first nss of s are published once the task has staged its input (Task.staged_signals)"),
 )
 
 # An event reference in TaskArgs: the flat counter index of the task's row in layer 0 (low bits)

@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 
 from .gpus import GpuSpec
+from .kinds.combine import merge_scratch_bytes
 from .graph.tasks import Kind, TilePlan
 from .model.families import FAMILIES
 from .model.spec import ModelSpec
@@ -195,9 +196,20 @@ def _align(n: int) -> int:
 def activation_bytes(hidden: int, q_size: int, intermediate: int, group: int, head_dim: int, batch: int,
                      plan: TilePlan) -> int:
     """The activation region every kind shares: the largest GEMV input (``batch x (K range + ACT_PAD)``
-    bf16, after K-split) or ATTN's scratch, whichever is larger (unaligned)."""
+    bf16, after K-split; OPROJ's followed by its merge factors under ``o_merge``), COMBINE's merge
+    factors or ATTN's scratch, whichever is larger (unaligned)."""
     k = max(hidden, q_size // plan.o_ksplit, intermediate // plan.down_ksplit)
-    return max(batch * (k + ACT_PAD) * 2, attention_scratch_bytes(group, head_dim, plan.consumer_warps, batch))
+    return max(batch * (k + ACT_PAD) * 2, oproj_staging_bytes(q_size, head_dim, batch, plan),
+               merge_scratch_bytes(batch, group, plan.attn_splits),
+               attention_scratch_bytes(group, head_dim, plan.consumer_warps, batch))
+
+
+def oproj_staging_bytes(q_size: int, head_dim: int, batch: int, plan: TilePlan) -> int:
+    """OPROJ's staged input, and under ``o_merge`` the merge factors of its chunk's heads after it
+    (kinds/oproj.cuh stage)."""
+    kt = q_size // plan.o_ksplit
+    rows = batch * (kt + ACT_PAD) * 2
+    return rows + (merge_scratch_bytes(batch, kt // head_dim, plan.attn_splits) if plan.o_merge else 0)
 
 
 @dataclass(frozen=True)
@@ -282,6 +294,8 @@ def plan_smem(spec: ModelSpec, batch: int, plan: TilePlan) -> SmemBreakdown:
     per: dict[str, KindSmem] = {}
     for kind, geo in geometries(spec, plan).items():
         act = batch * (geo.k_range + ACT_PAD) * 2
+        if kind == Kind.OPROJ:
+            act = oproj_staging_bytes(spec.q_size, spec.head_dim, batch, plan)
         scratch = layout.region("red").size
         per[kind.name] = KindSmem(kind.name, ring, act, scratch, FIXED_BYTES)
     # Of the non-GEMV kinds only ATTN needs scratch of its own; its cached K/V borrows ring slots

@@ -87,7 +87,7 @@ def validate(schedule: Schedule, graph: StepGraph | None = None) -> ValidationRe
             break
     else:
         rep.ok = True
-    rep.tasks, rep.edges, rep.checked_pairs = v.n_tasks, v.n_edges, v.checked_pairs
+    rep.tasks, rep.edges, rep.checked_pairs = v.n_instances, v.n_edges, v.checked_pairs
     rep.seconds = time.perf_counter() - t0
     return rep
 
@@ -99,14 +99,25 @@ class _Validator:
     def __init__(self, schedule: Schedule, graph: StepGraph):
         self.s, self.g = schedule, graph
         self.nh, self.nl, self.L = len(graph.head), len(graph.layer), graph.num_layers
-        self.n_tasks = self.nh + self.L * self.nl + len(graph.tail)
+        self.n_instances = self.nh + self.L * self.nl + len(graph.tail)
+        # A task with staged signals is two nodes in program order: its staging (waits, staged reads,
+        # staged signals) and the rest. Staging nodes get the ids after the task instances.
+        self.staging: dict[int, int] = {}    # task instance -> its staging node
+        self.staged_of: list[int] = []       # staging node - n_instances -> its task instance
+        for node in range(self.n_instances):
+            if self.instance(node)[0].staged_signals:
+                self.staging[node] = self.n_instances + len(self.staged_of)
+                self.staged_of.append(node)
+        self.n_tasks = self.n_instances + len(self.staged_of)   # nodes that access buffers
         self.n_edges = 0
         self.checked_pairs = 0
         self.where: list[tuple[int, int] | None] = [None] * self.n_tasks   # (sm, position in unrolled program)
-        self.programs: list[list[int]] = []                               # per SM, unrolled instance ids
+        self.programs: list[list[int]] = []                               # per SM, unrolled node ids
 
     # ------------------------------------------------------------------ naming
     def instance(self, node: int) -> tuple[Task, int]:
+        if node >= self.n_instances:
+            node = self.staged_of[node - self.n_instances]
         if node < self.nh:
             return self.g.head[node], -1
         node -= self.nh
@@ -117,6 +128,8 @@ class _Validator:
     def name(self, node: int) -> str:
         task, layer = self.instance(node)
         what = f"layer {layer} {task.label()}" if layer >= 0 else f"{task.phase} {task.label()}"
+        if node >= self.n_instances:
+            what += " staging"
         w = self.where[node]
         return f"SM {w[0]} task {w[1]} ({what})" if w else f"unscheduled ({what})"
 
@@ -160,6 +173,7 @@ class _Validator:
             for layer in range(self.L):
                 ids += [self._id(LAYER, i, layer) for i in prog.layer]
             ids += [self._id(TAIL, i, -1) for i in prog.tail]
+            ids = [x for node in ids for x in ((self.staging[node], node) if node in self.staging else (node,))]
             for pos, node in enumerate(ids):
                 self.where[node] = (sm, pos)
             self.programs.append(ids)
@@ -187,7 +201,11 @@ class _Validator:
     # ------------------------------------------------------------------ counts
     def _refs(self, node: int, which: str) -> list[tuple[str, int, int]]:
         task, layer = self.instance(node)
-        return [self.g.resolve(task, layer, r) for r in getattr(task, which)]
+        refs = getattr(task, which)
+        if task.staged_signals:   # the staging node waits and publishes the staged signals
+            staging, k = node >= self.n_instances, task.staged_signals
+            refs = (refs if staging else ()) if which == "waits" else (refs[:k] if staging else refs[k:])
+        return [self.g.resolve(task, layer, r) for r in refs]
 
     def check_counts(self) -> list[str]:
         self.signallers: dict[tuple[str, int, int], list[int]] = {}
@@ -360,6 +378,10 @@ class _Validator:
         for node in range(self.n_tasks):
             task, layer = self.instance(node)
             for accs, is_write in ((task.reads, False), (task.writes, True)):
+                if task.staged_signals:   # staged reads at the staging node, the rest at the task's
+                    staging = node >= self.n_instances
+                    accs = [a for a in accs if a.staged == staging and not is_write] if staging else \
+                        [a for a in accs if not a.staged or is_write]
                 for a in accs:
                     lay = a.layer + layer if (a.layer >= 0 and task.phase == LAYER) else a.layer
                     mode = (_ADD if a.add else _WRITE) if is_write else _READ

@@ -115,15 +115,18 @@ def _task_call(graph: StepGraph, task: Task, offsets: dict[str, int], prev: Task
     s = [_ref_expr(graph, task, r, offsets) for r in task.signals] + ["0"] * (MAX_REFS - len(task.signals))
     tile = task.index if task.kind == Kind.LMHEAD else task.slot   # expert kinds: the slot
     stage = 0 if prev is not None and task.reuses_staged_input(prev) else 1
-    return (f"c = run_task<mk::{task.kind.name}>(c, "
-            f"{_task_args(layer, task, task.group, task.split, tile, stage, w, len(task.waits), s, len(task.signals))});")
+    args = _task_args(layer, task, task.group, task.split, tile, stage, w, len(task.waits), s, len(task.signals),
+                      task.staged_signals)
+    return f"c = run_task<mk::{task.kind.name}>(c, {args});"
 
 
 def _task_args(layer: str, task: Task, group: int, split: int, tile: int, stage: int, w: list[str], nw: int,
-               s: list[str], ns: int) -> str:
+               s: list[str], ns: int, nss: int = 0) -> str:
     """An mk::TaskArgs initializer (trtllm_mk/seam.py TASK_ARGS)."""
+    if nss and not task.kind.streams_weights:
+        raise ValueError(f"{task.label()}: staged signals need a GEMV kind (published after its staging)")
     return task_args_init(dict(layer=layer, r0=task.r0, r1=task.r1, k0=task.k0, k1=task.k1, group=group, split=split,
-                               tile=tile, stage=stage, nw=nw, w=w, ns=ns, s=s))
+                               tile=tile, stage=stage, nw=nw, w=w, ns=ns, s=s, nss=nss))
 
 
 def _prefetch_call(task: Task) -> str:
@@ -211,6 +214,8 @@ def generate_source(schedule: Schedule, tokens_per_block: int, max_seq_len: int,
     lines.append(f"constexpr bool QK_NORM = {'true' if spec.qk_norm else 'false'};")
     lines.append(f"constexpr bool QKV_BIAS = {'true' if spec.qkv_bias else 'false'};")
     lines.append(f"constexpr bool O_MERGE = {'true' if p.o_merge else 'false'};")
+    staged = any(t.staged_signals for t in graph.head + graph.layer + graph.tail)
+    lines.append(f"constexpr bool STAGED_SIGNALS = {'true' if staged else 'false'};   // some task has staged signals")
     lines.append(f"constexpr bool NORM_TOPK = {'true' if spec.norm_topk_prob else 'false'};   // renormalise the top-k weights")
     lines.append(f"constexpr float EPS = {spec.rms_norm_eps!r}f;")
     for name, off in offsets.items():

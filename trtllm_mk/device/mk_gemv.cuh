@@ -552,6 +552,7 @@ __device__ void gemv_compute(Ctx& c, const TaskArgs& a) {
   // a.stage == 0: the previous task on this SM staged the same input (codegen proves it), so the
   // activation is still resident in act[]
   if (a.stage) GemvKind<KIND>::stage(c, a);
+  c.hand_off_staged(a);   // the staged input is read: its guards may go out before the GEMV
   c.mark();
   c.set_chain_hint(0);
   const int lane = c.lane();

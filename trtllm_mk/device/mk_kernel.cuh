@@ -30,51 +30,52 @@ __device__ __forceinline__ void wait_all(Ctx& c, const TaskArgs& a) {
   consumer_sync(CTHREADS);
 }
 
-// Consumer side: hand the finished task to the signaller. Every consumer thread's stores precede this
-// point (each task body ends with consumer_sync), and thread 0's mbarrier arrive releases them at CTA
-// scope; the signaller acquires them with its wait, and its GPU-scope release (signal_event) is
-// cumulative over them. Thread 0 waits only when SIG_SLOTS signals are still being published.
-__device__ __forceinline__ void hand_off_signals(Ctx& c, const TaskArgs& a) {
-  if (a.ns == 0) return;
-  const uint32_t slot = c.sig_n % SIG_SLOTS, use = c.sig_n / SIG_SLOTS;
-  ++c.sig_n;
-  if (threadIdx.x == 0) {
-    mbar_wait(&c.sig_empty()[slot], (use & 1) ^ 1);   // first use of a slot passes at once
-    mbar_arrive(&c.sig_full()[slot]);
-  }
-}
-
-// The signals of a finished task. Under tensor parallelism a cross-rank event is signalled on every
-// rank, after one system-scope fence for all of the task's cross-rank events.
-__device__ __forceinline__ void signal_task(const Ctx& c, const TaskArgs& a) {
-  if constexpr (cfg::TP > 1) {
-    bool cross = false;
-#pragma unroll
-    for (int i = 0; i < cfg::MAX_REFS; ++i) cross |= i < a.ns && cfg::EV_CROSS[event_counter(a.s[i], a.layer)];
-    if (cross) fence_sys();
-  }
+// Signals [i0, i1) of a finished task (or of its staged group). Its local events go first, each a
+// GPU-scope release: a waiter on this GPU (ATTN on QKV's group, DOWN on GATEUP's chunk) needs no
+// system-scope fence, which waits for this SM's remote adds to land on the other GPUs. Under tensor
+// parallelism the cross-rank events follow, signalled on every rank after one system-scope fence for
+// all of them.
+__device__ __forceinline__ void signal_task(const Ctx& c, const TaskArgs& a, int i0, int i1) {
+  bool cross = false;
 #pragma unroll
   for (int i = 0; i < cfg::MAX_REFS; ++i) {
-    if (i >= a.ns) continue;
+    if ((cfg::STAGED_SIGNALS && i < i0) || i >= i1) continue;
     const int e = event_counter(a.s[i], a.layer);
-    if (cfg::TP > 1 && cfg::EV_CROSS[e]) {
+    if (cfg::TP > 1 && cfg::EV_CROSS[e]) cross = true;
+    else signal_event(c.p->counters + e);
+  }
+  if (cfg::TP == 1 || !cross) return;
+  fence_sys();
 #pragma unroll
-      for (int r = 0; r < cfg::TP; ++r) add_event_relaxed_sys(c.p->peers[r].counters + e);
-    } else {
-      signal_event(c.p->counters + e);
-    }
+  for (int i = 0; i < cfg::MAX_REFS; ++i) {
+    if (i < i0 || i >= i1) continue;
+    const int e = event_counter(a.s[i], a.layer);
+    if (!cfg::EV_CROSS[e]) continue;
+#pragma unroll
+    for (int r = 0; r < cfg::TP; ++r) add_event_relaxed_sys(c.p->peers[r].counters + e);
   }
 }
 
-// Signaller side: publish the task's events once the consumers have handed it over.
-__device__ __forceinline__ void publish_signals(Ctx& c, const TaskArgs& a) {
-  if (a.ns == 0) return;
+// Signaller side: publish a group of the task's signals once the consumers have handed it over.
+__device__ __forceinline__ void publish(Ctx& c, const TaskArgs& a, int i0, int i1) {
   const uint32_t slot = c.sig_n % SIG_SLOTS, use = c.sig_n / SIG_SLOTS;
   ++c.sig_n;
   if (c.lane() == 0) {
     mbar_wait(&c.sig_full()[slot], use & 1);
-    signal_task(c, a);
+    signal_task(c, a, i0, i1);
     mbar_arrive(&c.sig_empty()[slot]);
+  }
+}
+
+// The task's staged signals (handed over after its staging), then the rest (after its body): the
+// same groups, in the same order, as the consumers' hand_off_staged / hand_off_done.
+// Kernels without staged signals keep one group a task and no range tests (cfg::STAGED_SIGNALS).
+__device__ __forceinline__ void publish_signals(Ctx& c, const TaskArgs& a) {
+  if constexpr (cfg::STAGED_SIGNALS) {
+    if (a.nss > 0) publish(c, a, 0, a.nss);
+    if (a.ns > a.nss) publish(c, a, a.nss, a.ns);
+  } else {
+    if (a.ns > 0) publish(c, a, 0, a.ns);
   }
 }
 
@@ -124,7 +125,7 @@ __device__ __noinline__ Ctx run_task(Ctx c, TaskArgs a) {
     r[TW_HANDED] = t;
     if (r[TW_COMPUTED] == 0) r[TW_COMPUTED] = t;   // the kind marked no earlier point
   }
-  hand_off_signals(c, a);
+  c.hand_off_done(a);
   if (traced) {
     uint64_t* r = c.trace_row();
     r[TW_SIGNALLED] = globaltimer(); r[TW_FULL_WAIT_NS] = c.trace_acc()[TA_FULL_WAIT_NS];

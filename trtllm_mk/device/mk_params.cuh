@@ -34,7 +34,7 @@ struct Ctx {
   const Params* p;
   uint32_t step;
   uint32_t ring_n;   // slots used so far on this SM
-  uint32_t sig_n;    // tasks with signals handed over (consumers) / published (signaller) so far
+  uint32_t sig_n;    // signal groups handed over (consumers) / published (signaller) so far
   int task_no;       // running task number (diagnostics, trace row)
   bool tracing;      // p->trace != nullptr
 
@@ -125,6 +125,28 @@ struct Ctx {
   }
   __device__ __forceinline__ void mark_computed() {   // trace: the task's weights / tokens are reduced
     if (tracing && threadIdx.x == 0) trace_row()[TW_COMPUTED] = globaltimer();
+  }
+  // Consumer side: hand a group of the task's signals to the signaller (publish_signals,
+  // mk_kernel.cuh). Every consumer thread's accesses the group orders precede this point (a consumer
+  // barrier ends the staging and each task body), and thread 0's mbarrier arrive releases them at CTA
+  // scope; the signaller acquires them with its wait, and its GPU-scope release (signal_event) is
+  // cumulative over them. Thread 0 waits only when SIG_SLOTS groups are still being published.
+  __device__ __forceinline__ void hand_off() {
+    const uint32_t slot = sig_n % SIG_SLOTS, use = sig_n / SIG_SLOTS;
+    ++sig_n;
+    if (threadIdx.x == 0) {
+      mbar_wait(&sig_empty()[slot], (use & 1) ^ 1);   // first use of a slot passes at once
+      mbar_arrive(&sig_full()[slot]);
+    }
+  }
+  // The task's staged signals (the first nss of its signals), once its input is staged (gemv_compute).
+  __device__ __forceinline__ void hand_off_staged(const TaskArgs& a) {
+    if constexpr (cfg::STAGED_SIGNALS)
+      if (a.nss > 0) hand_off();
+  }
+  // The rest, once the task is done (run_task).
+  __device__ __forceinline__ void hand_off_done(const TaskArgs& a) {
+    if (a.ns > (cfg::STAGED_SIGNALS ? a.nss : 0)) hand_off();
   }
 };
 

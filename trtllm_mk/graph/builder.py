@@ -4,15 +4,19 @@ Event granularity per edge follows producer and consumer partitions:
   resid_ready [L+1, 1]  whole residual vector: every norm-prologue task (QKV, GATEUP via oproj_done,
                         LMHEAD) reads all of x; row 0 is signalled by EMBED, row l+1 by layer l's DOWN.
   qkv_done    [L, nkv]  per KV group: attention of group g starts when group g's q/k/v rows are done.
-  qkv_all     [L, 1]    only with an OPROJ K-split: every QKV tile (they read x, which OPROJ adds into).
+  qkv_all     [L, 1]    only with an OPROJ K-split: every QKV tile has read x (which OPROJ adds into);
+                        under tensor parallelism a staged signal (Task.staged_signals, published once
+                        the tile has staged x: kinds/gateup.py staged_guard).
   attn_done   [L, nkv]  per KV group: the S split partials of group g ([L, o_ksplit] per OPROJ K-chunk
                         with o_merge: OPROJ merges the partials of its chunk's groups itself).
   combine_done[L, o_ksplit] per OPROJ K-chunk: an OPROJ chunk starts when its heads are combined
                         (absent with o_merge).
   oproj_done  [L, 1]    whole: GATEUP's norm reads all of x.
-  gateup_done [L, 1]    whole, not per K-chunk: DOWN adds into x, which GATEUP tasks of the same layer
-                        read for their norm, so DOWN must wait for all of them (the race checker
-                        rejects the per-chunk variant).
+  gateup_done [L, 1]    whole: DOWN adds into x, which the GATEUP tiles of the same layer read for their
+                        norm, so DOWN waits for all of them (the race checker rejects per-chunk
+                        waits without a guard). Under tensor parallelism [L, down_ksplit], per DOWN
+                        K-chunk (kinds/gateup.py down_chunks), beside
+  gateup_staged [L, 1]  every GATEUP tile has staged x: a staged signal guarding x, cross-rank.
   lm_done     [1, 1]    ARGMAX reduces every LM-head tile.
 Mixture-of-experts layers (model.families MOE_STEP) replace GATEUP / DOWN:
   router_done [L, 1]    ROUTE reads every router logit.
@@ -28,7 +32,7 @@ rows of the tokens in its vocabulary range into every rank's x, and LMHEAD publi
 into every rank's lm_val / lm_idx (ARGMAX then reduces all ranks' tiles). The events that order these
 cross-rank writes are CROSS_RANK_EVENTS: each rank's task signals every rank's counter, and a wait
 needs the signals of all ranks. resid_ready, oproj_done and lm_done carry the data (all ranks' adds or
-maxima have landed); qkv_all and gateup_done guard x against a peer's adds while this rank's QKV or
+maxima have landed); qkv_all and gateup_staged guard x against a peer's adds while this rank's QKV or
 GATEUP tiles still read it for their norm, so under tensor parallelism every OPROJ waits on qkv_all.
 A rank cannot run ahead into the next step's writes: its step ends after lm_done, which needs every
 rank's LM-head tiles, and those read x last.
@@ -42,7 +46,7 @@ from .tasks import HEAD, LAYER, MAX_BATCH, TAIL, Access, Dims, Event, EventRef, 
 
 
 # events signalled by every rank on every rank under tensor parallelism (module docstring)
-CROSS_RANK_EVENTS = frozenset({"resid_ready", "oproj_done", "qkv_all", "gateup_done", "lm_done"})
+CROSS_RANK_EVENTS = frozenset({"resid_ready", "oproj_done", "qkv_all", "gateup_staged", "lm_done"})
 
 
 def _tiles(n: int, size: int) -> list[tuple[int, int]]:

@@ -64,6 +64,7 @@ class Access:
     hi: int
     layer: int = -1
     add: bool = False          # an atomic accumulate (commutes with other adds, not with reads)
+    staged: bool = False       # a read done while the task stages its input (Task.staged_signals)
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,10 @@ class Task:
     slot: int = 0              # expert slot (EGATEUP, EDOWN: kinds/route.py)
     waits: tuple[EventRef, ...] = ()
     signals: tuple[EventRef, ...] = ()
+    # The first ``staged_signals`` of ``signals`` are published as soon as the task has staged its
+    # input, before its body: they order only its ``staged`` reads (a guard against writers of the
+    # staged buffer, who need not wait for the task's results). The rest follow its body.
+    staged_signals: int = 0
     reads: tuple[Access, ...] = ()
     writes: tuple[Access, ...] = ()
     weight_bytes: int = 0      # weights streamed by this task (once per step)

@@ -1,42 +1,82 @@
-// COMBINE's device body: attn_out of one KV group, merged from its split partials (merge_splits,
+// COMBINE's device body: attn_out of one KV group, merged from its split partials (merge_heads,
 // shared with OPROJ's o_merge staging in oproj.cuh). Inlined by codegen after the shared headers.
 #pragma once
 
 namespace mk {
 
-// Element e of head h of KV group g, batch row b, of the attention output, merged from ATTN's S split
-// partials: the one merge of COMBINE and of OPROJ's staging under TilePlan.o_merge. Every split's
-// (max, sum, o) is loaded before any is used: one L2 round trip, not S dependent ones.
-__device__ __forceinline__ float merge_splits(const Params& p, int b, int g, int h, int e) {
-  const size_t base = ((size_t)b * cfg::NKV + g) * cfg::S * cfg::G + h;  // + s*G
-  float ms[cfg::S], ls[cfg::S], os[cfg::S];
+// The split-merge factors of heads [head0, head0 + NH) (the rank's q-head numbers) of every batch
+// row, into shared `w`: per (row, head) S + 1 floats, f_s = exp(m_s - M) (0 for an empty split) and
+// den = sum_s f_s l_s. They are per head, not per element: one thread per (row, head) loads its S
+// (max, sum) pairs together.
+template <int NH>
+__device__ __forceinline__ void merge_factors(const Params& p, int head0, float* w) {
+  for (int i = threadIdx.x; i < cfg::B * NH; i += CTHREADS) {
+    const int b = i / NH, head = head0 + i % NH;
+    const size_t base = ((size_t)b * cfg::NKV + head / cfg::G) * cfg::S * cfg::G + head % cfg::G;  // + s*G
+    float2 ml[cfg::S];
 #pragma unroll
-  for (int s = 0; s < cfg::S; ++s) {
-    const float2 ml = __ldcg(reinterpret_cast<const float2*>(p.part_ml) + base + s * cfg::G);
-    ms[s] = ml.x;
-    ls[s] = ml.y;
-    os[s] = ld_act(p.part_o + (base + s * cfg::G) * cfg::D + e);
+    for (int s = 0; s < cfg::S; ++s) ml[s] = __ldcg(reinterpret_cast<const float2*>(p.part_ml) + base + s * cfg::G);
+    float M = -INFINITY;
+#pragma unroll
+    for (int s = 0; s < cfg::S; ++s) M = fmaxf(M, ml[s].x);
+    float* f = w + i * (cfg::S + 1);
+    float den = 0.f;
+#pragma unroll
+    for (int s = 0; s < cfg::S; ++s) {
+      const float e = ml[s].x == -INFINITY ? 0.f : __expf(ml[s].x - M);
+      f[s] = e;
+      if (e != 0.f) den += e * ml[s].y;
+    }
+    f[cfg::S] = den;
   }
-  float M = -INFINITY;
+}
+
+// The attention output of heads [head0, head0 + NH) of every batch row, merged from ATTN's S split
+// partials: element i of [B][NH * D] goes to out(i, value). The one merge of COMBINE and of OPROJ's
+// staging under TilePlan.o_merge. A thread loads the partials of U elements together, the first U
+// before merge_factors' loads, so a merge of up to U * CTHREADS elements is one L2 round trip and a
+// barrier. `w`: shared scratch of B * NH * (S + 1) floats (trtllm_mk/kinds/combine.py merge_scratch_bytes).
+template <int NH, typename Out>
+__device__ __forceinline__ void merge_heads(const Params& p, int head0, float* w, Out out) {
+  constexpr int N = cfg::B * NH * cfg::D, U = max_i(1, 32 / cfg::S);
+  float o[U][cfg::S];
+  const auto load = [&](int i0) {
 #pragma unroll
-  for (int s = 0; s < cfg::S; ++s) M = fmaxf(M, ms[s]);
-  float num = 0.f, den = 0.f;
+    for (int u = 0; u < U; ++u) {
+      const int i = i0 + u * CTHREADS, b = i / (NH * cfg::D), head = head0 + (i / cfg::D) % NH;
+      const float* src = p.part_o + ((((size_t)b * cfg::NKV + head / cfg::G) * cfg::S) * cfg::G + head % cfg::G) * cfg::D +
+                         i % cfg::D;
 #pragma unroll
-  for (int s = 0; s < cfg::S; ++s) {
-    if (ms[s] == -INFINITY) continue;   // an empty split (t0 >= len)
-    const float f = __expf(ms[s] - M);
-    num += f * os[s];
-    den += f * ls[s];
+      for (int s = 0; s < cfg::S; ++s) o[u][s] = i < N ? ld_act(src + (size_t)s * cfg::G * cfg::D) : 0.f;
+    }
+  };
+  load(threadIdx.x);
+  merge_factors<NH>(p, head0, w);
+  consumer_sync(CTHREADS);
+  for (int i0 = threadIdx.x; i0 < N; i0 += U * CTHREADS) {
+    if (i0 != (int)threadIdx.x) load(i0);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int i = i0 + u * CTHREADS;
+      if (i >= N) break;
+      const float* f = w + (i / cfg::D) * (cfg::S + 1);   // (row, head) = i / D
+      float num = 0.f;
+#pragma unroll
+      for (int s = 0; s < cfg::S; ++s)
+        if (f[s] != 0.f) num += f[s] * o[u][s];
+      out(i, num / f[cfg::S]);
+    }
   }
-  return num / den;
 }
 
 __device__ void combine_compute(Ctx& c, const TaskArgs& a) {
   const Params& p = *c.p;
-  for (int i = threadIdx.x; i < cfg::B * cfg::G * cfg::D; i += CTHREADS) {
-    const int b = i / (cfg::G * cfg::D), h = (i / cfg::D) % cfg::G, e = i % cfg::D;
-    p.attn_out[(size_t)b * cfg::QD + (a.group * cfg::G + h) * cfg::D + e] = merge_splits(p, b, a.group, h, e);
-  }
+  // the merge factors take the activation region, which COMBINE does not stage into
+  static_assert(cfg::B * cfg::G * (cfg::S + 1) * 4 <= cfg::ACT_SMEM_BYTES, "merge factors exceed the activation region");
+  merge_heads<cfg::G>(p, a.group * cfg::G, reinterpret_cast<float*>(c.act()), [&](int i, float v) {
+    const int b = i / (cfg::G * cfg::D);
+    p.attn_out[(size_t)b * cfg::QD + a.group * cfg::G * cfg::D + i % (cfg::G * cfg::D)] = v;
+  });
   consumer_sync(CTHREADS);
 }
 

@@ -22,10 +22,18 @@ def execute(ex, t, layer: int) -> None:
 
 
 def merge_units(splits: int, elements: int, consumer_warps: int) -> int:
-    """Split-merges on a consumer thread's path when ``elements`` attention outputs are merged from
-    their ``splits`` partials (mk_gemv.cuh merge_splits): each thread merges its elements one after
-    another, each from every split's (max, sum, o) loaded together."""
-    return splits * -(-elements // (32 * consumer_warps))
+    """Split-loads on a consumer thread's path when ``elements`` attention outputs are merged from
+    their ``splits`` partials (combine.cuh merge_heads): a thread loads the partials of up to
+    ``32 // splits`` elements together, so each such group of its elements is one round of
+    ``splits`` loads."""
+    per_thread = -(-elements // (32 * consumer_warps))
+    return splits * -(-per_thread // max(1, 32 // splits))
+
+
+def merge_scratch_bytes(batch: int, heads: int, splits: int) -> int:
+    """Shared scratch of a merge over ``heads`` heads (combine.cuh merge_heads): per batch row and
+    head the ``splits`` exp factors and their weighted sum, fp32."""
+    return batch * heads * (splits + 1) * 4
 
 
 def merge_cost(splits: int, elements: int, consumer_warps: int, cal: Calibration) -> float:

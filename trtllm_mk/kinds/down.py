@@ -27,12 +27,14 @@ def k_range(spec, plan) -> int:
 
 
 def lower(c) -> list[dict]:
-    """Row tiles of H, each K-split into ``down_ksplit`` chunks of I, adding into x. They wait on the
-    whole gateup_done, not per K-chunk: DOWN adds into x, which the layer's GATEUP tasks read for
-    their norm (the race checker rejects the per-chunk variant)."""
+    """Row tiles of H, each K-split into ``down_ksplit`` chunks of I, adding into x. A chunk waits on
+    gateup_done of its own columns and, where that does not imply it, on gateup_staged (every GATEUP
+    tile has staged x, which DOWN adds into) (kinds/gateup.py down_chunks)."""
     from ..graph.tasks import Access, EventRef
+    from .gateup import down_chunks, staged_guard
     plan, B = c.plan, c.B
     d_chunk = c.I // plan.down_ksplit
+    _, act_chunk = down_chunks(c)
     out = []
     for a, b in c.tiles(c.H, plan.down_rows):
         for k in range(plan.down_ksplit):
@@ -40,7 +42,9 @@ def lower(c) -> list[dict]:
             # K-split (or other ranks') partials accumulate atomically (fixed point: any order)
             split = plan.down_ksplit > 1 or c.tp > 1
             out.append(dict(r0=a, r1=b, k0=k0, k1=k1,
-                            waits=(EventRef("gateup_done", 0, 0),), signals=(EventRef("resid_ready", 1, 0),),
+                            waits=((EventRef("gateup_staged", 0, 0),) if staged_guard(c) else ())
+                            + (EventRef("gateup_done", 0, k0 // act_chunk),),
+                            signals=(EventRef("resid_ready", 1, 0),),
                             reads=(Access("act", k0, k1),) + (() if split else (Access("x", a, b),)),
                             writes=(Access("x", a, b, add=split),),
                             weight_bytes=c.linear_bytes(b - a, k1 - k0), act_bytes=B * ((k1 - k0) * 4 + (b - a) * 8),

@@ -28,12 +28,39 @@ def k_range(spec, plan) -> int:
     return spec.hidden_size
 
 
+def staged_guard(c) -> bool:
+    """Whether the guards of x (qkv_all, gateup_staged) are staged signals: under tensor parallelism
+    only, where they are cross-rank events whose system fence and link round trip would otherwise
+    follow the tiles' GEMVs on the chain. On one GPU DOWN waits for its whole layer's GATEUP tiles
+    (one gateup_done slot, which implies every tile's staging): there a staged guard's extra hand-off
+    and counter adds cost more than per-chunk waits gain (benchmarks/NOTES.md, v22)."""
+    return c.tp > 1
+
+
+def down_chunks(c) -> tuple[int, int]:
+    """(slots of gateup_done, columns of I per slot). Under staged guards one slot per DOWN K-chunk, so
+    a chunk's DOWN tasks start when the GATEUP tiles of its columns are done; otherwise (and where a
+    tile would signal more chunks than a task's event references hold: codegen MAX_REFS, less
+    gateup_staged) one slot for all."""
+    chunk = c.I // c.plan.down_ksplit
+    tiles = c.tiles(c.I, c.plan.gateup_rows)
+    if not staged_guard(c) or max((b - 1) // chunk - a // chunk + 1 for a, b in tiles) > 3:
+        return 1, c.I
+    return c.plan.down_ksplit, chunk
+
+
 def lower(c) -> list[dict]:
-    """Row tiles of I; each row streams its gate and its up row."""
+    """Row tiles of I; each row streams its gate and its up row. Under staged guards (staged_guard) a
+    tile signals gateup_staged once it has staged x (DOWN adds into x, which every GATEUP tile reads
+    for its norm, so DOWN need not wait for the GEMVs); after its GEMV it signals gateup_done of the
+    DOWN K-chunks its rows fall in (down_chunks)."""
     from ..graph.tasks import Access, EventRef
     B, H = c.B, c.H
+    staged = (EventRef("gateup_staged", 0, 0),) if staged_guard(c) else ()
+    _, chunk = down_chunks(c)
     return [dict(r0=a, r1=b, k0=0, k1=H, waits=(EventRef("oproj_done", 0, 0),),
-                 signals=(EventRef("gateup_done", 0, 0),),
-                 reads=(Access("x", 0, H),), writes=(Access("act", a, b),),
+                 signals=staged + tuple(EventRef("gateup_done", 0, k) for k in range(a // chunk, (b - 1) // chunk + 1)),
+                 staged_signals=len(staged),
+                 reads=(Access("x", 0, H, staged=True),), writes=(Access("act", a, b),),
                  weight_bytes=2 * c.linear_bytes(b - a, H), act_bytes=B * (H * 4 + (b - a) * 4), flops=4 * B * (b - a) * H)
             for a, b in c.tiles(c.I, c.plan.gateup_rows)]

@@ -18,13 +18,16 @@ struct GemvKind<OPROJ> : NoTally, AddsToResidual {
 
   static __device__ __forceinline__ void stage(Ctx& c, const TaskArgs& a) {
     if constexpr (cfg::O_MERGE) {
-      // attn_out of the chunk's heads, merged here from the split partials
-      const Params& p = *c.p;
+      // attn_out of the chunk's heads, merged here from the split partials; the merge factors sit
+      // after the staged rows (trtllm_mk/smem.py activation_bytes)
       constexpr int AS = KT + ACT_PAD;
-      for (int i = threadIdx.x; i < cfg::B * KT; i += CTHREADS) {
-        const int b = i / KT, k = a.k0 + i % KT, head = k / cfg::D;
-        c.act()[b * AS + i % KT] = f_to_bf16(merge_splits(p, b, head / cfg::G, head % cfg::G, k % cfg::D));
-      }
+      // (a discarded branch of a non-template function is still checked: hence the !O_MERGE ||)
+      static_assert(!cfg::O_MERGE || KT % cfg::D == 0, "an OPROJ K chunk holds whole heads");
+      static_assert(!cfg::O_MERGE || cfg::B * AS * 2 + cfg::B * (KT / cfg::D) * (cfg::S + 1) * 4 <= cfg::ACT_SMEM_BYTES,
+                    "merge factors exceed the activation region");
+      bf16* act = c.act();
+      merge_heads<KT / cfg::D>(*c.p, a.k0 / cfg::D, reinterpret_cast<float*>(act + cfg::B * AS),
+                               [&](int i, float v) { act[(i / KT) * AS + i % KT] = f_to_bf16(v); });
       consumer_sync(CTHREADS);
     } else {
       stage_rows<OPROJ, cfg::QD>(c, a, c.p->attn_out);

@@ -31,17 +31,24 @@ def k_range(spec, plan) -> int:
 def lower(c) -> list[dict]:
     """Row tiles of the grouped QKV rows; q/k-norm and RoPE happen in ATTN."""
     from ..graph.tasks import Access, EventRef
+    from .gateup import staged_guard
     out = []
     for a, b in c.tiles(c.QKVR, c.plan.qkv_rows):
         groups = range(a // c.GR, (b - 1) // c.GR + 1)
         # With a K-split OPROJ, a chunk may add into x as soon as its own heads are combined, while
         # QKV tiles of other groups still read x for their norm: qkv_all orders every OPROJ after
-        # every QKV (without K-split the single combine_done slot already implies it).
-        # Under tensor parallelism every OPROJ adds into every rank's x, so every OPROJ waits for it.
+        # every QKV tile's staging of x (without K-split the single combine_done slot already implies
+        # it). Under tensor parallelism every OPROJ adds into every rank's x, so every OPROJ waits for
+        # it. Under tensor parallelism it is a staged signal (kinds/gateup.py staged_guard): published
+        # once the tile has staged x, not after its GEMV.
         all_sig = (EventRef("qkv_all", 0, 0),) if c.plan.o_ksplit > 1 or c.tp > 1 else ()
+        done, staged = tuple(EventRef("qkv_done", 0, g) for g in groups), staged_guard(c)
         out.append(dict(r0=a, r1=b, k0=0, k1=c.H, waits=(EventRef("resid_ready", 0, 0),),
-                        signals=tuple(EventRef("qkv_done", 0, g) for g in groups) + all_sig,
-                        reads=(Access("x", 0, c.H),), writes=(Access("qkv", a, b),),
+                        # qkv_done first when it is signalled with qkv_all: ATTN, on the chain, waits
+                        # for it (each release waits for the one before it); staged signals lead the list
+                        signals=(all_sig + done) if staged else (done + all_sig),
+                        staged_signals=len(all_sig) if staged else 0,
+                        reads=(Access("x", 0, c.H, staged=True),), writes=(Access("qkv", a, b),),
                         weight_bytes=c.linear_bytes(b - a, c.H), act_bytes=c.B * (c.H * 4 + (b - a) * 4),
                         flops=2 * c.B * (b - a) * c.H))
     return out

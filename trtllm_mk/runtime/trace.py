@@ -87,14 +87,16 @@ def task_records(schedule: Schedule, tasks: np.ndarray) -> list[TaskRecord]:
 
 def event_latencies(schedule: Schedule, recs: list[TaskRecord], blocked_min_us: float = 0.05) -> list[float]:
     """For each task that blocked on its waits: waits satisfied - latest signal among the producers of
-    the event slots it waited on (us)."""
+    the event slots it waited on (us). A staged signal (Task.staged_signals) counts from its task's
+    staging mark (t2): the trace records when the signaller published only the task's last group."""
     graph = schedule.graph()
     signalled: dict[tuple, float] = {}
     for r in recs:
         task = graph.phase_tasks(r.phase)[r.index]
-        for ref in task.signals:
+        for n, ref in enumerate(task.signals):
             key = graph.resolve(task, max(r.layer, 0), ref)
-            signalled[key] = max(signalled.get(key, 0.0), r.t_published or r.t3)
+            at = r.t2 if n < task.staged_signals else (r.t_published or r.t3)
+            signalled[key] = max(signalled.get(key, 0.0), at)
     out = []
     for r in recs:
         if r.t1 - r.t0 < blocked_min_us:

@@ -46,8 +46,9 @@ class _State:
 
 
 def _place(state: _State, c: TaskCost, ready: float, cal: Calibration, order: np.ndarray,
-           loader_ready: float = -1.0) -> tuple[int, float]:
-    """Put one task on the SM (scanned in ``order``) where it ends first; returns (sm, end).
+           loader_ready: float = -1.0) -> tuple[int, float, float]:
+    """Put one task on the SM (scanned in ``order``) where it ends first; returns (sm, end, when its
+    input is staged: its staged signals go out then, Task.staged_signals).
     ``loader_ready`` (>= 0): when the event its loader waits for is signalled (kinds' LOADER_WAITS)."""
     cons = state.cons[order]
     st = np.maximum(cons, ready + cal.sync_us) if ready >= 0.0 else cons
@@ -74,12 +75,14 @@ def _place(state: _State, c: TaskCost, ready: float, cal: Calibration, order: np
         state.f1[s] = float(end[j])
         state.w[s] = c.weight
         state.pos[s] += c.weight
+        staged = float(cs[j])
     else:
         end = st + c.dur
         j = int(np.argmin(end))
         s = int(order[j])
+        staged = float(end[j])
     state.cons[s] = end[j]
-    return s, float(end[j])
+    return s, float(end[j]), staged
 
 
 def list_schedule(graph: StepGraph, costs: CostTable, num_sms: int, cal: Calibration,
@@ -108,13 +111,13 @@ def list_schedule(graph: StepGraph, costs: CostTable, num_sms: int, cal: Calibra
             ready = max((done.get(key(r, tail), 0.0) for r in t.waits), default=-1.0)
             lready = (done.get(key(t.waits[0], tail), 0.0)
                       if t.waits and getattr(t.kind.module, "LOADER_WAITS", False) else -1.0)
-            s, end = _place(state, c, ready, cal, order, lready)
+            s, end, staged = _place(state, c, ready, cal, order, lready)
             if ends is not None:
                 ends.append(end)
             getattr(progs[s], attr).append(i)
-            for r in t.signals:   # done: when a waiter can see the event's last signal
+            for n, r in enumerate(t.signals):   # done: when a waiter can see the event's last signal
                 k = key(r, tail)
-                done[k] = max(done.get(k, 0.0), end + extra[r.event])
+                done[k] = max(done.get(k, 0.0), (staged if n < t.staged_signals else end) + extra[r.event])
 
     run(graph.head, costs.head, "head")
     run(graph.layer, costs.layer, "layer")

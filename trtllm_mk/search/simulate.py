@@ -149,6 +149,9 @@ class Simulator:
             return ev.slots if ev.per_layer else 0
 
         waits, signals, kinds, layer_of, tmpl = [], [], [], [], []
+        # how many of an instance's signals are staged (published after its staging: Task.staged_signals)
+        staged = [t.staged_signals for t in g.head] + [t.staged_signals for t in g.layer] * Ls + \
+            [t.staged_signals for t in g.tail]
         for i, t in enumerate(g.head):
             waits.append([cid(r, HEAD) for r in t.waits]); signals.append([cid(r, HEAD) for r in t.signals])
             kinds.append(int(t.kind)); layer_of.append(-1); tmpl.append((HEAD, i))
@@ -198,6 +201,7 @@ class Simulator:
                     waits[u] = waits[u] + [base + p - 1]
         self.ncnt, self.target, self.extra = ncnt, target, extra + [0.0] * (ncnt - len(extra))
         self.waits, self.signals, self.kinds, self.layer_of, self.tmpl = waits, signals, kinds, layer_of, tmpl
+        self.staged = staged
         # the counter a task's loader waits for before it streams (its first wait; -1: none), for the
         # kinds whose weights an event decides (kinds' LOADER_WAITS)
         self.loader_wait = [w[0] if w and getattr(Kind(k).module, "LOADER_WAITS", False) else -1
@@ -258,6 +262,7 @@ class Simulator:
         seqs = self.sequences(programs)
         reuse = self.staged_reuse(seqs)
         waits, signals, target, extra = self.waits, self.signals, self.target, self.extra
+        staged = self.staged
         lwait = self.loader_wait
         sync, lat = self.cal.sync_us, self.cal.mem_latency_us
         nsm = len(seqs)
@@ -342,10 +347,12 @@ class Simulator:
                         ld_t[s] = t_issue
                     else:
                         end = st + dur[u]
+                        cs = end
                     cons[s] = end
-                    for c in signals[u]:   # rt: when a waiter can see the counter's last signal
+                    k = staged[u]   # the first k signals go out once the input is staged (at cs)
+                    for i, c in enumerate(signals[u]):   # rt: when a waiter can see the counter's last signal
                         cnt[c] += 1
-                        seen = end + extra[c]
+                        seen = (cs if i < k else end) + extra[c]
                         if seen > rt[c]:
                             rt[c] = seen
                     lu = layer_of[u]
