@@ -512,6 +512,9 @@ def main(argv=None) -> int:
     on_main_thread = threading.current_thread() is threading.main_thread()
     if on_main_thread:
         old_term = signal.signal(signal.SIGTERM, _raise_interrupt)   # the same clean-up as Ctrl-C
+        # Ctrl-C stops the run even when this process started with SIGINT ignored (a shell's background
+        # job, or a parent that ignores it), where Python would leave it ignored
+        old_int = signal.signal(signal.SIGINT, _raise_interrupt)
     server = None
     try:
         if args.engine is not None:
@@ -560,6 +563,7 @@ def main(argv=None) -> int:
             server.stop()
         if on_main_thread:
             signal.signal(signal.SIGTERM, old_term)
+            signal.signal(signal.SIGINT, old_int)
     (out / "serve_load.json").write_text(json.dumps(_clean(report), indent=1) + "\n")
     (out / "serve_load.md").write_text(markdown(report))
     print("\n".join(describe(report)))

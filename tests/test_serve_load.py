@@ -139,12 +139,18 @@ def test_full_queue_is_reported_as_429_and_frees_every_slot(server, tmp_path):
     assert after["busy_slots"] == 0 and after["waiting"] == 0
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_interrupt_stops_the_server(engine_dir, checkpoint, tmp_path, sig):
+def _ignore_sigint():   # what a shell does for a background job: the child starts with SIGINT ignored
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("sig,started_ignoring", [(signal.SIGINT, False), (signal.SIGTERM, False),
+                                                  (signal.SIGINT, True)])
+def test_interrupt_stops_the_server(engine_dir, checkpoint, tmp_path, sig, started_ignoring):
     p = subprocess.Popen([sys.executable, "-m", "benchmarks.serve_load", "--engine", str(engine_dir), "--weights",
                           str(checkpoint), "--simulate", "--num-prompts", "500", "--max-tokens", "100",
                           "--max-concurrency", "2", "--input-len", "4", "--out", str(tmp_path / "out"),
-                          "--no-progress"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                          "--no-progress"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=_ignore_sigint if started_ignoring else None)
     pid = None
     try:
         for line in p.stdout:
