@@ -380,8 +380,7 @@ class _Validator:
             for accs, is_write in ((task.reads, False), (task.writes, True)):
                 if task.staged_signals:   # staged reads at the staging node, the rest at the task's
                     staging = node >= self.n_instances
-                    accs = [a for a in accs if a.staged == staging and not is_write] if staging else \
-                        [a for a in accs if not a.staged or is_write]
+                    accs = [a for a in accs if (not is_write and a.staged) == staging]
                 for a in accs:
                     lay = a.layer + layer if (a.layer >= 0 and task.phase == LAYER) else a.layer
                     mode = (_ADD if a.add else _WRITE) if is_write else _READ

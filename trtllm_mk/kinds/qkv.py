@@ -39,8 +39,7 @@ def lower(c) -> list[dict]:
         # QKV tiles of other groups still read x for their norm: qkv_all orders every OPROJ after
         # every QKV tile's staging of x (without K-split the single combine_done slot already implies
         # it). Under tensor parallelism every OPROJ adds into every rank's x, so every OPROJ waits for
-        # it. Under tensor parallelism it is a staged signal (kinds/gateup.py staged_guard): published
-        # once the tile has staged x, not after its GEMV.
+        # it, and it is a staged signal (kinds/gateup.py staged_guard), published once x is staged.
         all_sig = (EventRef("qkv_all", 0, 0),) if c.plan.o_ksplit > 1 or c.tp > 1 else ()
         done, staged = tuple(EventRef("qkv_done", 0, g) for g in groups), staged_guard(c)
         out.append(dict(r0=a, r1=b, k0=0, k1=c.H, waits=(EventRef("resid_ready", 0, 0),),
