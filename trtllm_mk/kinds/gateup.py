@@ -42,9 +42,10 @@ def down_chunks(c) -> tuple[int, int]:
     a chunk's DOWN tasks start when the GATEUP tiles of its columns are done; otherwise (and where a
     tile would signal more chunks than a task's event references hold: codegen MAX_REFS, less
     gateup_staged) one slot for all."""
+    from ..codegen.source import MAX_REFS
     chunk = c.I // c.plan.down_ksplit
     tiles = c.tiles(c.I, c.plan.gateup_rows)
-    if not staged_guard(c) or max((b - 1) // chunk - a // chunk + 1 for a, b in tiles) > 3:
+    if not staged_guard(c) or max((b - 1) // chunk - a // chunk + 1 for a, b in tiles) > MAX_REFS - 1:
         return 1, c.I
     return c.plan.down_ksplit, chunk
 

@@ -149,9 +149,6 @@ class Simulator:
             return ev.slots if ev.per_layer else 0
 
         waits, signals, kinds, layer_of, tmpl = [], [], [], [], []
-        # how many of an instance's signals are staged (published after its staging: Task.staged_signals)
-        staged = [t.staged_signals for t in g.head] + [t.staged_signals for t in g.layer] * Ls + \
-            [t.staged_signals for t in g.tail]
         for i, t in enumerate(g.head):
             waits.append([cid(r, HEAD) for r in t.waits]); signals.append([cid(r, HEAD) for r in t.signals])
             kinds.append(int(t.kind)); layer_of.append(-1); tmpl.append((HEAD, i))
@@ -201,7 +198,8 @@ class Simulator:
                     waits[u] = waits[u] + [base + p - 1]
         self.ncnt, self.target, self.extra = ncnt, target, extra + [0.0] * (ncnt - len(extra))
         self.waits, self.signals, self.kinds, self.layer_of, self.tmpl = waits, signals, kinds, layer_of, tmpl
-        self.staged = staged
+        # how many of an instance's signals are staged (published after its staging: Task.staged_signals)
+        self.staged = [g.phase_tasks(ph)[i].staged_signals for ph, i in tmpl]
         # the counter a task's loader waits for before it streams (its first wait; -1: none), for the
         # kinds whose weights an event decides (kinds' LOADER_WAITS)
         self.loader_wait = [w[0] if w and getattr(Kind(k).module, "LOADER_WAITS", False) else -1
