@@ -17,6 +17,7 @@ from trtllm_mk.engine import kernel_function_name
 from trtllm_mk.errors import ConfigError
 from trtllm_mk.graph.tasks import TilePlan
 from trtllm_mk.search import search
+from trtllm_mk.codegen.source import shared_call_arguments
 from trtllm_mk.spill_policy import ALL_FIELDS, SpilledPlans, function_fields
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,15 +93,47 @@ def test_live_report_and_cache_hit_keep_it(cache):
     assert parse_ptxas(third) == rep and cubin.with_suffix(".ptxas.txt").exists()
 
 
-def test_spill_policy_fields():
+def _tiny_schedule(**plan):
+    from trtllm_mk.gpus import get_gpu
+    from trtllm_mk.model.registry import resolve_model
+    from trtllm_mk.search import schedule_plan
+    return schedule_plan(resolve_model("tiny-llama").spec, 1, get_gpu("H100-SXM"), TilePlan(**plan), 512)
+
+
+def _spilling(*names):
+    text = "".join(f"ptxas info    : Function properties for {n}\n"
+                   "    0 bytes stack frame, 32 bytes spill stores, 24 bytes spill loads\n" for n in names)
+    return parse_ptxas(text)
+
+
+def test_shared_call_arguments_are_what_every_call_passes_alike():
+    # one GATEUP task: its rows are literals every call shares; 8-row tiles: rows differ between calls
+    one, many = _tiny_schedule(gateup_rows=256), _tiny_schedule(gateup_rows=8)
+    a, b = shared_call_arguments(one)["run_task<GATEUP>"], shared_call_arguments(many)["run_task<GATEUP>"]
+    assert a[:3] == (None, "0", "256") and b[:3] == (None, None, None)   # the layer index is never known
+    assert a[3:] == b[3:] and "prefetch_next_step<GATEUP>" not in shared_call_arguments(one)
+
+
+def test_spill_policy_keys():
     assert function_fields("run_task<COMBINE>") == ("attn_splits", "consumer_warps")
     assert function_fields("run_program") == ALL_FIELDS
     seen = SpilledPlans(kernel_function_name)
-    rep = parse_ptxas("ptxas info    : Function properties for _ZN2mk8run_taskILi3EEENS_3CtxES1_NS_8TaskArgsE\n"
-                      "    0 bytes stack frame, 32 bytes spill stores, 24 bytes spill loads\n")
-    seen.add(TilePlan(attn_splits=64), rep)
-    assert seen.expected_to_spill(TilePlan(attn_splits=64, stages=8, o_rows=8))
-    assert not seen.expected_to_spill(TilePlan(attn_splits=32))
+    seen.add(_tiny_schedule(attn_splits=16), _spilling("_ZN2mk8run_taskILi3EEENS_3CtxES1_NS_8TaskArgsE"))
+    assert set(seen.keys) == {"run_task<COMBINE>"}
+    # COMBINE's code: its fields and the arguments its calls share, not the ring or other kinds' rows
+    assert seen.expected_to_spill(_tiny_schedule(attn_splits=16, stages=8, o_rows=8, lm_rows=256))
+    assert not seen.expected_to_spill(_tiny_schedule(attn_splits=8))
+    # the rows of a kind reach its body when every call passes the same ones
+    gate = SpilledPlans(kernel_function_name)
+    gate.add(_tiny_schedule(gateup_rows=256), _spilling("_ZN2mk8run_taskILi5EEENS_3CtxES1_NS_8TaskArgsE"))
+    assert set(gate.keys) == {"run_task<GATEUP>"}
+    assert gate.expected_to_spill(_tiny_schedule(gateup_rows=256, lm_rows=256, attn_splits=16))
+    assert not gate.expected_to_spill(_tiny_schedule(gateup_rows=8))
+    assert not gate.expected_to_spill(_tiny_schedule(gateup_rows=256, stages=3))
+    # run_program is the task list itself: keyed on every compile-time field
+    prog = SpilledPlans(kernel_function_name)
+    prog.add(_tiny_schedule(), _spilling("_Z11run_programN2mk3CtxE"))
+    assert prog.expected_to_spill(_tiny_schedule(qkv_rows=8)) and not prog.expected_to_spill(_tiny_schedule(stages=3))
 
 
 def tiny_cfg(**mk):

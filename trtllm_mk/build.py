@@ -111,7 +111,7 @@ def first_without_spills(candidates, gpu, tokens_per_block: int, max_seq_len: in
             return plan, False
         ptx = kernel.ptxas
         if spilled is not None:
-            spilled.add(schedule.plan, ptx)
+            spilled.add(schedule, ptx)
         skipped.append({"rank": rank + 1, "plan": schedule.plan.to_dict(),
                         "predicted_step_us": round(schedule.predicted_step_us, 2),
                         "spill_stores": ptx.spill_stores, "spill_loads": ptx.spill_loads,

@@ -107,7 +107,30 @@ def _ref_expr(graph: StepGraph, task: Task, ref, offsets: dict[str, int]) -> str
     return hex(event_ref_word(index, ev.slots if task.phase == LAYER else 0))
 
 
-def _task_call(graph: StepGraph, task: Task, offsets: dict[str, int], prev: Task | None = None) -> str:
+@dataclass(frozen=True)
+class TaskCall:
+    """One call of the generated ``run_program``: the device function (``run_task`` or
+    ``prefetch_next_step``), the task's kind and its TaskArgs values (C expressions, in
+    seam.TASK_ARGS order; waits and signals as lists)."""
+    function: str
+    kind: str
+    args: dict
+
+    @property
+    def name(self) -> str:
+        """The function as ptxas reports it, by kind (engine.kernel_function_name's form)."""
+        return f"{self.function}<{self.kind}>"
+
+    def words(self) -> tuple[str, ...]:
+        """The arguments as the flat words of one TaskArgs."""
+        return tuple(x for v in self.args.values() for x in (v if isinstance(v, list) else [v]))
+
+    def render(self) -> str:
+        ns = "mk::" if self.function != "run_task" else ""
+        return f"c = {ns}{self.function}<mk::{self.kind}>(c, {task_args_init(self.args)});"
+
+
+def _task_call(graph: StepGraph, task: Task, offsets: dict[str, int], prev: Task | None = None) -> TaskCall:
     if len(task.waits) > MAX_REFS or len(task.signals) > MAX_REFS:
         raise ValueError(f"{task.label()}: more than {MAX_REFS} waits/signals; use smaller qkv_rows")
     layer = "l" if task.phase == LAYER else "-1"
@@ -117,24 +140,61 @@ def _task_call(graph: StepGraph, task: Task, offsets: dict[str, int], prev: Task
     stage = 0 if prev is not None and task.reuses_staged_input(prev) else 1
     args = _task_args(layer, task, task.group, task.split, tile, stage, w, len(task.waits), s, len(task.signals),
                       task.staged_signals)
-    return f"c = run_task<mk::{task.kind.name}>(c, {args});"
+    return TaskCall("run_task", task.kind.name, args)
 
 
 def _task_args(layer: str, task: Task, group: int, split: int, tile: int, stage: int, w: list[str], nw: int,
-               s: list[str], ns: int, nss: int = 0) -> str:
-    """An mk::TaskArgs initializer (trtllm_mk/seam.py TASK_ARGS)."""
+               s: list[str], ns: int, nss: int = 0) -> dict:
+    """An mk::TaskArgs's values (trtllm_mk/seam.py TASK_ARGS)."""
     if nss and not task.kind.streams_weights:
         raise ValueError(f"{task.label()}: staged signals need a GEMV kind (published after its staging)")
-    return task_args_init(dict(layer=layer, r0=task.r0, r1=task.r1, k0=task.k0, k1=task.k1, group=group, split=split,
-                               tile=tile, stage=stage, nw=nw, w=w, ns=ns, s=s, nss=nss))
+    return dict(layer=layer, r0=task.r0, r1=task.r1, k0=task.k0, k1=task.k1, group=group, split=split,
+                tile=tile, stage=stage, nw=nw, w=w, ns=ns, s=s, nss=nss)
 
 
-def _prefetch_call(task: Task) -> str:
+def _prefetch_call(task: Task) -> TaskCall:
     """The SM's first layer-template GEMV task, as layer 0 of the next step: what its loader streams
     first, for mk_gemv.cuh prefetch_next_step (a no-op on the cp.async path and with the diagnostic
     switch prefetch_next off)."""
     none = ["0"] * MAX_REFS
-    return f"c = mk::prefetch_next_step<mk::{task.kind.name}>(c, {_task_args('0', task, 0, 0, 0, 0, none, 0, none, 0)});"
+    return TaskCall("prefetch_next_step", task.kind.name, _task_args("0", task, 0, 0, 0, 0, none, 0, none, 0))
+
+
+def program_calls(schedule: Schedule, graph: StepGraph | None = None) -> list[list[tuple[str, TaskCall]]]:
+    """Per SM, the calls of its case of ``run_program`` in order, each with its section: "head", "layer"
+    (inside the loop over layers), "tail" or "prefetch"."""
+    graph = graph or schedule.graph()
+    offsets = graph.counter_offsets()
+    out = []
+    for prog in schedule.programs:
+        calls = []
+        for section, ids, tasks in (("head", prog.head, graph.head), ("layer", prog.layer, graph.layer),
+                                    ("tail", prog.tail, graph.tail)):
+            # a task may reuse the staged activation only of its predecessor in the same list (the same
+            # layer iteration); the first task of a list always stages
+            for i, j in zip([None] + ids[:-1], ids):
+                calls.append((section, _task_call(graph, tasks[j], offsets, tasks[i] if i is not None else None)))
+        first = next((graph.layer[j] for j in prog.layer if graph.layer[j].kind.streams_weights), None)
+        if first is not None:
+            calls.append(("prefetch", _prefetch_call(first)))
+        out.append(calls)
+    return out
+
+
+def shared_call_arguments(schedule: Schedule) -> dict[str, tuple]:
+    """Per device function called from ``run_program`` (TaskCall.name), the TaskArgs words every call
+    of it passes alike: the literal where all calls agree, None where they differ or the value is only
+    known at run time (the layer index). The compiler propagates the agreed values into the function's
+    body, so they shape its code (and its registers) as much as the plan's compile-time constants."""
+    shared: dict[str, tuple] = {}
+    for calls in program_calls(schedule):
+        for section, call in calls:
+            words = tuple(map(str, call.words()))
+            if section == "layer":   # the loop's layer index is known only at run time
+                words = (None,) + words[1:]
+            prev = shared.get(call.name)
+            shared[call.name] = words if prev is None else tuple(a if a == b else None for a, b in zip(prev, words))
+    return shared
 
 
 def _host_model_checks(schedule: Schedule, kv_cap: int) -> str:
@@ -229,22 +289,16 @@ def generate_source(schedule: Schedule, tokens_per_block: int, max_seq_len: int,
     lines.append("__device__ mk::Ctx run_program(mk::Ctx c) {")
     lines.append("  using mk::run_task;")
     lines.append("  switch (blockIdx.x) {")
-    for sm, prog in enumerate(schedule.programs):
+    for sm, calls in enumerate(program_calls(schedule, graph)):
         lines.append(f"  case {sm}: {{")
-        # a task may reuse the staged activation only of its predecessor in the same list (the same
-        # layer iteration); the first task of a list always stages
-        for i, j in zip([None] + prog.head[:-1], prog.head):
-            lines.append("    " + _task_call(graph, graph.head[j], offsets, graph.head[i] if i is not None else None))
-        if prog.layer:
-            lines.append("    for (int l = 0; l < cfg::L; ++l) {")
-            for i, j in zip([None] + prog.layer[:-1], prog.layer):
-                lines.append("      " + _task_call(graph, graph.layer[j], offsets, graph.layer[i] if i is not None else None))
+        in_loop = False
+        for section, call in calls:
+            if (section == "layer") != in_loop:
+                lines.append("    for (int l = 0; l < cfg::L; ++l) {" if not in_loop else "    }")
+                in_loop = not in_loop
+            lines.append(("      " if in_loop else "    ") + call.render())
+        if in_loop:
             lines.append("    }")
-        for i, j in zip([None] + prog.tail[:-1], prog.tail):
-            lines.append("    " + _task_call(graph, graph.tail[j], offsets, graph.tail[i] if i is not None else None))
-        first = next((graph.layer[j] for j in prog.layer if graph.layer[j].kind.streams_weights), None)
-        if first is not None:
-            lines.append("    " + _prefetch_call(first))
         lines.append("  } break;")
     lines.append("  default: break;")
     lines.append("  }")

@@ -24,7 +24,7 @@ from ..smem import MMA_ROWS, fits, gemv_k_ranges, geometries, plan_smem
 MAX_WAVES = 16
 LM_MAX_WAVES = 24
 SLOT_SIZES = (4096, 8192, 12288, 16384, 24576, 32768, 49152, 65536)
-STAGES = (2, 3, 4, 6, 8, 12, 16)
+STAGES = (2, 3, 4, 5, 6, 8, 12, 16)
 CONSUMER_WARPS = (4, 8)
 MIN_ATTN_CHUNK = 16      # tokens per KV split at the deployment context
 QUANTIZED_INFLIGHT = 4   # ring slots in flight for 4-bit weights (TilePlan.inflight_slots / inflight_chain)

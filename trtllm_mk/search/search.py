@@ -99,12 +99,13 @@ def search_candidates(spec: ModelSpec, batch: int, gpu: GpuSpec, context_len: in
                       seed: int = 0, progress: Progress | None = None, calibration: Calibration | None = None,
                       num_sms: int | None = None, show_progress: bool = False,
                       max_plans: int | None = None,
-                      skip: Callable[[TilePlan], bool] | None = None) -> Iterator[tuple[Schedule, SearchStats]]:
+                      skip: Callable[[Schedule], bool] | None = None) -> Iterator[tuple[Schedule, SearchStats]]:
     """The schedules of the search's ranked plans, best first (at most ``max_plans``): the first is
     ``search``'s; each later one is the next plan of the ranking (every plan the plan stages evaluated,
     by predicted time, then shared memory) with a local improvement of its own, computed only when
-    asked for. A later plan for which ``skip(plan)`` holds, asked when that plan's turn comes, is
-    passed over. The builder walks them until one compiles without register spills."""
+    asked for. A later plan whose schedule ``skip(schedule)`` rejects, asked once its task lists are
+    final (they shape its kernel's code: spill_policy.py), is passed over. The builder walks them
+    until one compiles without register spills."""
     t_start = time.perf_counter()
     cal = (calibration or load_calibration(gpu)).resolved(gpu)
     nsm = num_sms or gpu.sm_count
@@ -178,8 +179,6 @@ def search_candidates(spec: ModelSpec, batch: int, gpu: GpuSpec, context_len: in
     for pe in ranked:
         if max_plans is not None and rank >= max_plans:
             return
-        if rank > 0 and skip is not None and skip(pe.plan):
-            continue
         st = stats if rank == 0 else replace(stats, smem_chosen=pe.peak_smem)
         tick = (lambda i, n: report("improve", base_work + i * step_work)) if rank == 0 else None
         # 4. local improvement of the plan's assignment
@@ -203,6 +202,8 @@ def search_candidates(spec: ModelSpec, batch: int, gpu: GpuSpec, context_len: in
         sched = Schedule(spec=spec, batch=batch, plan=pe.plan, num_sms=nsm, gpu=gpu.name, programs=programs,
                          context_len=context_len, predicted_step_us=final.step_us,
                          meta={"search": st.meta()})
+        if rank > 0 and skip is not None and skip(sched):
+            continue
         yield sched, st
         rank += 1
 
