@@ -300,6 +300,26 @@ def test_real_widths_one_layer_either_attention_merge(name, o_merge):
     assert res.flips <= 2
 
 
+@pytest.mark.parametrize("name,rows", [("tiny-llama", 1), ("tiny-qwen3", 2)])
+def test_attention_row_tiles(name, rows):
+    """ATTN tasks over part of the batch rows (TilePlan.attn_rows): each takes its rows' K/V slots of
+    the ring and writes their partials; the step is the one of one task per split."""
+    spec = _spec(name)
+    sch = _plan_variant(spec, 4, attn_rows=rows)
+    assert len({(t.r0, t.r1) for t in sch.graph().layer if t.kind.name == "ATTN"}) == 4 // rows
+    check(run_and_compare(spec, 4, _weights(spec), steps=64, schedule=sch), 3e-2)
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+def test_real_widths_one_layer_attention_row_tiles(rows):
+    """The exact one-layer check at 8B widths, batch 4, with 1 and 2 batch rows per ATTN task."""
+    spec = dataclasses.replace(_spec("llama-3.1-8b"), num_layers=1)
+    sch = _plan_variant(spec, 4, attn_rows=rows)
+    res = run_and_compare(spec, 4, _weights(spec), steps=32, schedule=sch)
+    check(res, 1e-2, exact=5e-3)
+    assert res.flips <= 2
+
+
 # ring depths the search proposes besides powers of two, with one 112-row GATEUP task per SM at the 8B's
 # width (every call of the kind then passes the same arguments, which the compiler folds into its body)
 RING_DEPTHS = [(3, 112), (5, 112), (5, 56)]
@@ -373,6 +393,8 @@ def _prebuild() -> None:
                   dict(attn_splits=LONG_CONTEXT_REAL[1], stages=2, slot_bytes=8192))]
     variants += [(dataclasses.replace(_spec("llama-3.1-8b"), num_layers=1), 4,
                   dict(stages=st, gateup_rows=g, slot_bytes=32768)) for st, g in RING_DEPTHS]
+    variants += [(_spec(n), 4, dict(attn_rows=r)) for n, r in (("tiny-llama", 1), ("tiny-qwen3", 2))]
+    variants += [(dataclasses.replace(_spec("llama-3.1-8b"), num_layers=1), 4, dict(attn_rows=r)) for r in (1, 2)]
     for spec, batch, fields in variants:
         src, _ = generate_source(_plan_variant(spec, batch, gpu, **fields), TPB, MAX_SEQ, use_bulk_copy=gpu.has_tma)
         path, _ = compile_cubin(src, gpu.nvcc_arch)

@@ -227,7 +227,7 @@ def test_count_too_high_deadlocks(good):
     rep = validate(good, g2)
     assert rep.failed_check == "counts"
     assert "waits qkv_done[0][1] which can reach only 2 of 3 signals" in rep.errors[0]
-    assert rep.errors[0].startswith("SM 0 task 3 (layer 0 ATTN[g1 s1]) waits")
+    assert rep.errors[0].startswith("SM 0 task 3 (layer 0 ATTN[g1 s1 b0:1]) waits")
 
 
 def test_count_too_low_is_a_race(good):
@@ -252,8 +252,8 @@ def test_cycle_across_two_sms():
     rep = validate(s)
     assert rep.failed_check == "deadlock"
     msg = rep.errors[0]
-    assert "SM 0 task 2 (layer 0 ATTN[g0 s0]) waits qkv_done[0][0] which can reach only 0 of 2" in msg
-    assert "SM 1 task 0 (layer 0 ATTN[g1 s0])" in msg           # the other stuck head
+    assert "SM 0 task 2 (layer 0 ATTN[g0 s0 b0:1]) waits qkv_done[0][0] which can reach only 0 of 2" in msg
+    assert "SM 1 task 0 (layer 0 ATTN[g1 s0 b0:1])" in msg           # the other stuck head
     assert "cycle:" in msg and "qkv_done[0][0]" in msg and "qkv_done[0][1]" in msg
     assert not machine_completes(s, g, seeds=1)
 
@@ -268,7 +268,7 @@ def test_wait_on_later_task_of_same_sm():
     order.insert(first_attn, 0)     # QKV[0:48] now right after the first ATTN (group 0)
     s = Schedule(spec, 1, plan, 1, "test", [SMProgram([0, 1], order, [0, 1, 2])])
     rep = validate(s)
-    assert rep.failed_check == "deadlock" and "ATTN[g0 s0]) waits qkv_done[0][0]" in rep.errors[0]
+    assert rep.failed_check == "deadlock" and "ATTN[g0 s0 b0:1]) waits qkv_done[0][0]" in rep.errors[0]
     assert "program order" in rep.errors[0]
     with pytest.raises(ScheduleError, match="deadlock"):
         EventMachine(s, g).run(None, "round_robin")
@@ -354,7 +354,7 @@ def test_race_on_per_layer_buffer_names_concrete_layer(good):
     assert rep.failed_check == "races"
     for lay in (0, 1):
         assert any(e.startswith(f"race on kv of layer {lay}[{S}:{S + 1}]") and f"layer {lay} COMBINE[g0]" in e
-                   and f"layer {lay} ATTN[g1 s0]" in e for e in rep.errors), rep.errors
+                   and f"layer {lay} ATTN[g1 s0 b0:1]" in e for e in rep.errors), rep.errors
 
 
 def test_empty_access_conflicts_with_nothing(good):

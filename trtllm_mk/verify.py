@@ -375,6 +375,10 @@ class _Validator:
     def _access_groups(self) -> dict[tuple[str, int], tuple]:
         """(buffer, concrete layer or -1) -> numpy arrays (node, lo, hi, mode) and the raw list."""
         raw: dict[tuple[str, int], list[tuple[int, int, int, int]]] = {}
+        # a buffer some task accesses in part of the batch rows only (Access.rows) is checked per row:
+        # its accesses are keyed "buf row b" for each row they cover
+        g = self.g
+        per_row = {a.buf for t in g.head + g.layer + g.tail for a in t.reads + t.writes if a.rows is not None}
         for node in range(self.n_tasks):
             task, layer = self.instance(node)
             for accs, is_write in ((task.reads, False), (task.writes, True)):
@@ -384,7 +388,11 @@ class _Validator:
                 for a in accs:
                     lay = a.layer + layer if (a.layer >= 0 and task.phase == LAYER) else a.layer
                     mode = (_ADD if a.add else _WRITE) if is_write else _READ
-                    raw.setdefault((a.buf, lay), []).append((node, a.lo, a.hi, mode))
+                    if a.buf in per_row:
+                        for b in range(*(a.rows or (0, g.batch))):
+                            raw.setdefault((f"{a.buf} row {b}", lay), []).append((node, a.lo, a.hi, mode))
+                    else:
+                        raw.setdefault((a.buf, lay), []).append((node, a.lo, a.hi, mode))
         out = {}
         for key, lst in raw.items():
             arr = np.array(lst, dtype=np.int64).reshape(-1, 4)

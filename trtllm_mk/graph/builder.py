@@ -103,6 +103,8 @@ def check_plan(spec: ModelSpec, plan: TilePlan) -> None:
                          f"{spec.mlp_intermediate} must split into multiples of 64 columns")
     if plan.attn_splits < 1:
         raise ValueError("TilePlan.attn_splits must be >= 1")
+    if plan.attn_rows < 0:
+        raise ValueError("TilePlan.attn_rows must be >= 0 (0: every batch row in one ATTN task)")
     if spec.quantized:
         # 4-bit weights travel in tiles of 16 rows with their scale words, and a task's K range holds
         # whole tiles and groups

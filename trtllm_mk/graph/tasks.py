@@ -11,8 +11,8 @@ GPU applies when it stages an activation in shared memory as the input of a GEMV
   EMBED  rows [r0,r1) of H      x[b,r] = embed[tokens[b], r]
   QKV    rows [r0,r1) of QKVR   xn = bf16(rmsnorm(x[b]) * ln1); qkv[b,r] = W_qkv[r]·xn (+ bias[r])
                                 QKVR rows are ordered by KV group g: the q heads g*G..g*G+G-1, k_g, v_g
-  ATTN   group g, split s       for each b: L = pos[b]+1, chunk = ceil(L/S), tokens [s*chunk, min(L,..));
-                                q/k from qkv[b] get QK-norm (qwen3) and RoPE at pos[b]; the split whose
+  ATTN   group g, split s,      for each b in [r0,r1): L = pos[b]+1, chunk = ceil(L/S), tokens [s*chunk, min(L,..));
+         rows [r0,r1) of B      q/k from qkv[b] get QK-norm (qwen3) and RoPE at pos[b]; the split whose
                                 range holds pos[b] stores bf16 k,v into the paged cache at pos[b];
                                 part_o[b,h,s] = sum_t exp(q·k_t/sqrt(d) - m) v_t, part_ml = (m, l)
   COMBINE group g               attn_out[b, h*d:(h+1)*d] = merge of the S partials of head h
@@ -65,6 +65,7 @@ class Access:
     layer: int = -1
     add: bool = False          # an atomic accumulate (commutes with other adds, not with reads)
     staged: bool = False       # a read done while the task stages its input (Task.staged_signals)
+    rows: tuple[int, int] | None = None   # only batch rows [b0, b1) (None: every row)
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,7 @@ class Task:
 
     def label(self) -> str:
         if self.kind in (Kind.ATTN,):
-            return f"{self.kind.name}[g{self.group} s{self.split}]"
+            return f"{self.kind.name}[g{self.group} s{self.split} b{self.r0}:{self.r1}]"
         if self.kind == Kind.COMBINE:
             return f"{self.kind.name}[g{self.group}]"
         if self.kind == Kind.ARGMAX:
@@ -140,6 +141,9 @@ class TilePlan:
     lm_rows: int = 1024
     embed_rows: int = 0        # 0: one EMBED task per 1024 columns of H
     attn_splits: int = 8       # KV splits per group
+    # batch rows per ATTN task (0: all): a task runs its rows one after another, so at batch > 1
+    # tasks over fewer rows shorten the attention phase on the chain, for more tasks
+    attn_rows: int = 0
     # OPROJ merges the attention partials of its K-chunk's heads while staging its input, instead of
     # COMBINE tasks writing attn_out: one dependent level (a release, a poll, a load) less on the
     # chain QKV -> ATTN -> OPROJ, for S x the staging bytes (pays with an o_ksplit that gives each

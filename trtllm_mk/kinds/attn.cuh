@@ -52,7 +52,8 @@ constexpr int KV_REGION = kv_ring_offset(cfg::KV_CAP - 1) + RB;   // bytes of on
 static_assert((3 - cfg::KV_SLOTS) * KV_REGION <= cfg::SLOT_BYTES + cfg::SLOT_PAD,
               "K/V and their skew exceed a ring slot (trtllm_mk/smem.py attention_kv_ring)");
 
-// Ring position (relative to the task's first slot) and byte offset of row b's K (kv = 0) or V.
+// Ring position (relative to the task's first slot) and byte offset of the task's i-th batch row's K
+// (kv = 0) or V. A task takes the batch rows [a.r0, a.r1) (TilePlan.attn_rows), one after another.
 __device__ __forceinline__ int kv_slot(int b, int kv) { return b * cfg::KV_SLOTS + kv * (cfg::KV_SLOTS - 1); }
 __device__ __forceinline__ int kv_slot_offset(int kv) { return cfg::KV_SLOTS == 1 ? kv * KV_REGION : 0; }
 
@@ -62,12 +63,12 @@ __device__ __forceinline__ int kv_slot_offset(int kv) { return cfg::KV_SLOTS == 
 // of 8: kv_ring_offset's skew), so a 65-token chunk takes 9-11 copies each for K and V.
 __device__ void attn_load(Ctx& c, const TaskArgs& a) {
   const Params& p = *c.p;
-  for (int b = 0; b < cfg::B; ++b) {
+  for (int b = a.r0; b < a.r1; ++b) {
     const SplitRange r = split_range(p, b, a.split);
     unsigned char* dst[2];
     uint64_t* bar[2];
     for (int kv = 0; kv < 2; ++kv) {
-      const uint32_t n = c.ring_n + kv_slot(b, kv), slot = n % cfg::STAGES, use = n / cfg::STAGES;
+      const uint32_t n = c.ring_n + kv_slot(b - a.r0, kv), slot = n % cfg::STAGES, use = n / cfg::STAGES;
       if (kv == 0) c.loader_throttle(n);   // (the V slot's predecessor is this task's K slot)
       if (kv == 0 || cfg::KV_SLOTS == 2) c.loader_wait(&c.empty()[slot], (use & 1) ^ 1);
       dst[kv] = c.ring() + (size_t)slot * SLOT_STRIDE + kv_slot_offset(kv);
@@ -106,7 +107,7 @@ __device__ void attn_load(Ctx& c, const TaskArgs& a) {
     }
 #endif
   }
-  c.ring_n += cfg::B * cfg::KV_SLOTS;
+  c.ring_n += (a.r1 - a.r0) * cfg::KV_SLOTS;
 }
 
 // Step-invariant inputs of an ATTN task, gathered before its wait (nothing in them depends on this
@@ -172,7 +173,7 @@ __device__ void prepare_qkv(Ctx& c, const TaskArgs& a, int b, float* sm) {
   bf16* fresh = reinterpret_cast<bf16*>(sm + ATTN_FRESH);
   for (int i = threadIdx.x; i < cfg::GR; i += CTHREADS) sm[i] = ld_act(src + i);
   consumer_sync(CTHREADS);
-  if (diag::ATTN_MARK == 1 && b == 0) c.mark();
+  if (diag::ATTN_MARK == 1 && b == a.r0) c.mark();
   const float* rope = sm + ATTN_ROPE + b * cfg::D;
   // one warp per head (q heads 0..G-1, k = head G); v (head G+1) is only rounded
   for (int h = c.warp(); h < cfg::G + 1; h += cfg::CWARPS) {
@@ -209,7 +210,7 @@ __device__ void prepare_qkv(Ctx& c, const TaskArgs& a, int b, float* sm) {
   }
   for (int i = threadIdx.x; i < cfg::D; i += CTHREADS) fresh[cfg::D + i] = f_to_bf16(sm[(cfg::G + 1) * cfg::D + i]);
   consumer_sync(CTHREADS);
-  if (diag::ATTN_MARK == 2 && b == 0) c.mark();
+  if (diag::ATTN_MARK == 2 && b == a.r0) c.mark();
 }
 
 // Tokens of a split past the ring's capacity (long contexts), `cnt` from relative token `base` on:
@@ -316,7 +317,7 @@ __device__ void attn_compute(Ctx& c, const TaskArgs& a) {
   const int g = c.lane() >> 2, t = c.lane() & 3;
   // this lane's ldmatrix row in a tile (K and V): token j at byte column col
   const int j = (c.lane() & 7) + (c.lane() >> 4) * 8, col = ((c.lane() >> 3) & 1) * 16;
-  for (int b = 0; b < cfg::B; ++b) {
+  for (int b = a.r0; b < a.r1; ++b) {
     const AttnRow r = rows[b];
     const int n = max(0, r.t1 - r.t0);                 // tokens of this split (0: past the sequence)
     const bool owns = r.t0 <= r.pos && r.pos < r.t1;   // the new token is this split's last
@@ -335,12 +336,12 @@ __device__ void attn_compute(Ctx& c, const TaskArgs& a) {
     unsigned char* region[2];
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
-      const uint32_t nr = ring0 + kv_slot(b, k);
+      const uint32_t nr = ring0 + kv_slot(b - a.r0, k);
       slots[k] = nr % cfg::STAGES;
       if (k == 0 || cfg::KV_SLOTS == 2) c.consumer_wait(&c.full()[slots[k]], (nr / cfg::STAGES) & 1);
       region[k] = c.ring() + (size_t)slots[k] * SLOT_STRIDE + kv_slot_offset(k);
     }
-    if (diag::ATTN_MARK == 0 && b == 0) c.mark();
+    if (diag::ATTN_MARK == 0 && b == a.r0) c.mark();
     WarpAttn st;
     st.m = -INFINITY;
     st.l = 0.f;
@@ -371,8 +372,8 @@ __device__ void attn_compute(Ctx& c, const TaskArgs& a) {
       if (last) break;
       late = true;
     }
-    if (diag::ATTN_MARK == 3 && b == 0) c.mark();
-    if (b == cfg::B - 1) c.mark_computed();
+    if (diag::ATTN_MARK == 3 && b == a.r0) c.mark();
+    if (b == a.r1 - 1) c.mark_computed();
     consumer_sync(CTHREADS);   // every warp is done with the ring rows, the fresh rows and q
 #if defined(MK_USE_BULK_COPY)
     if (late) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");   // our stores, then the loader's copies
@@ -418,7 +419,7 @@ __device__ void attn_compute(Ctx& c, const TaskArgs& a) {
     }
     consumer_sync(CTHREADS);
   }
-  c.ring_n = ring0 + cfg::B * cfg::KV_SLOTS;
+  c.ring_n = ring0 + (a.r1 - a.r0) * cfg::KV_SLOTS;
 }
 
 template <>

@@ -1,11 +1,12 @@
-"""ATTN: one KV group and split of paged decode attention (QK-norm, RoPE, cache store, partials)."""
+"""ATTN: one KV group and split of paged decode attention (QK-norm, RoPE, cache store, partials) for
+a range of batch rows."""
 from __future__ import annotations
 
 from . import KindDef
 
 ATTN_TILE_TOKENS = 16   # tokens of one ATTN tensor-core tile (the device body's attn_tile)
 
-DEF = KindDef("ATTN", streams_weights=False, args=("layer", "group", "split"), device_file="attn.cuh")
+DEF = KindDef("ATTN", streams_weights=False, args=("layer", "r0", "r1", "group", "split"), device_file="attn.cuh")
 
 # Cost-model constants (search.calibration: defaults, set per GPU by the calibration files), each
 # consumer time of one task. Its cached K/V comes through the ring before its wait (duration_us).
@@ -26,7 +27,7 @@ def execute(ex, t, layer: int) -> None:
     from ..model.rope import apply_rope
     G, d, S, g, s = ex.G, ex.d, ex.S, t.group, t.split
     lw, cache, tpb = ex.layers[layer], ex.cache, ex.cache.tokens_per_block
-    for b in range(ex.B):
+    for b in range(t.r0, t.r1):
         p = int(ex.pos[b])
         n = p + 1
         chunk = -(-n // S)
@@ -69,34 +70,45 @@ def duration_us(task, graph, rates, cal) -> float:
     chunk = -(-d.context_len // d.splits)
     _, cap = attention_kv_ring(d.head_dim, plan.slot_bytes, d.splits, d.context_len)
     token = 2 * d.head_dim * 2
-    kv = d.batch * chunk * token
+    rows = task.rows                  # the task's batch rows, one after another
+    kv = rows * chunk * token
     late_row = max(0, attention_chunk(d.context_len, d.splits) - cap)    # per batch row
-    late, rounds = d.batch * late_row, d.batch * -(-late_row // cap)
+    late, rounds = rows * late_row, rows * -(-late_row // cap)
     late_us = rounds * 2 * cal.l2_latency_us + late * (token / rates.hbm + cal.attn_late_token_us)
     # the consumer warps take the split's 16-token tensor-core tiles in turns and a warp's tiles
     # run one after another (attn_compute): the math costs tile rounds, not FLOPs
     tiles = -(-attention_chunk(d.context_len, d.splits) // ATTN_TILE_TOKENS)
-    tile_rounds = d.batch * -(-tiles // plan.consumer_warps)
+    tile_rounds = rows * -(-tiles // plan.consumer_warps)
     return (cal.task_overhead_us + cal.attn_fixed_us + late_us
             + max(0, task.act_bytes - kv) / rates.l2 + tile_rounds * cal.attn_tile_us)
 
 
+def row_tiles(batch: int, attn_rows: int) -> list[tuple[int, int]]:
+    """The batch rows [b0, b1) of each ATTN task of one group and split (TilePlan.attn_rows)."""
+    n = min(attn_rows or batch, batch)
+    return [(b, min(batch, b + n)) for b in range(0, batch, n)]
+
+
 def lower(c) -> list[dict]:
-    """One task per KV group and split."""
+    """One task per KV group, split and tile of batch rows (TilePlan.attn_rows)."""
     from ..graph.tasks import Access, EventRef
     B, G, S, d, GR = c.B, c.G, c.S, c.d, c.GR
     ctx_chunk = -(-c.context_len // S)
+    tiles = row_tiles(B, c.plan.attn_rows)
     out = []
     for g in range(c.nkv):
         for s in range(S):
             part = (g * S + s) * G
             done = EventRef("attn_done", 0, g // c.groups_per_chunk if c.plan.o_merge else g)
-            out.append(dict(group=g, split=s, waits=(EventRef("qkv_done", 0, g),), signals=(done,),
-                            reads=(Access("qkv", g * GR, (g + 1) * GR), Access("pos", 0, 1),
-                                   Access("kv", g * S + s, g * S + s + 1, layer=0)),
-                            writes=(Access("kv", g * S + s, g * S + s + 1, layer=0),
-                                    Access("part_o", part * d, (part + G) * d),
-                                    Access("part_ml", part * 2, (part + G) * 2)),
-                            act_bytes=B * (ctx_chunk * 2 * d * 2 + GR * 4 + G * (d + 2) * 4),
-                            flops=4 * B * ctx_chunk * G * d))
+            for b0, b1 in tiles:
+                rows = (b0, b1) if len(tiles) > 1 else None
+                n = b1 - b0
+                out.append(dict(r0=b0, r1=b1, group=g, split=s, waits=(EventRef("qkv_done", 0, g),), signals=(done,),
+                                reads=(Access("qkv", g * GR, (g + 1) * GR, rows=rows), Access("pos", 0, 1),
+                                       Access("kv", g * S + s, g * S + s + 1, layer=0, rows=rows)),
+                                writes=(Access("kv", g * S + s, g * S + s + 1, layer=0, rows=rows),
+                                        Access("part_o", part * d, (part + G) * d, rows=rows),
+                                        Access("part_ml", part * 2, (part + G) * 2, rows=rows)),
+                                act_bytes=n * (ctx_chunk * 2 * d * 2 + GR * 4 + G * (d + 2) * 4),
+                                flops=4 * n * ctx_chunk * G * d))
     return out

@@ -104,6 +104,11 @@ def attn_split_candidates(spec: ModelSpec, num_sms: int, context_len: int) -> li
     return out
 
 
+def attn_row_candidates(batch: int) -> list[int]:
+    """Batch rows per ATTN task: 0 (all of them), then the row counts of 2..batch tasks per split."""
+    return [0] + sorted({-(-batch // n) for n in range(2, batch + 1)}, reverse=True)
+
+
 def field_candidates(field: str, plan: TilePlan, spec: ModelSpec, num_sms: int, context_len: int, batch: int) -> list:
     """Values the coordinate search tries for one field, given the rest of ``plan``."""
     H, I, V = spec.hidden_size, spec.mlp_intermediate, spec.vocab_size
@@ -122,6 +127,8 @@ def field_candidates(field: str, plan: TilePlan, spec: ModelSpec, num_sms: int, 
         return wave_rows(V, 1, num_sms, max_waves=LM_MAX_WAVES)
     if field == "attn_splits":
         return attn_split_candidates(spec, num_sms, context_len)
+    if field == "attn_rows":
+        return attn_row_candidates(batch)
     if field == "consumer_warps":
         return list(CONSUMER_WARPS)
     raise KeyError(field)
