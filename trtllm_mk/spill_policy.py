@@ -43,14 +43,11 @@ def function_fields(name: str) -> tuple[str, ...]:
     return KIND_FIELDS.get(m.group(1), ALL_FIELDS) if m else ALL_FIELDS
 
 
-def spill_key(name: str, schedule: Schedule, shared: dict[str, tuple] | None = None) -> tuple:
+def spill_key(name: str, schedule: Schedule, shared: dict[str, tuple]) -> tuple:
     """What the function ``name`` of ``schedule``'s kernel is compiled from, as far as the filter
-    tells plans apart. ``shared``: shared_call_arguments(schedule), when already known."""
+    tells plans apart. ``shared``: shared_call_arguments(schedule)."""
     fields = tuple(getattr(schedule.plan, f) for f in function_fields(name))
-    if not _KIND_FUNCTION.match(name):
-        return fields
-    shared = shared_call_arguments(schedule) if shared is None else shared
-    return fields, shared.get(name)
+    return (fields, shared.get(name)) if _KIND_FUNCTION.match(name) else fields
 
 
 class SpilledPlans:

@@ -83,18 +83,12 @@ def duration_us(task, graph, rates, cal) -> float:
             + max(0, task.act_bytes - kv) / rates.l2 + tile_rounds * cal.attn_tile_us)
 
 
-def row_tiles(batch: int, attn_rows: int) -> list[tuple[int, int]]:
-    """The batch rows [b0, b1) of each ATTN task of one group and split (TilePlan.attn_rows)."""
-    n = min(attn_rows or batch, batch)
-    return [(b, min(batch, b + n)) for b in range(0, batch, n)]
-
-
 def lower(c) -> list[dict]:
     """One task per KV group, split and tile of batch rows (TilePlan.attn_rows)."""
     from ..graph.tasks import Access, EventRef
     B, G, S, d, GR = c.B, c.G, c.S, c.d, c.GR
     ctx_chunk = -(-c.context_len // S)
-    tiles = row_tiles(B, c.plan.attn_rows)
+    tiles = c.tiles(B, c.plan.attn_rows or B)
     out = []
     for g in range(c.nkv):
         for s in range(S):
