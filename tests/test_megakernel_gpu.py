@@ -41,6 +41,9 @@ TINY = {
                        rope_theta=1e6, rms_norm_eps=1e-6),
     "tiny-qwen2": dict(architectures=["Qwen2ForCausalLM"], hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=2, vocab_size=512, rope_theta=1e6),
+    # 8 heads per KV group: ATTN's unpacked tiles (kinds/attn.cuh PACK_HEADS holds for the others)
+    "tiny-llama-g8": dict(architectures=["LlamaForCausalLM"], hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                          num_attention_heads=16, num_key_value_heads=2, head_dim=32, vocab_size=512, rope_theta=10000.0),
 }
 REAL = ["llama-3.2-1b", "llama-3.1-8b", "qwen3-8b"]
 MAX_SEQ = 1024
@@ -235,24 +238,39 @@ def test_oproj_merge_and_combine_plans(name, o_merge):
     check(run_and_compare(spec, 2, _weights(spec), steps=64, schedule=sch), 3e-2)
 
 
-# (model, KV splits, KV slots per batch row, tokens each row's K and V hold in the ring) of the
-# long-context test, with a ring of 2 x 8 KB slots
-LONG_CONTEXT = [("tiny-llama", 8, 1, 64), ("tiny-llama", 4, 2, 128), ("tiny-qwen3", 8, 2, 64)]
+# (model, KV splits, ring stages, batch rows per ATTN task (0: all), KV slots per round, tokens a
+# round's K and V hold) of the long-context test, with ring slots of 8 KB: K and V share a slot or
+# take one each; two slots leave no room for a second round in flight, three and five do
+LONG_CONTEXT = [("tiny-llama", 8, 2, 0, 1, 64), ("tiny-llama", 4, 2, 0, 2, 128), ("tiny-qwen3", 8, 2, 0, 2, 64),
+                ("tiny-llama", 4, 3, 1, 2, 128), ("tiny-qwen3", 8, 5, 1, 2, 64)]
 
 
-@pytest.mark.parametrize("name,splits,kv_slots,cap", LONG_CONTEXT)
-def test_long_context_beyond_the_ring_capacity(name, splits, kv_slots, cap):
-    """ATTN takes at most KV_CAP cached tokens per split through the ring; at a context beyond the
-    one the schedule was built for, the rest of each split is read from the cache after the wait.
-    K and V share a slot per row or take one each; with 128 tokens a region has rows past the bank
-    skew's restart at 64 (the rows that overlapped before v13)."""
+@pytest.mark.parametrize("name,splits,stages,attn_rows,kv_slots,cap", LONG_CONTEXT)
+def test_long_context_beyond_the_ring_capacity(name, splits, stages, attn_rows, kv_slots, cap):
+    """ATTN streams a split through the ring in rounds of KV_CAP cached tokens; at a context beyond
+    the one the schedule was built for each split takes several rounds, as many as this step's
+    position asks, and the loader and the consumers must count the same slots. With 128 tokens a
+    region has rows past the bank skew's restart at 64 (the rows that overlapped before v13)."""
     from trtllm_mk.smem import attention_kv_ring
     spec = _spec(name)
-    sch = _plan_variant(spec, 2, attn_splits=splits, stages=2, slot_bytes=8192)
+    sch = _plan_variant(spec, 2, attn_splits=splits, stages=stages, slot_bytes=8192, attn_rows=attn_rows)
     assert attention_kv_ring(spec.head_dim, 8192, splits, 256) == (kv_slots, cap)
     first_len = 640
     assert -(-(first_len + 1) // splits) > cap, "the prompt must overflow the ring's K/V capacity"
     check(run_and_compare(spec, 2, _weights(spec), steps=32, schedule=sch, first_len=first_len), 3e-2)
+
+
+CP_ASYNC_LONG_CONTEXT = dict(attn_splits=4, stages=3, slot_bytes=8192, attn_rows=1)
+
+
+def test_long_context_rounds_on_the_cp_async_ring():
+    """The rounds of a long split by the loader warps' cp.async copies (the L20 / A100 path): two
+    loader warps share each round's 16-byte pieces and arrive on its slots."""
+    spec = _spec("tiny-llama")
+    w = _weights(spec)
+    sch = _plan_variant(spec, 2, **CP_ASYNC_LONG_CONTEXT)
+    res = run_and_compare(spec, 2, w, steps=32, first_len=640, decoder=_decoder(spec, 2, w, sch, use_bulk_copy=False))
+    check(res, 3e-2)
 
 
 # the long-context check at real widths: one layer of the 8B (head 128: 256-byte K/V rows, two
@@ -261,8 +279,8 @@ LONG_CONTEXT_REAL = ("llama-3.1-8b", 4, 2, 32)
 
 
 def test_long_context_beyond_the_ring_capacity_at_real_widths():
-    """The rounds of tokens past the ring at a real head size: a wrong piece of a K/V row shows up as
-    1e-1 or more, as in the other real-width checks."""
+    """The rounds of a split at a real head size: a wrong piece of a K/V row shows up as 1e-1 or more,
+    as in the other real-width checks."""
     from trtllm_mk.smem import attention_kv_ring
     name, splits, kv_slots, cap = LONG_CONTEXT_REAL
     spec = dataclasses.replace(_spec(name), num_layers=1)
@@ -388,7 +406,7 @@ def _prebuild() -> None:
                 for m in (False, True)]
     variants += [(dataclasses.replace(_spec(n), num_layers=1), 4, dict(o_merge=m, o_ksplit=_spec(n).num_kv_heads if m else 1))
                  for n in REAL for m in (False, True)]
-    variants += [(_spec(n), 2, dict(attn_splits=s, stages=2, slot_bytes=8192)) for n, s, _, _ in LONG_CONTEXT]
+    variants += [(_spec(n), 2, dict(attn_splits=s, stages=st, slot_bytes=8192, attn_rows=r)) for n, s, st, r, _, _ in LONG_CONTEXT]
     variants += [(dataclasses.replace(_spec(LONG_CONTEXT_REAL[0]), num_layers=1), 2,
                   dict(attn_splits=LONG_CONTEXT_REAL[1], stages=2, slot_bytes=8192))]
     variants += [(dataclasses.replace(_spec("llama-3.1-8b"), num_layers=1), 4,
@@ -399,6 +417,9 @@ def _prebuild() -> None:
         src, _ = generate_source(_plan_variant(spec, batch, gpu, **fields), TPB, MAX_SEQ, use_bulk_copy=gpu.has_tma)
         path, _ = compile_cubin(src, gpu.nvcc_arch)
         print(spec.name, spec.num_layers, batch, fields, path, flush=True)
+    spec = _spec("tiny-llama")
+    src, _ = generate_source(_plan_variant(spec, 2, gpu, **CP_ASYNC_LONG_CONTEXT), TPB, MAX_SEQ, use_bulk_copy=False)
+    print(spec.name, "cp.async", CP_ASYNC_LONG_CONTEXT, compile_cubin(src, gpu.nvcc_arch)[0], flush=True)
 
 
 if __name__ == "__main__":

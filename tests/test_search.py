@@ -105,29 +105,36 @@ def test_cost_monotonic_in_bytes():
     assert Simulator(g, H100, replace(cal, task_overhead_us=1.0)).run(progs).step_us > base
 
 
-def test_attention_cost_counts_only_tokens_past_the_ring():
-    """ATTN pays for the cached tokens the ring cannot hold: per round of up to the ring's capacity,
-    two dependent loaded L2 round trips (block table, then K/V), plus the tokens' bytes and a
-    per-token consumer cost; the tokens the ring holds were loaded before the wait and cost nothing
-    on the consumer."""
+def test_attention_cost_streams_tokens_past_the_ring():
+    """ATTN's cached tokens beyond the ring's capacity stream through the ring while the consumers
+    compute (kinds/attn.cuh attn_load): a split costs its tile rounds or, where slower, the stream of
+    its later rounds (their bytes at the loader's rate plus a per-token cost); the tokens of a row's
+    first round were loaded before the wait and cost nothing on the consumer."""
     from trtllm_mk.search.cost import cost_table
     from trtllm_mk.smem import attention_chunk
     spec = spec_of("llama-3.1-8b")
-    cal = Calibration(l2_latency_us=0.5, attn_late_token_us=0.01, attn_tile_us=0.3)
-    plan = TilePlan(slot_bytes=16384, attn_splits=16)             # K and V of 64 tokens in a slot each
-    dur = {}
-    for ctx in (512, 1000, 2047, 3071):
+    token = 2 * spec.head_dim * 2
+    plan = TilePlan(slot_bytes=16384, attn_splits=16, stages=4)   # K and V of 64 tokens in a slot each
+
+    def attn(ctx, cal):
         g = build_step_graph(spec, 1, plan, ctx)
         ct = cost_table(g, H100, cal)
-        dur[ctx] = next(c.dur for t, c in zip(g.layer, ct.layer) if t.kind == Kind.ATTN)
-        tiles = -(-attention_chunk(ctx, 16) // 16)                # 16-token tiles, 8 warps take turns
-        dur[ctx] -= -(-tiles // plan.consumer_warps) * 0.3
-    assert dur[1000] == pytest.approx(dur[512])                  # 63 tokens per split: all in the ring
-    token = 2 * spec.head_dim * 2
-    # 2048 / 16 = 128 tokens per split: 64 late, one round
-    assert dur[2047] - dur[512] == pytest.approx(2 * 0.5 + 64 * (token / ct.rates.hbm + 0.01), rel=1e-3)
-    # 3072 / 16 = 192 tokens: 128 late, two rounds of 64
-    assert dur[3071] - dur[512] == pytest.approx(4 * 0.5 + 128 * (token / ct.rates.hbm + 0.01), rel=1e-3)
+        t, c = next((t, c) for t, c in zip(g.layer, ct.layer) if t.kind == Kind.ATTN)
+        return c.dur - max(0, t.act_bytes - -(-ctx // 16) * token) / ct.rates.l2, ct.rates
+
+    base = Calibration(attn_tile_us=0.0, attn_fixed_us=0.0, task_overhead_us=0.0)
+    assert attn(1000, base)[0] == pytest.approx(attn(512, base)[0]) == 0.0   # 63 tokens per split: in the ring
+    slow = replace(base, attn_late_token_us=0.01)
+    for ctx in (2047, 3071):
+        late = attention_chunk(ctx, 16) - 64                       # 64 or 128 tokens past the first round
+        fast, rates = attn(ctx, base)
+        assert fast >= late * token / rates.hbm * (1 - 1e-9)       # never faster than the SM's HBM share
+        assert attn(ctx, slow)[0] == pytest.approx(fast + late * 0.01)
+    # a deeper ring keeps more of the stream in flight: never slower
+    assert attn(3071, replace(base, mem_latency_us=5.0))[0] >= attn(3071, base)[0]
+    # where the math is slower than the stream, the tile rounds are the cost
+    tiles = -(-attention_chunk(3071, 16) // 16)
+    assert attn(3071, replace(base, attn_tile_us=50.0))[0] == pytest.approx(-(-tiles // plan.consumer_warps) * 50.0)
 
 
 def test_attention_math_costs_tile_rounds():
@@ -472,6 +479,26 @@ def test_oproj_merge_is_searched_and_drops_the_combine_level():
     o_c, o_m = ([t for t in g.layer if t.kind == Kind.OPROJ][0] for g in (combine, merged))
     assert o_m.act_bytes - o_m.rows * 8 == plan.attn_splits * (o_c.act_bytes - o_c.rows * 8) * (64 + 2) // 64
     assert ev(replace(plan, o_merge=True)).step_us < ev(plan).step_us
+
+
+def test_attn_split_variants_trade_splits_for_row_tiles():
+    """The descent's attn_splits variants include fewer splits over more batch-row tiles (and the
+    reverse) at the same ATTN task count, which neither field reaches alone: at 8B batch 4, context 8192
+    on an H200 the model ranks 8 splits x 2 row tiles ahead of 16 splits over all rows, while 8 splits
+    over all rows (half the tasks) and 16 splits x 2 row tiles (twice as many) each rank behind."""
+    from trtllm_mk.search.planeval import Evaluator, field_variants
+    from trtllm_mk.search.plans import attn_tasks_per_group
+    spec, h200 = spec_of("llama-3.1-8b"), get_gpu("H200")
+    ev = Evaluator(spec, 4, h200, load_calibration(h200).resolved(h200), h200.sm_count, 8192, 0)
+    plan = TilePlan(qkv_rows=16, o_rows=256, o_ksplit=8, o_merge=True, gateup_rows=112, down_rows=224, down_ksplit=7,
+                    lm_rows=976, stages=5, slot_bytes=32768, attn_splits=16, attn_rows=0)
+    variants = field_variants("attn_splits", plan, ev)
+    traded = replace(plan, attn_splits=8, attn_rows=2)
+    assert traded in variants
+    assert all(attn_tasks_per_group(v, 4) == 16 for v in variants if v.attn_rows != plan.attn_rows)
+    assert ev(traded).step_us < ev(plan).step_us
+    assert ev(replace(plan, attn_splits=8)).step_us > ev(traded).step_us
+    assert ev(replace(plan, attn_rows=2)).step_us > ev(traded).step_us
 
 
 def test_merge_cost_counts_the_load_rounds_of_each_consumer_thread():

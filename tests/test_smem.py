@@ -150,7 +150,7 @@ def test_attention_kv_ring_hand_checked():
     assert attention_kv_ring(128, 32768, 16, 512) == (1, 64)     # K + V of 64 tokens share one 32 KB slot
     assert attention_kv_ring(128, 16384, 16, 512) == (2, 64)     # 32 < 33: K and V take a slot each
     assert attention_kv_ring(64, 4096, 16, 512) == (2, 32)
-    assert attention_kv_ring(64, 32768, 16, 8192) == (2, 256)    # long context: the rest comes after the wait
+    assert attention_kv_ring(64, 32768, 16, 8192) == (2, 256)    # long context: the split streams in rounds of 256
 
 
 def test_attention_scratch_holds_q_fragments_or_the_merge():

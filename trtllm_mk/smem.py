@@ -177,9 +177,9 @@ def attention_kv_ring(head_dim: int, slot_bytes: int, splits: int, context_len: 
     ``(slots per batch row, tokens each row's K and V hold)``. One slot holds K in its first half and
     V in its second when the split's chunk at ``context_len`` fits; otherwise K and V take a slot each,
     which doubles the tokens. The bank skew of the rows (kv_ring_offset) lives in the slot's SLOT_PAD;
-    where it does not fit (long rows in large slots), the capacity shrinks until it does. Tokens of a
-    split beyond that capacity are copied into the same slots after the task's wait (long contexts),
-    so any capacity is correct and this only decides what is hidden."""
+    where it does not fit (long rows in large slots), the capacity shrinks until it does. A split of
+    more cached tokens (long contexts) streams through the ring in rounds of that capacity, so any
+    capacity is correct and this decides how the rounds cut the split."""
     chunk = attention_chunk(context_len, splits)
     one = slot_bytes // (4 * head_dim)               # tokens of K + V in one slot
     slots, cap = (1, one) if one >= chunk else (2, 2 * one)

@@ -206,11 +206,10 @@ __device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
 }
 #endif
 // A 16-byte asynchronous copy into shared memory (sm_80 and later): no register holds the data, so a
-// thread can have many in flight (the sm_80/89 loader; on every path, ATTN's late tokens).
+// thread can have many in flight (the sm_80/89 loader).
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
 }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 // ---------------------------------------------------------------- event counters
 // Monotonic counters in global memory: a producer adds 1 after its stores (fence + atomic = release),

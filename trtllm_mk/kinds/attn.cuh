@@ -2,13 +2,14 @@
 // inside a block). Inlined by codegen after the shared device headers. One ATTN task = one KV group x one split, for every batch row.
 //
 // The cached K/V of a split (every token before this step's) does not depend on this step, so the
-// loader warp copies it into the weight ring when it reaches the task in its list, as it does for a
-// GEMV's weights: the DRAM round trips (block table, then K/V under the loaders' traffic) leave the
-// chain QKV -> ATTN -> COMBINE. Per batch row the task takes KV_SLOTS ring slots: with one slot, K
-// sits in its first half and V in its second; with two, K and V take a slot each. Each row's K and
-// V hold KV_CAP tokens (trtllm_mk/smem.py attention_kv_ring); tokens beyond that (long contexts) are
-// copied into the same slots after the wait, KV_CAP at a time, and the new token comes from this
-// step's q/k/v. Scores and P V run on the tensor cores (attn_tile).
+// loader warp streams it through the weight ring as it does a GEMV's weights: the DRAM round trips
+// (block table, then K/V under the loaders' traffic) leave the chain QKV -> ATTN -> COMBINE, and a
+// long split's later rounds land while the consumers compute the earlier ones. A round is KV_CAP
+// tokens of one batch row in KV_SLOTS ring slots (with one slot, K sits in its first half and V in
+// its second; with two, K and V take a slot each: trtllm_mk/smem.py attention_kv_ring). How many
+// rounds a row takes depends on this step's position, which both roles read from device memory
+// (split_range), so both count the same slots. The new token comes from this step's q/k/v. Scores
+// and P V run on the tensor cores (attn_tile).
 #pragma once
 
 namespace mk {
@@ -26,17 +27,24 @@ __device__ __forceinline__ size_t kv_offset(const Params& p, int layer, int b, i
          (size_t)(t % cfg::TPB) * cfg::D;
 }
 
-// The tokens of batch row b that split `split` attends to: [t0, t1); of them, [t0, t0 + ring_n) come
-// from the ring (cached tokens, up to KV_CAP). Read from device memory by both roles.
-struct SplitRange { int pos, t0, t1, ring_n; };
+// The tokens of batch row b that split `split` attends to: [t0, t1); of them, [t0, t0 + cached) are
+// in the cache and come through the ring. Read from device memory by both roles.
+struct SplitRange { int pos, t0, t1, cached; };
 __device__ __forceinline__ SplitRange split_range(const Params& p, int b, int split) {
   SplitRange r;
   r.pos = ld_act(p.pos + b);
   const int len = r.pos + 1, chunk = (len + cfg::S - 1) / cfg::S;
   r.t0 = split * chunk;
   r.t1 = min(len, r.t0 + chunk);
-  r.ring_n = max(0, min(min(r.t1, r.pos) - r.t0, cfg::KV_CAP));
+  r.cached = max(0, min(r.t1, r.pos) - r.t0);
   return r;
+}
+
+// Ring rounds of a batch row: KV_CAP cached tokens each, and one (empty) round where nothing is
+// cached, so that every row takes its slots whatever the position.
+__device__ __forceinline__ int kv_rounds(int cached) { return max(1, (cached + cfg::KV_CAP - 1) / cfg::KV_CAP); }
+__device__ __forceinline__ int round_tokens(int cached, int round) {
+  return max(0, min(cfg::KV_CAP, cached - round * cfg::KV_CAP));
 }
 
 // Ring layout of a batch row's cached K (or V): token u of the split's chunk at byte
@@ -52,62 +60,69 @@ constexpr int KV_REGION = kv_ring_offset(cfg::KV_CAP - 1) + RB;   // bytes of on
 static_assert((3 - cfg::KV_SLOTS) * KV_REGION <= cfg::SLOT_BYTES + cfg::SLOT_PAD,
               "K/V and their skew exceed a ring slot (trtllm_mk/smem.py attention_kv_ring)");
 
-// Ring position (relative to the task's first slot) and byte offset of the task's i-th batch row's K
-// (kv = 0) or V. A task takes the batch rows [a.r0, a.r1) (TilePlan.attn_rows), one after another.
-__device__ __forceinline__ int kv_slot(int b, int kv) { return b * cfg::KV_SLOTS + kv * (cfg::KV_SLOTS - 1); }
+// A round's K (kv = 0) or V: its ring position relative to the round's first slot, and its byte
+// offset in that slot. A task takes the batch rows [a.r0, a.r1) (TilePlan.attn_rows), one after
+// another, each in kv_rounds rounds.
+__device__ __forceinline__ uint32_t kv_slot(int kv) { return kv * (cfg::KV_SLOTS - 1); }
 __device__ __forceinline__ int kv_slot_offset(int kv) { return cfg::KV_SLOTS == 1 ? kv * KV_REGION : 0; }
 
 // ------------------------------------------------------------------------------- loader side
-// Per batch row: wait for its slots, then copy the ring tokens of K and V. A copy is a run of tokens
-// contiguous both in the cache (a run ends at a block boundary) and in the ring (it ends at a group
-// of 8: kv_ring_offset's skew), so a 65-token chunk takes 9-11 copies each for K and V.
+// Per batch row and round: wait for its slots, then copy the round's tokens of K and V. A copy is a
+// run of tokens contiguous both in the cache (a run ends at a block boundary) and in the ring (it
+// ends at a group of 8: kv_ring_offset's skew), so a 65-token round takes 9-11 copies each for K and
+// V. A row's first round is throttled like any slot the loader requests (it is prefetched while
+// other tasks are on the chain); later rounds are the task's own stream, which its consumers wait
+// for, so only the ring bounds them.
 __device__ void attn_load(Ctx& c, const TaskArgs& a) {
   const Params& p = *c.p;
   for (int b = a.r0; b < a.r1; ++b) {
     const SplitRange r = split_range(p, b, a.split);
-    unsigned char* dst[2];
-    uint64_t* bar[2];
-    for (int kv = 0; kv < 2; ++kv) {
-      const uint32_t n = c.ring_n + kv_slot(b - a.r0, kv), slot = n % cfg::STAGES, use = n / cfg::STAGES;
-      if (kv == 0) c.loader_throttle(n);   // (the V slot's predecessor is this task's K slot)
-      if (kv == 0 || cfg::KV_SLOTS == 2) c.loader_wait(&c.empty()[slot], (use & 1) ^ 1);
-      dst[kv] = c.ring() + (size_t)slot * SLOT_STRIDE + kv_slot_offset(kv);
-      bar[kv] = &c.full()[slot];
-    }
+    const int rounds = kv_rounds(r.cached);
+    for (int round = 0; round < rounds; ++round, c.ring_n += cfg::KV_SLOTS) {
+      const int cnt = round_tokens(r.cached, round), t0 = r.t0 + round * cfg::KV_CAP;
+      unsigned char* dst[2];
+      uint64_t* bar[2];
+      for (int kv = 0; kv < 2; ++kv) {
+        const uint32_t n = c.ring_n + kv_slot(kv), slot = n % cfg::STAGES, use = n / cfg::STAGES;
+        if (kv == 0 && round == 0) c.loader_throttle(n);   // (the V slot's predecessor is the K slot)
+        if (kv == 0 || cfg::KV_SLOTS == 2) c.loader_wait(&c.empty()[slot], (use & 1) ^ 1);
+        dst[kv] = c.ring() + (size_t)slot * SLOT_STRIDE + kv_slot_offset(kv);
+        bar[kv] = &c.full()[slot];
+      }
 #if defined(MK_USE_BULK_COPY)
-    const uint64_t evict_first = evict_first_policy();
-    if (c.lane() == 0) {
-      if (cfg::KV_SLOTS == 2) {
-        mbar_expect_tx(bar[0], r.ring_n * RB);
-        mbar_expect_tx(bar[1], r.ring_n * RB);
-      } else {
-        mbar_expect_tx(bar[0], 2 * r.ring_n * RB);
+      const uint64_t evict_first = evict_first_policy();
+      if (c.lane() == 0) {
+        if (cfg::KV_SLOTS == 2) {
+          mbar_expect_tx(bar[0], cnt * RB);
+          mbar_expect_tx(bar[1], cnt * RB);
+        } else {
+          mbar_expect_tx(bar[0], 2 * cnt * RB);
+        }
       }
-    }
-    __syncwarp();
-    const int groups = (r.ring_n + 7) / 8;
-    for (int i = c.lane(); i < 2 * groups; i += 32) {
-      const int kv = i / groups, u1 = min(r.ring_n, (i % groups) * 8 + 8);
-      for (int u = (i % groups) * 8; u < u1;) {
-        const int t = r.t0 + u, n = min(u1 - u, cfg::TPB - t % cfg::TPB);
-        bulk_copy_g2s(dst[kv] + kv_ring_offset(u), p.kv_pool + kv_offset(p, a.layer, b, t, kv, a.group), n * RB, bar[kv],
-                      evict_first);
-        u += n;
+      __syncwarp();
+      const int groups = (cnt + 7) / 8;
+      for (int i = c.lane(); i < 2 * groups; i += 32) {
+        const int kv = i / groups, u1 = min(cnt, (i % groups) * 8 + 8);
+        for (int u = (i % groups) * 8; u < u1;) {
+          const int t = t0 + u, n = min(u1 - u, cfg::TPB - t % cfg::TPB);
+          bulk_copy_g2s(dst[kv] + kv_ring_offset(u), p.kv_pool + kv_offset(p, a.layer, b, t, kv, a.group), n * RB,
+                        bar[kv], evict_first);
+          u += n;
+        }
       }
-    }
 #else
-    constexpr int V16 = cfg::D / 8;   // 16-byte vectors per token row
-    for (int kv = 0; kv < 2; ++kv) {
-      for (int i = c.lane() + 32 * c.loader_index(); i < r.ring_n * V16; i += 32 * cfg::LOADER_WARPS) {
-        const int u = i / V16;
-        cp_async16(dst[kv] + kv_ring_offset(u) + (i % V16) * 16,
-                   p.kv_pool + kv_offset(p, a.layer, b, r.t0 + u, kv, a.group) + (i % V16) * 8);
+      constexpr int V16 = cfg::D / 8;   // 16-byte vectors per token row
+      for (int kv = 0; kv < 2; ++kv) {
+        for (int i = c.lane() + 32 * c.loader_index(); i < cnt * V16; i += 32 * cfg::LOADER_WARPS) {
+          const int u = i / V16;
+          cp_async16(dst[kv] + kv_ring_offset(u) + (i % V16) * 16,
+                     p.kv_pool + kv_offset(p, a.layer, b, t0 + u, kv, a.group) + (i % V16) * 8);
+        }
+        if (kv == 1 || cfg::KV_SLOTS == 2) cp_async_arrive(bar[kv]);
       }
-      if (kv == 1 || cfg::KV_SLOTS == 2) cp_async_arrive(bar[kv]);
-    }
 #endif
+    }
   }
-  c.ring_n += (a.r1 - a.r0) * cfg::KV_SLOTS;
 }
 
 // Step-invariant inputs of an ATTN task, gathered before its wait (nothing in them depends on this
@@ -115,7 +130,7 @@ __device__ void attn_load(Ctx& c, const TaskArgs& a) {
 // sin at pos, and the QK-norm weights. After the wait only q/k/v are left to load from L2: one round
 // trip on the dependency chain instead of four dependent ones (pos, inv_freq, block table, q/k/v),
 // each as slow as an L2 round trip queued behind the loaders' streaming copies.
-struct AttnRow { int pos, t0, t1, ring_n; long long kv_new; int pad[2]; };   // 32 bytes
+struct AttnRow { int pos, t0, t1, cached; long long kv_new; int pad[2]; };   // 32 bytes
 static_assert(sizeof(AttnRow) == 32, "mirror: trtllm_mk/smem.py attention_scratch_bytes");
 
 // Attention scratch in the activation region, in floats (mirror: trtllm_mk/smem.py
@@ -157,7 +172,7 @@ __device__ void attn_prologue(Ctx& c, const TaskArgs& a) {
   if (threadIdx.x < cfg::B) {
     const int b = threadIdx.x;
     const SplitRange r = split_range(p, b, a.split);
-    AttnRow row{r.pos, r.t0, r.t1, r.ring_n, 0, {0, 0}};
+    AttnRow row{r.pos, r.t0, r.t1, r.cached, 0, {0, 0}};
     if (r.t0 <= r.pos && r.pos < r.t1) row.kv_new = (long long)kv_offset(p, a.layer, b, r.pos, 0, a.group);
     reinterpret_cast<AttnRow*>(sm + ATTN_ROWS)[b] = row;
   }
@@ -211,25 +226,6 @@ __device__ void prepare_qkv(Ctx& c, const TaskArgs& a, int b, float* sm) {
   for (int i = threadIdx.x; i < cfg::D; i += CTHREADS) fresh[cfg::D + i] = f_to_bf16(sm[(cfg::G + 1) * cfg::D + i]);
   consumer_sync(CTHREADS);
   if (diag::ATTN_MARK == 2 && b == a.r0) c.mark();
-}
-
-// Tokens of a split past the ring's capacity (long contexts), `cnt` from relative token `base` on:
-// the consumers copy them from the cache into the row's ring regions, in the ring's layout, once the
-// previous round's tiles are done with them. Every 16-byte piece of the round is one cp.async, all in
-// flight at once: one DRAM round trip per round instead of one per few loads a thread can hold in
-// registers. Not inlined: contexts the schedule was built for never call it, and its code stays out
-// of the hot function.
-__device__ __noinline__ void attn_fetch_late(const Params& p, int layer, int group, int b, int t0, int base, int cnt,
-                                             unsigned char* k_ring, unsigned char* v_ring) {
-  constexpr int V16 = cfg::D / 8;   // 16-byte vectors per token row
-  consumer_sync(CTHREADS);          // every warp is done with the previous round's rows
-  for (int i = threadIdx.x; i < 2 * cnt * V16; i += CTHREADS) {
-    const int kv = i / (cnt * V16), u = i % (cnt * V16) / V16;
-    cp_async16((kv ? v_ring : k_ring) + kv_ring_offset(u) + (i % V16) * 16,
-               p.kv_pool + kv_offset(p, layer, b, t0 + base + u, kv, group) + (i % V16) * 8);
-  }
-  cp_async_wait_all();
-  consumer_sync(CTHREADS);
 }
 
 // ------------------------------------------------------------------------------- consumer side
@@ -313,15 +309,12 @@ __device__ void attn_compute(Ctx& c, const TaskArgs& a) {
   const Params& p = *c.p;
   float* sm = reinterpret_cast<float*>(c.act());
   const AttnRow* rows = reinterpret_cast<const AttnRow*>(sm + ATTN_ROWS);
-  const uint32_t ring0 = c.ring_n;
   const int g = c.lane() >> 2, t = c.lane() & 3;
   // this lane's ldmatrix row in a tile (K and V): token j at byte column col
   const int j = (c.lane() & 7) + (c.lane() >> 4) * 8, col = ((c.lane() >> 3) & 1) * 16;
   for (int b = a.r0; b < a.r1; ++b) {
     const AttnRow r = rows[b];
-    const int n = max(0, r.t1 - r.t0);                 // tokens of this split (0: past the sequence)
     const bool owns = r.t0 <= r.pos && r.pos < r.t1;   // the new token is this split's last
-    const int cached = n - (owns ? 1 : 0);
     prepare_qkv(c, a, b, sm);
     const bf16* fresh = reinterpret_cast<const bf16*>(sm + ATTN_FRESH);
     if (owns) {   // append the new token's K and V to the cache
@@ -331,17 +324,7 @@ __device__ void attn_compute(Ctx& c, const TaskArgs& a) {
         reinterpret_cast<bf16x8*>(i < cfg::D / 8 ? kd : vd)[i % (cfg::D / 8)] = reinterpret_cast<const bf16x8*>(fresh)[i];
     }
     const uint32_t* qf = reinterpret_cast<const uint32_t*>(sm + ATTN_QF) + c.lane() * 8;
-    // this row's cached K/V in the ring (the loader copied it before the task's wait)
-    uint32_t slots[2];
-    unsigned char* region[2];
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const uint32_t nr = ring0 + kv_slot(b - a.r0, k);
-      slots[k] = nr % cfg::STAGES;
-      if (k == 0 || cfg::KV_SLOTS == 2) c.consumer_wait(&c.full()[slots[k]], (nr / cfg::STAGES) & 1);
-      region[k] = c.ring() + (size_t)slots[k] * SLOT_STRIDE + kv_slot_offset(k);
-    }
-    if (diag::ATTN_MARK == 0 && b == a.r0) c.mark();
+    const uint32_t fk = smem_addr(fresh), fv = fk + RB;
     WarpAttn st;
     st.m = -INFINITY;
     st.l = 0.f;
@@ -349,16 +332,23 @@ __device__ void attn_compute(Ctx& c, const TaskArgs& a) {
     for (int i = 0; i < KSTEPS; ++i)
 #pragma unroll
       for (int e = 0; e < 4; ++e) st.o[i][e] = 0.f;
-    // rounds: the ring tokens, then (long contexts) the rest, KV_CAP at a time; the new token is the
-    // last round's last token, read from its bf16 row
-    bool late = false;
-    for (int base = 0, cnt = r.ring_n;; cnt = min(cfg::KV_CAP, cached - base)) {
-      if (late) attn_fetch_late(p, a.layer, a.group, b, r.t0, base, cnt, region[0], region[1]);
-      const bool last = base + cnt >= cached;
-      const int total = cnt + (last && owns ? 1 : 0);
-      const uint32_t fk = smem_addr(fresh), fv = fk + RB;
+    // the row's rounds as the loader streams them; the new token is the last round's last token,
+    // read from its bf16 row
+    const int rounds = kv_rounds(r.cached);
+    for (int round = 0; round < rounds; ++round, c.ring_n += cfg::KV_SLOTS) {
+      const int cnt = round_tokens(r.cached, round);
+      uint32_t slots[2], region[2];
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        const uint32_t nr = c.ring_n + kv_slot(k);
+        slots[k] = nr % cfg::STAGES;
+        if (k == 0 || cfg::KV_SLOTS == 2) c.consumer_wait(&c.full()[slots[k]], (nr / cfg::STAGES) & 1);
+        region[k] = smem_addr(c.ring() + (size_t)slots[k] * SLOT_STRIDE + kv_slot_offset(k));
+      }
+      if (diag::ATTN_MARK == 0 && b == a.r0 && round == 0) c.mark();
+      const int total = cnt + (round == rounds - 1 && owns ? 1 : 0);
       auto row = [&](int u, int kv, uint32_t f) -> uint32_t {   // ring row of round token u (or the new one)
-        return u < cnt ? smem_addr(region[kv]) + kv_ring_offset(u) : f;
+        return u < cnt ? region[kv] + kv_ring_offset(u) : f;
       };
       for (int tile = c.warp(); tile < 8 * ((total + 127) / 128); tile += cfg::CWARPS) {
         const int u0 = (tile >> 3) * 128 + (tile & 7);   // token j of the tile: u0 + 8 j
@@ -368,27 +358,21 @@ __device__ void attn_compute(Ctx& c, const TaskArgs& a) {
                                u0 + 16 * t + 72 < total};
         attn_tile(st, qf, g < cfg::G, k_addr, v_addr, valid);
       }
-      base += cnt;
-      if (last) break;
-      late = true;
+      // the warp is done with the round's slots (same release protocol as the GEMV consumer)
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        if (k == 1 && cfg::KV_SLOTS == 1) break;
+        if constexpr (diag::ALL_LANES_RELEASE) {
+          mbar_arrive(&c.empty()[slots[k]]);
+        } else {
+          __syncwarp();
+          if (c.lane() == 0) mbar_arrive(&c.empty()[slots[k]]);
+        }
+      }
     }
     if (diag::ATTN_MARK == 3 && b == a.r0) c.mark();
     if (b == a.r1 - 1) c.mark_computed();
-    consumer_sync(CTHREADS);   // every warp is done with the ring rows, the fresh rows and q
-#if defined(MK_USE_BULK_COPY)
-    if (late) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");   // our stores, then the loader's copies
-#endif
-    // the warp is done with the ring slots of this row (same release protocol as the GEMV consumer)
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      if (k == 1 && cfg::KV_SLOTS == 1) break;
-      if constexpr (diag::ALL_LANES_RELEASE) {
-        mbar_arrive(&c.empty()[slots[k]]);
-      } else {
-        __syncwarp();
-        if (c.lane() == 0) mbar_arrive(&c.empty()[slots[k]]);
-      }
-    }
+    consumer_sync(CTHREADS);   // every warp is done with the fresh rows and q
     // the warps' (max, sum, o) meet in shared memory, then merge under their common max
     st.l += __shfl_xor_sync(0xffffffffu, st.l, 1);
     st.l += __shfl_xor_sync(0xffffffffu, st.l, 2);
@@ -419,7 +403,6 @@ __device__ void attn_compute(Ctx& c, const TaskArgs& a) {
     }
     consumer_sync(CTHREADS);
   }
-  c.ring_n = ring0 + (a.r1 - a.r0) * cfg::KV_SLOTS;
 }
 
 template <>

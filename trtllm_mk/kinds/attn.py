@@ -9,15 +9,15 @@ ATTN_TILE_TOKENS = 16   # tokens of one ATTN tensor-core tile (the device body's
 DEF = KindDef("ATTN", streams_weights=False, args=("layer", "r0", "r1", "group", "split"), device_file="attn.cuh")
 
 # Cost-model constants (search.calibration: defaults, set per GPU by the calibration files), each
-# consumer time of one task. Its cached K/V comes through the ring before its wait (duration_us).
+# consumer time of one task. Its cached K/V streams through the ring (duration_us).
 CALIBRATION = {
     "attn_fixed_us": (4.0, "beyond the bandwidth terms: the chain of dependent reads (qkv from L2, RoPE, "
                            "the merge) and the block barriers"),
     "attn_tile_us": (0.8, "one round of tensor-core tiles, a 16-token tile per consumer warp (scores, "
                           "softmax, P V for the group's heads): a split of more tokens takes more rounds"),
-    "attn_late_token_us": (0.0, "per cached token (per batch row) the task copies into its ring slots itself "
-                                "after its wait (long contexts), beyond the rounds' memory latencies and the "
-                                "tokens' bytes at the HBM share (0: those only)"),
+    "attn_late_token_us": (0.0, "per cached token (per batch row) the loader streams through the ring after "
+                                "the task's first round (long contexts), beyond the tokens' bytes at the "
+                                "loader's rate (0: those only)"),
 }
 
 
@@ -62,25 +62,29 @@ def execute(ex, t, layer: int) -> None:
 
 
 def duration_us(task, graph, rates, cal) -> float:
-    """Consumer time of one split: fixed latency, late K/V rounds, L2 reads and tensor-core tile rounds."""
+    """Consumer time of one split: fixed latency, L2 reads, and the tensor-core tile rounds over the
+    cached K/V, or the loader's stream of it where that is slower."""
     from ..smem import attention_chunk, attention_kv_ring
     d, plan = graph.dims, graph.plan
-    # the loader brings up to `cap` cached tokens per row through the ring before the task's wait
-    # (their bytes ride along the weight stream); the consumers copy the rest in rounds of `cap`
+    # a row's first round (up to `cap` cached tokens) comes through the ring before the task's wait,
+    # riding along the weight stream; the later rounds (long contexts) stream through the ring while
+    # the consumers compute the earlier ones (attn.cuh attn_load), at what one SM's loader sustains
     chunk = -(-d.context_len // d.splits)
-    _, cap = attention_kv_ring(d.head_dim, plan.slot_bytes, d.splits, d.context_len)
+    kv_slots, cap = attention_kv_ring(d.head_dim, plan.slot_bytes, d.splits, d.context_len)
     token = 2 * d.head_dim * 2
     rows = task.rows                  # the task's batch rows, one after another
     kv = rows * chunk * token
-    late_row = max(0, attention_chunk(d.context_len, d.splits) - cap)    # per batch row
-    late, rounds = rows * late_row, rows * -(-late_row // cap)
-    late_us = rounds * 2 * cal.l2_latency_us + late * (token / rates.hbm + cal.attn_late_token_us)
+    late = rows * max(0, attention_chunk(d.context_len, d.splits) - cap)
+    fill = cap * token / kv_slots     # bytes of one slot of a full round
+    issue = min(8, cap) * token / 2 / cal.copy_issue_us       # copies are runs of at most 8 token rows
+    rate = min(rates.hbm, plan.stages * fill / (cal.mem_latency_us + fill / rates.hbm), issue)
+    stream_us = late * (token / rate + cal.attn_late_token_us)
     # the consumer warps take the split's 16-token tensor-core tiles in turns and a warp's tiles
     # run one after another (attn_compute): the math costs tile rounds, not FLOPs
     tiles = -(-attention_chunk(d.context_len, d.splits) // ATTN_TILE_TOKENS)
     tile_rounds = rows * -(-tiles // plan.consumer_warps)
-    return (cal.task_overhead_us + cal.attn_fixed_us + late_us
-            + max(0, task.act_bytes - kv) / rates.l2 + tile_rounds * cal.attn_tile_us)
+    return (cal.task_overhead_us + cal.attn_fixed_us + max(0, task.act_bytes - kv) / rates.l2
+            + max(tile_rounds * cal.attn_tile_us, stream_us))
 
 
 def lower(c) -> list[dict]:

@@ -2,7 +2,8 @@
 finds the schedules a CPU machine searched instead of searching again.
 
 The search is deterministic for its arguments, the calibration file and the package's source
-(search/search.py), so those are the key; any change of the package's Python files gives new keys.
+(search/search.py), so those are the key; any change of the package's Python files gives new keys, and so
+does any change of its device sources, which decide what a build ships (its spill checks compile them).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def schedule_key(spec: ModelSpec, batch: int, gpu: GpuSpec, context_len: int, bu
     cal = load_calibration(gpu).source
     if Path(cal).is_file():
         h.update(Path(cal).read_bytes())
-    for f in sorted(PACKAGE.rglob("*.py")):
+    for f in sorted([*PACKAGE.rglob("*.py"), *PACKAGE.rglob("*.cuh")]):
         h.update(f.relative_to(PACKAGE).as_posix().encode() + f.read_bytes())
     return h.hexdigest()[:24]
 

@@ -21,10 +21,9 @@ latency + bytes over the L2 rate), then ``comp`` on the math. ``fill`` is the ta
 task whose rows end in a part-empty row group streams fewer bytes through each slot, while its
 consumers still reduce every 16-row block of every slot (``comp`` counts whole slots).
 Other kinds take ``dur`` on the consumer: ATTN its traced fixed latency (q/k/v from L2, RoPE, the
-merge) plus, for cached tokens beyond what the loader brings through the ring before the wait
-(smem.attention_kv_ring), the rounds in which the consumers copy them into the same ring slots
-(kinds/attn.cuh attn_fetch_late): per round two dependent loaded round trips (block table, then
-K/V; ``l2_latency_us`` each), plus their bytes at the hbm share and ``attn_late_token_us`` per token.
+merge) plus its tile rounds or, for cached tokens beyond what the loader brings through the ring
+before the wait (smem.attention_kv_ring), the loader's stream of the later rounds where that is
+slower (kinds/attn.py duration_us).
 """
 from __future__ import annotations
 

@@ -22,7 +22,8 @@ from ..smem import plan_smem
 from .calibration import Calibration
 from .cost import cost_table, default_streaming
 from .listsched import list_schedule
-from .plans import SLOT_SIZES, field_candidates, ksplit_candidates, ring_candidates, valid, with_ksplit
+from .plans import (SLOT_SIZES, attn_tasks_per_group, field_candidates, ksplit_candidates, ring_candidates, valid,
+                    with_ksplit)
 from .simulate import Simulator, gc_paused
 
 SIM_LAYERS = 4
@@ -106,6 +107,15 @@ def field_variants(name: str, plan: TilePlan, ev: Evaluator) -> list[TilePlan]:
         out.append(replace(with_ksplit(plan, "o_ksplit", max(ksplit_candidates(spec)[0]), spec, nsm, batch), o_merge=True))
     else:
         out = [replace(plan, **{name: v}) for v in field_candidates(name, plan, spec, nsm, ev.context_len, batch)]
+    if name == "attn_splits":
+        # fewer splits over more tiles of batch rows (or the reverse) at the same task count: one
+        # coordinate at a time, each half of the trade spreads the phase over fewer or more SMs than
+        # it has and the descent does not take it
+        tasks = attn_tasks_per_group(plan, batch)
+        out += [replace(plan, attn_splits=s, attn_rows=r)
+                for s in field_candidates("attn_splits", plan, spec, nsm, ev.context_len, batch) if s != plan.attn_splits
+                for r in field_candidates("attn_rows", plan, spec, nsm, ev.context_len, batch)
+                if r != plan.attn_rows and attn_tasks_per_group(replace(plan, attn_splits=s, attn_rows=r), batch) == tasks]
     return [p for p in out if valid(p, spec, batch, gpu)]
 
 

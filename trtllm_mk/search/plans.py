@@ -109,6 +109,11 @@ def attn_row_candidates(batch: int) -> list[int]:
     return [0] + sorted({-(-batch // n) for n in range(2, batch + 1)}, reverse=True)
 
 
+def attn_tasks_per_group(plan: TilePlan, batch: int) -> int:
+    """ATTN tasks of one KV group: its splits times its tiles of batch rows."""
+    return plan.attn_splits * -(-batch // (plan.attn_rows or batch))
+
+
 def field_candidates(field: str, plan: TilePlan, spec: ModelSpec, num_sms: int, context_len: int, batch: int) -> list:
     """Values the coordinate search tries for one field, given the rest of ``plan``."""
     H, I, V = spec.hidden_size, spec.mlp_intermediate, spec.vocab_size
