@@ -638,3 +638,28 @@ def test_the_calibrations_slot_limits_bound_the_ring_unless_none_fits():
     huge = replace(Calibration(), min_slot_bytes=1 << 20)   # no slot size reaches it
     sch, _ = search(spec, 1, H100, context_len=64, budget_s=0.5, seed=0, calibration=huge)
     assert sch.plan.slot_bytes in SLOT_SIZES
+
+
+def test_schedule_cache_key_follows_python_and_device_sources(tmp_path, monkeypatch):
+    """The cached schedules a benchmark reuses are keyed on everything that decides them: the search's
+    Python and the device sources its spill checks compile (a shipped plan is the best one whose kernel
+    does not spill), so editing either gives a new key."""
+    from trtllm_mk.search import cached
+    (tmp_path / "kinds").mkdir()
+    (tmp_path / "search.py").write_text("x = 1\n")
+    (tmp_path / "kinds" / "attn.cuh").write_text("// body\n")
+    (tmp_path / "notes.txt").write_text("not a source\n")
+    monkeypatch.setattr(cached, "PACKAGE", tmp_path)
+
+    def key():
+        return cached.schedule_key(spec_of("llama-3.2-1b"), 1, H100, 512, 1.0)
+
+    k0 = key()
+    assert key() == k0
+    (tmp_path / "notes.txt").write_text("edited\n")
+    assert key() == k0
+    (tmp_path / "kinds" / "attn.cuh").write_text("// body, changed\n")
+    k1 = key()
+    assert k1 != k0
+    (tmp_path / "search.py").write_text("x = 2\n")
+    assert key() not in (k0, k1)
