@@ -64,6 +64,7 @@ def execute(ex, t, layer: int) -> None:
 def duration_us(task, graph, rates, cal) -> float:
     """Consumer time of one split: fixed latency, L2 reads, and the tensor-core tile rounds over the
     cached K/V, or the loader's stream of it where that is slower."""
+    from ..search.cost import ring_turnover_rate
     from ..smem import attention_chunk, attention_kv_ring
     d, plan = graph.dims, graph.plan
     # a row's first round (up to `cap` cached tokens) comes through the ring before the task's wait,
@@ -74,14 +75,15 @@ def duration_us(task, graph, rates, cal) -> float:
     token = 2 * d.head_dim * 2
     rows = task.rows                  # the task's batch rows, one after another
     kv = rows * chunk * token
-    late = rows * max(0, attention_chunk(d.context_len, d.splits) - cap)
+    split = attention_chunk(d.context_len, d.splits)   # tokens the split attends to
+    late = rows * max(0, split - cap)
     fill = cap * token / kv_slots     # bytes of one slot of a full round
     issue = min(8, cap) * token / 2 / cal.copy_issue_us       # copies are runs of at most 8 token rows
-    rate = min(rates.hbm, plan.stages * fill / (cal.mem_latency_us + fill / rates.hbm), issue)
+    rate = min(rates.hbm, ring_turnover_rate(plan.stages * fill, fill, rates.hbm, 0.0, cal), issue)
     stream_us = late * (token / rate + cal.attn_late_token_us)
     # the consumer warps take the split's 16-token tensor-core tiles in turns and a warp's tiles
     # run one after another (attn_compute): the math costs tile rounds, not FLOPs
-    tiles = -(-attention_chunk(d.context_len, d.splits) // ATTN_TILE_TOKENS)
+    tiles = -(-split // ATTN_TILE_TOKENS)
     tile_rounds = rows * -(-tiles // plan.consumer_warps)
     return (cal.task_overhead_us + cal.attn_fixed_us + max(0, task.act_bytes - kv) / rates.l2
             + max(tile_rounds * cal.attn_tile_us, stream_us))

@@ -37,6 +37,7 @@ from ..smem import SlotGeometry, slot_geometry
 from .calibration import Calibration, load_calibration
 
 __all__ = ["Calibration", "load_calibration", "Rates", "sm_rates", "TaskCost", "CostTable", "task_cost", "staging_passes",
+           "ring_turnover_rate",
            "merge_units", "merge_cost", "ATTN_TILE_TOKENS",
            "cost_table", "default_streaming", "streaming_key", "Streaming"]
 
@@ -107,6 +108,13 @@ def remote_add_us(task: Task, dims, cal: Calibration) -> float:
     return elems * 8 / 1024 * (dims.tensor_parallel - 1) * cal.link_add_us_per_kb
 
 
+def ring_turnover_rate(ring: float, fill: float, bw: float, slot_t: float, cal: Calibration) -> float:
+    """Bytes/us a loader keeps streaming through a ring of ``ring`` bytes in slots of ``fill`` bytes
+    (Little's law): a slot turns over once per memory latency, its bytes at ``bw`` and the consumer's
+    ``slot_t`` on it."""
+    return ring / (cal.mem_latency_us + fill / bw + slot_t)
+
+
 def task_cost(task: Task, graph: StepGraph, rates: Rates, cal: Calibration,
               geo: SlotGeometry | None = None) -> TaskCost:
     plan, d = graph.plan, graph.dims
@@ -129,9 +137,8 @@ def task_cost(task: Task, graph: StepGraph, rates: Rates, cal: Calibration,
         fill = task.weight_bytes / nslots
         ring = plan.stages * fill
         bw = rates.stream_rate(task.kind)
-        turnover = cal.mem_latency_us + fill / bw + slot_t
         issue = geo.copy_bytes / cal.copy_issue_us   # bulk copies issue at a fixed cost each
-        rate = min(bw, ring / turnover, task.weight_bytes / comp, issue)
+        rate = min(bw, ring_turnover_rate(ring, fill, bw, slot_t, cal), task.weight_bytes / comp, issue)
         stage = staging_passes(task.kind, d.hidden, d.batch, plan.consumer_warps) * cal.l2_latency_us + task.act_bytes / rates.l2
         stage += task.kind.module.staging_extra_us(task, graph, cal)
         return TaskCost(True, float(task.weight_bytes), cal.task_overhead_us + stage, comp,

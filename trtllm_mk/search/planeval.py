@@ -112,10 +112,9 @@ def field_variants(name: str, plan: TilePlan, ev: Evaluator) -> list[TilePlan]:
         # coordinate at a time, each half of the trade spreads the phase over fewer or more SMs than
         # it has and the descent does not take it
         tasks = attn_tasks_per_group(plan, batch)
-        out += [replace(plan, attn_splits=s, attn_rows=r)
-                for s in field_candidates("attn_splits", plan, spec, nsm, ev.context_len, batch) if s != plan.attn_splits
-                for r in field_candidates("attn_rows", plan, spec, nsm, ev.context_len, batch)
-                if r != plan.attn_rows and attn_tasks_per_group(replace(plan, attn_splits=s, attn_rows=r), batch) == tasks]
+        traded = [replace(p, attn_rows=r) for p in out if p.attn_splits != plan.attn_splits
+                  for r in field_candidates("attn_rows", plan, spec, nsm, ev.context_len, batch) if r != plan.attn_rows]
+        out += [p for p in traded if attn_tasks_per_group(p, batch) == tasks]
     return [p for p in out if valid(p, spec, batch, gpu)]
 
 
