@@ -238,55 +238,64 @@ def test_oproj_merge_and_combine_plans(name, o_merge):
     check(run_and_compare(spec, 2, _weights(spec), steps=64, schedule=sch), 3e-2)
 
 
-# (model, KV splits, ring stages, batch rows per ATTN task (0: all), KV slots per round, tokens a
-# round's K and V hold) of the long-context test, with ring slots of 8 KB: K and V share a slot or
-# take one each; two slots leave no room for a second round in flight, three and five do
-LONG_CONTEXT = [("tiny-llama", 8, 2, 0, 1, 64), ("tiny-llama", 4, 2, 0, 2, 128), ("tiny-qwen3", 8, 2, 0, 2, 64),
-                ("tiny-llama", 4, 3, 1, 2, 128), ("tiny-qwen3", 8, 5, 1, 2, 64)]
+# (model, KV splits, ring stages, batch rows per ATTN task (0: all), tokens per K/V copy run and bank
+# skew group, ring slot bytes, KV slots per round, tokens a round's K and V hold) of the long-context
+# test: K and V share a slot or take one each; two slots leave no room for a second round in flight,
+# three and five do; runs of 16 tokens space a tile's tokens 16 apart and restart the skew at 128
+LONG_CONTEXT = [("tiny-llama", 8, 2, 0, 8, 8192, 1, 64), ("tiny-llama", 4, 2, 0, 8, 8192, 2, 128),
+                ("tiny-qwen3", 8, 2, 0, 8, 8192, 2, 64), ("tiny-llama", 4, 3, 1, 8, 8192, 2, 128),
+                ("tiny-qwen3", 8, 5, 1, 8, 8192, 2, 64), ("tiny-llama", 2, 3, 0, 16, 16384, 2, 256),
+                ("tiny-qwen3", 4, 2, 1, 16, 8192, 2, 64)]
 
 
-@pytest.mark.parametrize("name,splits,stages,attn_rows,kv_slots,cap", LONG_CONTEXT)
-def test_long_context_beyond_the_ring_capacity(name, splits, stages, attn_rows, kv_slots, cap):
+def _long_context_fields(splits, stages, attn_rows, run, slot):
+    return dict(attn_splits=splits, stages=stages, slot_bytes=slot, attn_rows=attn_rows, attn_kv_run=run)
+
+
+@pytest.mark.parametrize("name,splits,stages,attn_rows,run,slot,kv_slots,cap", LONG_CONTEXT)
+def test_long_context_beyond_the_ring_capacity(name, splits, stages, attn_rows, run, slot, kv_slots, cap):
     """ATTN streams a split through the ring in rounds of KV_CAP cached tokens; at a context beyond
     the one the schedule was built for each split takes several rounds, as many as this step's
-    position asks, and the loader and the consumers must count the same slots. With 128 tokens a
-    region has rows past the bank skew's restart at 64 (the rows that overlapped before v13)."""
+    position asks, and the loader and the consumers must count the same slots. With more than 8 runs
+    of tokens a region has rows past the bank skew's restart (the rows that overlapped before v13)."""
     from trtllm_mk.smem import attention_kv_ring
     spec = _spec(name)
-    sch = _plan_variant(spec, 2, attn_splits=splits, stages=stages, slot_bytes=8192, attn_rows=attn_rows)
-    assert attention_kv_ring(spec.head_dim, 8192, splits, 256) == (kv_slots, cap)
+    sch = _plan_variant(spec, 2, **_long_context_fields(splits, stages, attn_rows, run, slot))
+    assert attention_kv_ring(spec.head_dim, slot, splits, 256, run) == (kv_slots, cap)
     first_len = 640
     assert -(-(first_len + 1) // splits) > cap, "the prompt must overflow the ring's K/V capacity"
     check(run_and_compare(spec, 2, _weights(spec), steps=32, schedule=sch, first_len=first_len), 3e-2)
 
 
-CP_ASYNC_LONG_CONTEXT = dict(attn_splits=4, stages=3, slot_bytes=8192, attn_rows=1)
+CP_ASYNC_LONG_CONTEXT = [dict(attn_splits=4, stages=3, slot_bytes=8192, attn_rows=1, attn_kv_run=r) for r in (8, 16)]
 
 
-def test_long_context_rounds_on_the_cp_async_ring():
+@pytest.mark.parametrize("fields", CP_ASYNC_LONG_CONTEXT, ids=lambda f: f"run{f['attn_kv_run']}")
+def test_long_context_rounds_on_the_cp_async_ring(fields):
     """The rounds of a long split by the loader warps' cp.async copies (the L20 / A100 path): two
     loader warps share each round's 16-byte pieces and arrive on its slots."""
     spec = _spec("tiny-llama")
     w = _weights(spec)
-    sch = _plan_variant(spec, 2, **CP_ASYNC_LONG_CONTEXT)
+    sch = _plan_variant(spec, 2, **fields)
     res = run_and_compare(spec, 2, w, steps=32, first_len=640, decoder=_decoder(spec, 2, w, sch, use_bulk_copy=False))
     check(res, 3e-2)
 
 
 # the long-context check at real widths: one layer of the 8B (head 128: 256-byte K/V rows, two
-# warps' worth of 16-byte pieces a token) with 2 x 8 KB slots, so each row's K and V hold 32 tokens
-LONG_CONTEXT_REAL = ("llama-3.1-8b", 4, 2, 32)
+# warps' worth of 16-byte pieces a token) and of the 1B (head 64: 128-byte rows, in runs of 16) with
+# 2 x 8 KB slots: (model, KV splits, tokens per copy run, KV slots per round, tokens per round)
+LONG_CONTEXT_REAL = [("llama-3.1-8b", 4, 8, 2, 32), ("llama-3.2-1b", 4, 16, 2, 64)]
 
 
-def test_long_context_beyond_the_ring_capacity_at_real_widths():
+@pytest.mark.parametrize("name,splits,run,kv_slots,cap", LONG_CONTEXT_REAL)
+def test_long_context_beyond_the_ring_capacity_at_real_widths(name, splits, run, kv_slots, cap):
     """The rounds of a split at a real head size: a wrong piece of a K/V row shows up as 1e-1 or more,
     as in the other real-width checks."""
     from trtllm_mk.smem import attention_kv_ring
-    name, splits, kv_slots, cap = LONG_CONTEXT_REAL
     spec = dataclasses.replace(_spec(name), num_layers=1)
-    sch = _plan_variant(spec, 2, attn_splits=splits, stages=2, slot_bytes=8192)
-    assert attention_kv_ring(spec.head_dim, 8192, splits, 256) == (kv_slots, cap)
-    first_len = 300
+    sch = _plan_variant(spec, 2, attn_splits=splits, stages=2, slot_bytes=8192, attn_kv_run=run)
+    assert attention_kv_ring(spec.head_dim, 8192, splits, 256, run) == (kv_slots, cap)
+    first_len = max(300, splits * (2 * cap + 8))
     assert -(-(first_len + 1) // splits) > 2 * cap, "the prompt must take several rounds past the ring"
     res = run_and_compare(spec, 2, _weights(spec), steps=32, schedule=sch, first_len=first_len)
     check(res, 1e-2, exact=5e-3)
@@ -406,9 +415,9 @@ def _prebuild() -> None:
                 for m in (False, True)]
     variants += [(dataclasses.replace(_spec(n), num_layers=1), 4, dict(o_merge=m, o_ksplit=_spec(n).num_kv_heads if m else 1))
                  for n in REAL for m in (False, True)]
-    variants += [(_spec(n), 2, dict(attn_splits=s, stages=st, slot_bytes=8192, attn_rows=r)) for n, s, st, r, _, _ in LONG_CONTEXT]
-    variants += [(dataclasses.replace(_spec(LONG_CONTEXT_REAL[0]), num_layers=1), 2,
-                  dict(attn_splits=LONG_CONTEXT_REAL[1], stages=2, slot_bytes=8192))]
+    variants += [(_spec(n), 2, _long_context_fields(*c[:5])) for n, *c in LONG_CONTEXT]
+    variants += [(dataclasses.replace(_spec(n), num_layers=1), 2, dict(attn_splits=s, stages=2, slot_bytes=8192, attn_kv_run=r))
+                 for n, s, r, _, _ in LONG_CONTEXT_REAL]
     variants += [(dataclasses.replace(_spec("llama-3.1-8b"), num_layers=1), 4,
                   dict(stages=st, gateup_rows=g, slot_bytes=32768)) for st, g in RING_DEPTHS]
     variants += [(_spec(n), 4, dict(attn_rows=r)) for n, r in (("tiny-llama", 1), ("tiny-qwen3", 2))]
@@ -418,8 +427,9 @@ def _prebuild() -> None:
         path, _ = compile_cubin(src, gpu.nvcc_arch)
         print(spec.name, spec.num_layers, batch, fields, path, flush=True)
     spec = _spec("tiny-llama")
-    src, _ = generate_source(_plan_variant(spec, 2, gpu, **CP_ASYNC_LONG_CONTEXT), TPB, MAX_SEQ, use_bulk_copy=False)
-    print(spec.name, "cp.async", CP_ASYNC_LONG_CONTEXT, compile_cubin(src, gpu.nvcc_arch)[0], flush=True)
+    for fields in CP_ASYNC_LONG_CONTEXT:
+        src, _ = generate_source(_plan_variant(spec, 2, gpu, **fields), TPB, MAX_SEQ, use_bulk_copy=False)
+        print(spec.name, "cp.async", fields, compile_cubin(src, gpu.nvcc_arch)[0], flush=True)
 
 
 if __name__ == "__main__":

@@ -132,9 +132,54 @@ def test_attention_cost_streams_tokens_past_the_ring():
         assert attn(ctx, slow)[0] == pytest.approx(fast + late * 0.01)
     # a deeper ring keeps more of the stream in flight: never slower
     assert attn(3071, replace(base, mem_latency_us=5.0))[0] >= attn(3071, base)[0]
-    # where the math is slower than the stream, the tile rounds are the cost
-    tiles = -(-attention_chunk(3071, 16) // 16)
-    assert attn(3071, replace(base, attn_tile_us=50.0))[0] == pytest.approx(-(-tiles // plan.consumer_warps) * 50.0)
+    # where the math is slower than the stream, the tile rounds are the cost: 192 tokens arrive in
+    # three rounds of 64, and a round's 64 tokens are 8 tiles (spaced 8 apart), one per warp
+    assert attention_chunk(3071, 16) == 192
+    assert attn(3071, replace(base, attn_tile_us=50.0))[0] == pytest.approx(3 * 50.0)
+
+
+def test_attention_tile_rounds_follow_the_run_spacing():
+    """attn_compute's tiles are 16 tokens spaced attn_kv_run apart, per ring round of KV_CAP tokens
+    (the new token joins the last): counted by hand for 8 warps."""
+    from trtllm_mk.kinds.attn import tile_rounds
+    assert tile_rounds(128, 128, 8, 8) == 1      # 8 full tiles, one per warp
+    assert tile_rounds(128, 128, 16, 8) == 2     # 16 tiles of 8 tokens each: two per warp
+    assert tile_rounds(256, 256, 16, 8) == 2     # 16 full tiles
+    assert tile_rounds(129, 128, 8, 8) == 2      # 128 cached + the new token: 16 tiles
+    assert tile_rounds(300, 128, 8, 8) == 3      # rounds of 128, 128 and 43 + 1
+    assert tile_rounds(300, 128, 8, 4) == 6      # with 4 warps: 2 + 2 + 2 (44 tokens 8 apart fill 8 tiles)
+
+
+def test_attention_kv_runs_priced_by_copies_and_tile_rounds():
+    """Runs of 16 tokens halve the copies of 128-byte K/V rows (the 1B's head 64), where one SM's
+    copy issue bounds the stream; with 256-byte rows in rounds of 128 tokens (the 8B's) the stream is
+    bandwidth-bound and the half-empty tiles hold each round's slots longer, so runs of 8 stay ahead."""
+    from trtllm_mk.search.cost import cost_table
+    h200 = get_gpu("H200")
+
+    def attn(name, run):
+        plan = TilePlan(attn_splits=4, attn_rows=1, slot_bytes=32768, stages=6, attn_kv_run=run)
+        g = build_step_graph(spec_of(name), 4, plan, 8192)
+        ct = cost_table(g, h200, load_calibration(h200))
+        return next(c.dur for t, c in zip(g.layer, ct.layer) if t.kind == Kind.ATTN)
+
+    assert attn("llama-3.2-1b", 16) < 0.9 * attn("llama-3.2-1b", 8)
+    assert attn("llama-3.1-8b", 16) >= attn("llama-3.1-8b", 8)
+
+
+def test_attention_kv_run_candidates_fill_whole_tiles():
+    """The search tries runs of 16 only where a round of the split holds 16 x 16 tokens, so that
+    its tiles (16 tokens spaced 16 apart) are full: rounds of 128 tokens measured 2-4% slower at
+    runs of 16 (the 8B: 256-byte rows in 32 KB slots)."""
+    from trtllm_mk.search.plans import field_candidates
+
+    def runs(name, ctx=8192, slot=32768):
+        plan = TilePlan(attn_splits=4, slot_bytes=slot)
+        return field_candidates("attn_kv_run", plan, spec_of(name), 132, ctx, 4)
+
+    assert runs("llama-3.2-1b") == [8, 16]          # head 64: rounds of 256 tokens
+    assert runs("llama-3.1-8b") == [8]              # head 128: rounds of 128
+    assert runs("llama-3.2-1b", slot=16384) == [8]  # rounds of 128
 
 
 def test_attention_math_costs_tile_rounds():

@@ -159,20 +159,21 @@ def attention_chunk(context_len: int, splits: int) -> int:
     return -(-(context_len + 1) // splits)
 
 
-def kv_ring_offset(u: int, head_dim: int) -> int:
+def kv_ring_offset(u: int, head_dim: int, run: int = 8) -> int:
     """Byte offset of cached token ``u`` in an ATTN task's K (or V) region of the ring (the device's
     kv_ring_offset in kinds/attn.cuh; the generated kernel checks the two agree): rows of 2 x head_dim
-    bytes, a 16-byte bank skew per group of 8 tokens, restarting 128 bytes further on every 64 tokens so
-    that no row reaches into the next."""
-    return u * 2 * head_dim + ((u >> 3) & 7) * 16 + (u >> 6) * 128
+    bytes, a 16-byte bank skew per group of ``run`` tokens, restarting 128 bytes further on every
+    8 x ``run`` tokens so that no row reaches into the next. A group is one bulk copy where the cache
+    block allows, so longer runs mean fewer, larger copies."""
+    return u * 2 * head_dim + ((u // run) & 7) * 16 + (u // (8 * run)) * 128
 
 
-def kv_region_bytes(head_dim: int, tokens: int) -> int:
+def kv_region_bytes(head_dim: int, tokens: int, run: int = 8) -> int:
     """Bytes of a K (or V) region of ``tokens`` rows, skew included."""
-    return kv_ring_offset(tokens - 1, head_dim) + 2 * head_dim
+    return kv_ring_offset(tokens - 1, head_dim, run) + 2 * head_dim
 
 
-def attention_kv_ring(head_dim: int, slot_bytes: int, splits: int, context_len: int) -> tuple[int, int]:
+def attention_kv_ring(head_dim: int, slot_bytes: int, splits: int, context_len: int, run: int = 8) -> tuple[int, int]:
     """How an ATTN task takes its cached K/V through the weight ring (kinds/attn.cuh attn_load):
     ``(slots per batch row, tokens each row's K and V hold)``. One slot holds K in its first half and
     V in its second when the split's chunk at ``context_len`` fits; otherwise K and V take a slot each,
@@ -184,7 +185,7 @@ def attention_kv_ring(head_dim: int, slot_bytes: int, splits: int, context_len: 
     one = slot_bytes // (4 * head_dim)               # tokens of K + V in one slot
     slots, cap = (1, one) if one >= chunk else (2, 2 * one)
     regions = 3 - slots                               # K and V regions per slot
-    while cap > 1 and regions * kv_region_bytes(head_dim, cap) > slot_bytes + SLOT_PAD:
+    while cap > 1 and regions * kv_region_bytes(head_dim, cap, run) > slot_bytes + SLOT_PAD:
         cap -= 1
     return slots, cap
 

@@ -23,13 +23,13 @@ from .schedule import Schedule
 
 # the fields every function's code depends on: the ring's shape and the consumer warps
 RING = ("consumer_warps", "slot_bytes", "stages", "inflight_slots", "inflight_chain")
-ALL_FIELDS = RING + ("attn_splits", "o_ksplit", "down_ksplit", "o_merge")
+ALL_FIELDS = RING + ("attn_splits", "attn_kv_run", "o_ksplit", "down_ksplit", "o_merge")
 KIND_FIELDS = {
     "EMBED": ("consumer_warps",),
     "QKV": RING, "GATEUP": RING, "LMHEAD": RING,
     "OPROJ": RING + ("o_ksplit", "o_merge", "attn_splits"),
     "DOWN": RING + ("down_ksplit",),
-    "ATTN": ("attn_splits", "slot_bytes", "consumer_warps"),
+    "ATTN": ("attn_splits", "attn_kv_run", "slot_bytes", "consumer_warps"),
     "COMBINE": ("attn_splits", "consumer_warps"),
     "ARGMAX": ("consumer_warps",),
 }

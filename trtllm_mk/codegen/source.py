@@ -207,10 +207,11 @@ def _host_model_checks(schedule: Schedule, kv_cap: int) -> str:
         out.append(f"using {k} = mk::GemvGeometry<mk::{k}>;")
         out.append(f"static_assert({k}::NKC == {g.pieces} && {k}::KC == {g.k_chunk} && {k}::RS == {g.rows_per_slot}, "
                    f"\"{k} ring geometry: smem.py slot_geometry\");")
-    out.append(f"static_assert(mk::KV_REGION == {kv_region_bytes(d.head_dim, kv_cap)}, "
+    run = schedule.plan.attn_kv_run
+    out.append(f"static_assert(mk::KV_REGION == {kv_region_bytes(d.head_dim, kv_cap, run)}, "
                f"\"ATTN K/V region: smem.py kv_region_bytes\");")
-    for u in sorted({0, 7, 8, 63, 64, kv_cap - 1}):
-        out.append(f"static_assert(mk::kv_ring_offset({u}) == {kv_ring_offset(u, d.head_dim)}, "
+    for u in sorted({0, run - 1, run, 8 * run - 1, 8 * run, kv_cap - 1}):
+        out.append(f"static_assert(mk::kv_ring_offset({u}) == {kv_ring_offset(u, d.head_dim, run)}, "
                    f"\"ATTN K/V skew: smem.py kv_ring_offset\");")
     out.append("}  // namespace host_model")
     return "\n".join(out) + "\n"
@@ -255,14 +256,14 @@ def generate_source(schedule: Schedule, tokens_per_block: int, max_seq_len: int,
         "#define MK_USE_BULK_COPY 1" if use_bulk_copy else "// weight ring filled with cp.async (no bulk copy engine)",
         diagnostics.emit_cuda() + "namespace cfg {",
     ]
-    kv_slots, kv_cap = attention_kv_ring(d.head_dim, p.slot_bytes, d.splits, d.context_len)
+    kv_slots, kv_cap = attention_kv_ring(d.head_dim, p.slot_bytes, d.splits, d.context_len, p.attn_kv_run)
     loader_warps = loader_warps_for(use_bulk_copy)
     consts = dict(B=d.batch, L=d.layers, H=d.hidden, I=d.intermediate, V=d.vocab, NH=d.heads, NKV=d.kv_heads, D=d.head_dim, G=d.group,
                   S=d.splits, GR=d.group_rows, QKVR=d.qkv_rows, QD=d.q_dim, TPB=tokens_per_block, HISTORY_LEN=max_seq_len,
                   NUM_SMS=schedule.num_sms, STAGES=p.stages, SLOT_BYTES=p.slot_bytes, CWARPS=p.consumer_warps,
                   O_KSPLIT=p.o_ksplit, DOWN_KSPLIT=p.down_ksplit, N_LM_TILES=d.n_lm_tiles,
                   ACT_SMEM_BYTES=act_smem_bytes(graph), NUM_COUNTERS=len(counts), SLOT_PAD=SLOT_PAD,
-                  TRACE_TASKS=max(1, trace_tasks), KV_SLOTS=kv_slots, KV_CAP=kv_cap,
+                  TRACE_TASKS=max(1, trace_tasks), KV_SLOTS=kv_slots, KV_CAP=kv_cap, KV_RUN=p.attn_kv_run,
                   INFLIGHT=p.inflight_slots, INFLIGHT_CHAIN=p.inflight_chain,
                   INFLIGHT_EXPERT=p.expert_inflight or p.stages, MAX_REFS=MAX_REFS,
                   RESID_FRAC_BITS=RESID_FRAC_BITS, WBITS=spec.weight_bits, QGROUP=spec.weight_group,

@@ -42,7 +42,7 @@ from __future__ import annotations
 from ..errors import ModelError
 from ..model.families import FAMILIES
 from ..model.spec import ModelSpec
-from .tasks import HEAD, LAYER, MAX_BATCH, TAIL, Access, Dims, Event, EventRef, Kind, StepGraph, Task, TilePlan
+from .tasks import HEAD, KV_RUNS, LAYER, MAX_BATCH, TAIL, Access, Dims, Event, EventRef, Kind, StepGraph, Task, TilePlan
 
 
 # events signalled by every rank on every rank under tensor parallelism (module docstring)
@@ -105,6 +105,8 @@ def check_plan(spec: ModelSpec, plan: TilePlan) -> None:
         raise ValueError("TilePlan.attn_splits must be >= 1")
     if plan.attn_rows < 0:
         raise ValueError("TilePlan.attn_rows must be >= 0 (0: every batch row in one ATTN task)")
+    if plan.attn_kv_run not in KV_RUNS:
+        raise ValueError(f"TilePlan.attn_kv_run={plan.attn_kv_run} must be one of {', '.join(map(str, KV_RUNS))}")
     if spec.quantized:
         # 4-bit weights travel in tiles of 16 rows with their scale words, and a task's K range holds
         # whole tiles and groups

@@ -129,6 +129,9 @@ class Event:
     cross_rank: bool = False
 
 
+KV_RUNS = (8, 16)   # the values of TilePlan.attn_kv_run the device's K/V ring layout takes
+
+
 @dataclass(frozen=True)
 class TilePlan:
     """The tile choices the search makes; the graph builder turns them into tasks."""
@@ -144,6 +147,11 @@ class TilePlan:
     # batch rows per ATTN task (0: all): a task runs its rows one after another, so at batch > 1
     # tasks over fewer rows shorten the attention phase on the chain, for more tasks
     attn_rows: int = 0
+    # cached tokens per bank-skew group of an ATTN task's K/V in the ring (smem.kv_ring_offset), which
+    # is also one bulk copy's run: longer runs issue fewer, larger copies (what bounds one SM's K/V
+    # stream with short rows), and a 16-token tensor-core tile then spans 16 runs, so a round of few
+    # tokens leaves more of each tile empty
+    attn_kv_run: int = 8
     # OPROJ merges the attention partials of its K-chunk's heads while staging its input, instead of
     # COMBINE tasks writing attn_out: one dependent level (a release, a poll, a load) less on the
     # chain QKV -> ATTN -> OPROJ, for S x the staging bytes (pays with an o_ksplit that gives each

@@ -48,14 +48,17 @@ __device__ __forceinline__ int round_tokens(int cached, int round) {
 }
 
 // Ring layout of a batch row's cached K (or V): token u of the split's chunk at byte
-// u * RB + ((u / 8) % 8) * 16 + (u / 64) * 128 of its region (mirror: trtllm_mk/smem.py
-// kv_ring_offset). The 16-byte skew per group of 8 tokens makes the eight token rows of one ldmatrix
-// block ({T, T + 8, ..., T + 56}: attn_compute's tiles) hit eight different bank groups although a
-// row is a multiple of 128 bytes long. The skew restarts every 64 tokens, 128 bytes further on:
-// token 63's row, skewed by 112 bytes, would otherwise reach 112 bytes into token 64's, and a split
-// with more than 64 tokens in the ring would read those bytes of token 63 wrong.
+// u * RB + ((u / R) % 8) * 16 + (u / 8R) * 128 of its region, R = KV_RUN (mirror: trtllm_mk/smem.py
+// kv_ring_offset). The 16-byte skew per run of R tokens makes the eight token rows of one ldmatrix
+// block ({T, T + R, ..., T + 7R}: attn_compute's tiles) hit eight different bank groups although a
+// row is a multiple of 128 bytes long, and keeps a run contiguous: one bulk copy. The skew restarts
+// every 8R tokens, 128 bytes further on: the last row of a skew cycle, skewed by 112 bytes, would
+// otherwise reach 112 bytes into the next cycle's first.
 constexpr int RB = cfg::D * 2;                          // bytes of one bf16 K or V row
-__device__ __host__ constexpr int kv_ring_offset(int u) { return u * RB + ((u >> 3) & 7) * 16 + (u >> 6) * 128; }
+static_assert(cfg::KV_RUN == 8 || cfg::KV_RUN == 16, "KV_RUN: trtllm_mk/graph/tasks.py KV_RUNS");
+__device__ __host__ constexpr int kv_ring_offset(int u) {
+  return u * RB + ((u / cfg::KV_RUN) & 7) * 16 + (u / (8 * cfg::KV_RUN)) * 128;
+}
 constexpr int KV_REGION = kv_ring_offset(cfg::KV_CAP - 1) + RB;   // bytes of one row's K (or V) in the ring
 static_assert((3 - cfg::KV_SLOTS) * KV_REGION <= cfg::SLOT_BYTES + cfg::SLOT_PAD,
               "K/V and their skew exceed a ring slot (trtllm_mk/smem.py attention_kv_ring)");
@@ -69,12 +72,15 @@ __device__ __forceinline__ int kv_slot_offset(int kv) { return cfg::KV_SLOTS == 
 // ------------------------------------------------------------------------------- loader side
 // Per batch row and round: wait for its slots, then copy the round's tokens of K and V. A copy is a
 // run of tokens contiguous both in the cache (a run ends at a block boundary) and in the ring (it
-// ends at a group of 8: kv_ring_offset's skew), so a 65-token round takes 9-11 copies each for K and
-// V. A row's first round is throttled like any slot the loader requests (it is prefetched while
+// ends with KV_RUN tokens: kv_ring_offset's skew), so a 65-token round at KV_RUN 8 takes 9-11 copies
+// each for K and V. A row's first round is throttled like any slot the loader requests (it is prefetched while
 // other tasks are on the chain); later rounds are the task's own stream, which its consumers wait
 // for, so only the ring bounds them.
 __device__ void attn_load(Ctx& c, const TaskArgs& a) {
   const Params& p = *c.p;
+#if defined(MK_USE_BULK_COPY)
+  const uint64_t evict_first = evict_first_policy();
+#endif
   for (int b = a.r0; b < a.r1; ++b) {
     const SplitRange r = split_range(p, b, a.split);
     const int rounds = kv_rounds(r.cached);
@@ -90,7 +96,6 @@ __device__ void attn_load(Ctx& c, const TaskArgs& a) {
         bar[kv] = &c.full()[slot];
       }
 #if defined(MK_USE_BULK_COPY)
-      const uint64_t evict_first = evict_first_policy();
       if (c.lane() == 0) {
         if (cfg::KV_SLOTS == 2) {
           mbar_expect_tx(bar[0], cnt * RB);
@@ -100,10 +105,10 @@ __device__ void attn_load(Ctx& c, const TaskArgs& a) {
         }
       }
       __syncwarp();
-      const int groups = (cnt + 7) / 8;
+      const int groups = (cnt + cfg::KV_RUN - 1) / cfg::KV_RUN;
       for (int i = c.lane(); i < 2 * groups; i += 32) {
-        const int kv = i / groups, u1 = min(cnt, (i % groups) * 8 + 8);
-        for (int u = (i % groups) * 8; u < u1;) {
+        const int kv = i / groups, u1 = min(cnt, (i % groups + 1) * cfg::KV_RUN);
+        for (int u = (i % groups) * cfg::KV_RUN; u < u1;) {
           const int t = t0 + u, n = min(u1 - u, cfg::TPB - t % cfg::TPB);
           bulk_copy_g2s(dst[kv] + kv_ring_offset(u), p.kv_pool + kv_offset(p, a.layer, b, t, kv, a.group), n * RB,
                         bar[kv], evict_first);
@@ -179,14 +184,35 @@ __device__ void attn_prologue(Ctx& c, const TaskArgs& a) {
   // ordered before the task body by wait_all's consumer barrier
 }
 
-// q heads, k and v of group g for batch row b: QK-norm (qwen3), RoPE at the row's position; k and v
-// rounded to bf16 exactly as they are stored in the cache, as bf16 rows at ATTN_FRESH; q split into
-// three bf16 parts in its mma fragment order at ATTN_QF (attn_tile).
-__device__ void prepare_qkv(Ctx& c, const TaskArgs& a, int b, float* sm) {
-  const Params& p = *c.p;
-  const float* src = p.qkv + (size_t)b * cfg::QKVR + a.group * cfg::GR;
+// This step's q heads, k and v of group g for one batch row, in registers: a task loads the next
+// row's while its consumers compute this row's rounds, so that only the first row's L2 round trip
+// (queued behind the loaders' copies) lies on the chain.
+struct QkvRow {
+  static constexpr int N = (cfg::GR + CTHREADS - 1) / CTHREADS;   // values per consumer thread
+  float v[N];
+  __device__ __forceinline__ void load(const Params& p, const TaskArgs& a, int b) {
+    const float* src = p.qkv + (size_t)b * cfg::QKVR + a.group * cfg::GR;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const int i = threadIdx.x + k * CTHREADS;
+      v[k] = i < cfg::GR ? ld_act(src + i) : 0.f;
+    }
+  }
+  __device__ __forceinline__ void store(float* sm) const {
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const int i = threadIdx.x + k * CTHREADS;
+      if (i < cfg::GR) sm[i] = v[k];
+    }
+  }
+};
+
+// q heads, k and v of group g for batch row b (loaded into `qkv`): QK-norm (qwen3), RoPE at the row's
+// position; k and v rounded to bf16 exactly as they are stored in the cache, as bf16 rows at
+// ATTN_FRESH; q split into three bf16 parts in its mma fragment order at ATTN_QF (attn_tile).
+__device__ void prepare_qkv(Ctx& c, const TaskArgs& a, int b, float* sm, const QkvRow& qkv) {
   bf16* fresh = reinterpret_cast<bf16*>(sm + ATTN_FRESH);
-  for (int i = threadIdx.x; i < cfg::GR; i += CTHREADS) sm[i] = ld_act(src + i);
+  qkv.store(sm);
   consumer_sync(CTHREADS);
   if (diag::ATTN_MARK == 1 && b == a.r0) c.mark();
   const float* rope = sm + ATTN_ROPE + b * cfg::D;
@@ -237,8 +263,8 @@ __device__ void prepare_qkv(Ctx& c, const TaskArgs& a, int b, float* sm) {
 // enter as three bf16 parts (split3_bf16x2), so the products keep fp32 accuracy: in S, rows g < G
 // carry head g's hi part and rows 8 + g its mid part (an m16n8k16 has 16 rows and a KV group at most
 // 8 heads) and a second mma adds the lo part into rows g; in P V each part is one mma.
-// A tile is 16 tokens: tile (sb, T) of a round holds tokens sb * 128 + 8 j + T (j = 0..15), whose ring
-// rows lie in 8 different bank groups (kv_ring_offset). Warp w takes tiles w, w + CWARPS, ... and keeps
+// A tile is 16 tokens: tile (sb, T) of a round holds tokens sb * 16R + R j + T (j = 0..15, T < R =
+// KV_RUN), whose ring rows lie in 8 different bank groups per ldmatrix block (kv_ring_offset). Warp w takes tiles w, w + CWARPS, ... and keeps
 // its own running max; the warps' (max, sum, o) meet in shared memory at the end of the batch row.
 static_assert(cfg::G <= 8, "a KV group's heads (hi and mid rows) must fit an mma's 16 rows");
 
@@ -312,10 +338,13 @@ __device__ void attn_compute(Ctx& c, const TaskArgs& a) {
   const int g = c.lane() >> 2, t = c.lane() & 3;
   // this lane's ldmatrix row in a tile (K and V): token j at byte column col
   const int j = (c.lane() & 7) + (c.lane() >> 4) * 8, col = ((c.lane() >> 3) & 1) * 16;
+  QkvRow qkv;
+  qkv.load(p, a, a.r0);
   for (int b = a.r0; b < a.r1; ++b) {
     const AttnRow r = rows[b];
     const bool owns = r.t0 <= r.pos && r.pos < r.t1;   // the new token is this split's last
-    prepare_qkv(c, a, b, sm);
+    prepare_qkv(c, a, b, sm, qkv);
+    if (b + 1 < a.r1) qkv.load(p, a, b + 1);            // lands during this row's rounds
     const bf16* fresh = reinterpret_cast<const bf16*>(sm + ATTN_FRESH);
     if (owns) {   // append the new token's K and V to the cache
       bf16* kd = p.kv_pool + r.kv_new;
@@ -350,12 +379,13 @@ __device__ void attn_compute(Ctx& c, const TaskArgs& a) {
       auto row = [&](int u, int kv, uint32_t f) -> uint32_t {   // ring row of round token u (or the new one)
         return u < cnt ? region[kv] + kv_ring_offset(u) : f;
       };
-      for (int tile = c.warp(); tile < 8 * ((total + 127) / 128); tile += cfg::CWARPS) {
-        const int u0 = (tile >> 3) * 128 + (tile & 7);   // token j of the tile: u0 + 8 j
+      constexpr int R = cfg::KV_RUN;
+      for (int tile = c.warp(); tile < R * ((total + 16 * R - 1) / (16 * R)); tile += cfg::CWARPS) {
+        const int u0 = (tile / R) * 16 * R + tile % R;   // token j of the tile: u0 + R j
         if (u0 >= total) continue;
-        const uint32_t k_addr = row(u0 + 8 * j, 0, fk) + col, v_addr = row(u0 + 8 * j, 1, fv) + col;
-        const bool valid[4] = {u0 + 16 * t < total, u0 + 16 * t + 8 < total, u0 + 16 * t + 64 < total,
-                               u0 + 16 * t + 72 < total};
+        const uint32_t k_addr = row(u0 + R * j, 0, fk) + col, v_addr = row(u0 + R * j, 1, fv) + col;
+        const bool valid[4] = {u0 + 2 * R * t < total, u0 + R * (2 * t + 1) < total, u0 + R * (2 * t + 8) < total,
+                               u0 + R * (2 * t + 9) < total};
         attn_tile(st, qf, g < cfg::G, k_addr, v_addr, valid);
       }
       // the warp is done with the round's slots (same release protocol as the GEMV consumer)

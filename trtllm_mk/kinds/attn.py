@@ -61,32 +61,46 @@ def execute(ex, t, layer: int) -> None:
         ex.part_ml[b, g, s, :, 1] = e.sum(-1)
 
 
+def tile_rounds(tokens: int, cap: int, run: int, warps: int) -> int:
+    """Rounds of tensor-core tiles one batch row of a split takes (attn.cuh attn_compute): its
+    ``tokens`` (the new one included) arrive in ring rounds of ``cap``; a round's tiles are 16 tokens
+    spaced ``run`` apart, ``run`` of them per 16 x ``run`` tokens, and the consumer warps take them in
+    turns, a warp's tiles one after another."""
+    out, left = 0, tokens
+    while left > 0:
+        n = min(cap, left) if left > cap + 1 else left   # the new token joins the last round
+        out += -(-(run * -(-n // (ATTN_TILE_TOKENS * run))) // warps)
+        left -= n
+    return max(1, out)
+
+
 def duration_us(task, graph, rates, cal) -> float:
     """Consumer time of one split: fixed latency, L2 reads, and the tensor-core tile rounds over the
     cached K/V, or the loader's stream of it where that is slower."""
     from ..search.cost import ring_turnover_rate
     from ..smem import attention_chunk, attention_kv_ring
     d, plan = graph.dims, graph.plan
+    run = plan.attn_kv_run
     # a row's first round (up to `cap` cached tokens) comes through the ring before the task's wait,
     # riding along the weight stream; the later rounds (long contexts) stream through the ring while
     # the consumers compute the earlier ones (attn.cuh attn_load), at what one SM's loader sustains
     chunk = -(-d.context_len // d.splits)
-    kv_slots, cap = attention_kv_ring(d.head_dim, plan.slot_bytes, d.splits, d.context_len)
+    kv_slots, cap = attention_kv_ring(d.head_dim, plan.slot_bytes, d.splits, d.context_len, run)
     token = 2 * d.head_dim * 2
     rows = task.rows                  # the task's batch rows, one after another
     kv = rows * chunk * token
     split = attention_chunk(d.context_len, d.splits)   # tokens the split attends to
     late = rows * max(0, split - cap)
     fill = cap * token / kv_slots     # bytes of one slot of a full round
-    issue = min(8, cap) * token / 2 / cal.copy_issue_us       # copies are runs of at most 8 token rows
-    rate = min(rates.hbm, ring_turnover_rate(plan.stages * fill, fill, rates.hbm, 0.0, cal), issue)
+    issue = min(run, cap) * token / 2 / cal.copy_issue_us     # a copy is one run of K (or V) token rows
+    # a round's slots turn over only once the consumers have computed it: its tile rounds hold them
+    warps = plan.consumer_warps
+    slot_t = tile_rounds(cap, cap, run, warps) * cal.attn_tile_us / kv_slots
+    rate = min(rates.hbm, ring_turnover_rate(plan.stages * fill, fill, rates.hbm, slot_t, cal), issue)
     stream_us = late * (token / rate + cal.attn_late_token_us)
-    # the consumer warps take the split's 16-token tensor-core tiles in turns and a warp's tiles
-    # run one after another (attn_compute): the math costs tile rounds, not FLOPs
-    tiles = -(-split // ATTN_TILE_TOKENS)
-    tile_rounds = rows * -(-tiles // plan.consumer_warps)
+    rounds = rows * tile_rounds(split, cap, run, warps)
     return (cal.task_overhead_us + cal.attn_fixed_us + max(0, task.act_bytes - kv) / rates.l2
-            + max(tile_rounds * cal.attn_tile_us, stream_us))
+            + max(rounds * cal.attn_tile_us, stream_us))
 
 
 def lower(c) -> list[dict]:

@@ -31,7 +31,7 @@ MAX_SWEEPS = 3
 # The ring comes first: its depth decides how much of the chain the loaders stream through and how
 # much shared memory the other fields may take; swept last, a descent that runs out of budget never
 # tries it and keeps the initial ring, which can be the wrong depth for every shape (benchmarks/NOTES.md).
-FIELDS = ("ring", "attn_splits", "attn_rows", "qkv_rows", "o_ksplit", "o_merge", "o_rows", "gateup_rows", "down_ksplit",
+FIELDS = ("ring", "attn_splits", "attn_rows", "attn_kv_run", "qkv_rows", "o_ksplit", "o_merge", "o_rows", "gateup_rows", "down_ksplit",
           "down_rows", "lm_rows", "consumer_warps")
 LISTSCHED_COST = 6.0    # one list-scheduled template task costs about as much as this many simulated ones
 

@@ -17,9 +17,9 @@ from dataclasses import replace
 
 from ..gpus import GpuSpec
 from ..graph.builder import check_plan
-from ..graph.tasks import TilePlan
+from ..graph.tasks import KV_RUNS, TilePlan
 from ..model.spec import ModelSpec
-from ..smem import MMA_ROWS, fits, gemv_k_ranges, geometries, plan_smem
+from ..smem import MMA_ROWS, attention_kv_ring, fits, gemv_k_ranges, geometries, plan_smem
 
 MAX_WAVES = 16
 LM_MAX_WAVES = 24
@@ -134,6 +134,11 @@ def field_candidates(field: str, plan: TilePlan, spec: ModelSpec, num_sms: int, 
         return attn_split_candidates(spec, num_sms, context_len)
     if field == "attn_rows":
         return attn_row_candidates(batch)
+    if field == "attn_kv_run":
+        # a run longer than 8 spaces a tile's 16 tokens that far apart: only where a round holds 16
+        # runs are its tiles full (half-empty tiles measured slower, benchmarks/NOTES.md v26)
+        cap = {r: attention_kv_ring(spec.head_dim, plan.slot_bytes, plan.attn_splits, context_len, r)[1] for r in KV_RUNS}
+        return [r for r in KV_RUNS if r == KV_RUNS[0] or cap[r] >= 16 * r]
     if field == "consumer_warps":
         return list(CONSUMER_WARPS)
     raise KeyError(field)
