@@ -58,9 +58,11 @@ def constants_from_trace(summary: dict, gpu, cal: Calibration) -> dict:
     graph = build_step_graph(spec, summary["batch"], plan, summary["context"])
     # the model's ATTN / COMBINE time without the fixed part: what the traced body has beyond it is the fixed part
     ct = cost_table(graph, gpu, replace(cal, attn_fixed_us=0.0, combine_fixed_us=0.0).resolved(gpu))
-    base = {}
+    base, attn_rows = {}, []
     for t, c in zip(graph.layer, ct.layer):
         base.setdefault(t.kind, c.dur)
+        if t.kind == Kind.ATTN:
+            attn_rows.append(t.rows)
     # one-pass stagings of a plain slice: DOWN's (EDOWN's in a sparse model), and OPROJ's unless it
     # merges the partials
     down = "DOWN" if "DOWN" in kinds else "EDOWN"
@@ -68,7 +70,8 @@ def constants_from_trace(summary: dict, gpu, cal: Calibration) -> dict:
     out = {
         "sync_us": summary["event_latency_us"]["median"],
         "l2_latency_us": sum(staged) / len(staged),
-        "attn_fixed_us": max(0.0, kinds["ATTN"]["mean_body_us"] - base[Kind.ATTN]),
+        # per batch row: a task runs its rows one after another
+        "attn_fixed_us": max(0.0, kinds["ATTN"]["mean_body_us"] - base[Kind.ATTN]) / (sum(attn_rows) / len(attn_rows)),
     }
     # (the time per bulk copy, copy_issue_us, is not read here: no kind's rows are short enough for a
     # trace to isolate it; benchmarks/micro/ring_stream.cu measures it on one streaming SM)
@@ -82,8 +85,13 @@ def constants_from_trace(summary: dict, gpu, cal: Calibration) -> dict:
 
 
 def merge_calibration(path: Path, values: dict, note_key: str, note: str) -> Path:
-    """Update some constants of a calibration file (created if absent), keeping the others."""
+    """Update some constants of a calibration file (created if absent), keeping the others. The note
+    names where the new values come from; a note already under ``note_key`` about constants this
+    update leaves alone is kept after it."""
     data = json.loads(path.read_text()) if path.exists() else {}
+    old = data.get(note_key)
+    if isinstance(old, str) and old.split(":", 1)[0] not in (note.split(":", 1)[0], ""):
+        note = f"{note}; {old}"
     data.update(values)
     data[note_key] = note
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -247,9 +255,10 @@ def fit(workloads, gpu, cal0: Calibration, fit_fields=FIT_FIELDS) -> Calibration
         return sum((predict(s, gpu, cal).step_us / m - 1) ** 2 for s, m in workloads)
 
     best, best_loss = cal0, loss(cal0)
-    # a constant at 0 (e.g. attn_late_token_us before its first fit) starts from a unit step
+    # a constant at 0 (e.g. attn_late_token_us before its first fit) starts from a unit step, which
+    # for a per-token constant is far too large: the steps halve down to 2^-16 of where they began
     step = {f: (getattr(cal0, f) or 1.0) * 0.5 for f in fit_fields}
-    for _ in range(6):  # coordinate descent with shrinking steps
+    for _ in range(16):  # coordinate descent with shrinking steps
         for f in fit_fields:
             for sign in (1, -1):
                 while True:

@@ -138,6 +138,30 @@ def test_attention_cost_streams_tokens_past_the_ring():
     assert attn(3071, replace(base, attn_tile_us=50.0))[0] == pytest.approx(3 * 50.0)
 
 
+def test_attention_rows_after_the_first_stream_all_their_tokens():
+    """A task over two batch rows: only its first round (the first row's first KV_CAP tokens) lands
+    before the wait; the second row's rounds queue behind the first row's in the ring, so all its
+    tokens are stream. And each row pays the fixed chain (staging, merge, barriers) once."""
+    from trtllm_mk.search.cost import cost_table
+    from trtllm_mk.smem import attention_chunk, attention_kv_ring
+    spec = spec_of("llama-3.1-8b")
+    base = Calibration(attn_tile_us=0.0, attn_fixed_us=0.0, task_overhead_us=0.0)
+
+    def attn(rows, cal=base):
+        plan = TilePlan(slot_bytes=32768, attn_splits=8, stages=5, attn_rows=rows)
+        g = build_step_graph(spec, 2, plan, 8192)
+        ct = cost_table(g, H100, cal)
+        t, c = next((t, c) for t, c in zip(g.layer, ct.layer) if t.kind == Kind.ATTN)
+        return c.dur - max(0, t.act_bytes - t.rows * -(-8192 // 8) * 4 * spec.head_dim) / ct.rates.l2
+
+    split = attention_chunk(8192, 8)
+    cap = attention_kv_ring(spec.head_dim, 32768, 8, 8192)[1]
+    one, two = attn(1), attn(2)
+    per_token = one / (split - cap)                 # one row: its tokens past the first round
+    assert two == pytest.approx((2 * split - cap) * per_token)
+    assert attn(2, replace(base, attn_fixed_us=1.0)) == pytest.approx(two + 2.0)
+
+
 def test_attention_tile_rounds_follow_the_run_spacing():
     """attn_compute's tiles are 16 tokens spaced attn_kv_run apart, per ring round of KV_CAP tokens
     (the new token joins the last): counted by hand for 8 warps."""
@@ -188,7 +212,7 @@ def test_attention_math_costs_tile_rounds():
     512 with 8 splits, 129 with 4, both all in the ring), for every batch row in turn."""
     from trtllm_mk.search.cost import cost_table
     spec = spec_of("llama-3.2-1b")
-    cal = Calibration(attn_tile_us=0.5)
+    cal = Calibration(attn_tile_us=0.5, attn_fixed_us=0.0)   # (the fixed part is per row)
 
     def attn(splits, batch=1):
         g = build_step_graph(spec, batch, TilePlan(attn_splits=splits, slot_bytes=32768, stages=6), 512)

@@ -11,8 +11,8 @@ DEF = KindDef("ATTN", streams_weights=False, args=("layer", "r0", "r1", "group",
 # Cost-model constants (search.calibration: defaults, set per GPU by the calibration files), each
 # consumer time of one task. Its cached K/V streams through the ring (duration_us).
 CALIBRATION = {
-    "attn_fixed_us": (4.0, "beyond the bandwidth terms: the chain of dependent reads (qkv from L2, RoPE, "
-                           "the merge) and the block barriers"),
+    "attn_fixed_us": (4.0, "per batch row, beyond the bandwidth terms: the chain of dependent reads (qkv "
+                           "from L2, RoPE, the merge) and the block barriers"),
     "attn_tile_us": (0.8, "one round of tensor-core tiles, a 16-token tile per consumer warp (scores, "
                           "softmax, P V for the group's heads): a split of more tokens takes more rounds"),
     "attn_late_token_us": (0.0, "per cached token (per batch row) the loader streams through the ring after "
@@ -81,16 +81,17 @@ def duration_us(task, graph, rates, cal) -> float:
     from ..smem import attention_chunk, attention_kv_ring
     d, plan = graph.dims, graph.plan
     run = plan.attn_kv_run
-    # a row's first round (up to `cap` cached tokens) comes through the ring before the task's wait,
-    # riding along the weight stream; the later rounds (long contexts) stream through the ring while
-    # the consumers compute the earlier ones (attn.cuh attn_load), at what one SM's loader sustains
+    # the task's first round (up to `cap` cached tokens of its first row) comes through the ring before
+    # its wait, riding along the weight stream; the rest (the first row's later rounds at long
+    # contexts, the other rows' rounds behind them in the ring) streams while the consumers compute
+    # the earlier rounds (attn.cuh attn_load), at what one SM's loader sustains
     chunk = -(-d.context_len // d.splits)
     kv_slots, cap = attention_kv_ring(d.head_dim, plan.slot_bytes, d.splits, d.context_len, run)
     token = 2 * d.head_dim * 2
     rows = task.rows                  # the task's batch rows, one after another
     kv = rows * chunk * token
     split = attention_chunk(d.context_len, d.splits)   # tokens the split attends to
-    late = rows * max(0, split - cap)
+    late = rows * split - min(split, cap)
     fill = cap * token / kv_slots     # bytes of one slot of a full round
     issue = min(run, cap) * token / 2 / cal.copy_issue_us     # a copy is one run of K (or V) token rows
     # a round's slots turn over only once the consumers have computed it: its tile rounds hold them
@@ -99,7 +100,7 @@ def duration_us(task, graph, rates, cal) -> float:
     rate = min(rates.hbm, ring_turnover_rate(plan.stages * fill, fill, rates.hbm, slot_t, cal), issue)
     stream_us = late * (token / rate + cal.attn_late_token_us)
     rounds = rows * tile_rounds(split, cap, run, warps)
-    return (cal.task_overhead_us + cal.attn_fixed_us + max(0, task.act_bytes - kv) / rates.l2
+    return (cal.task_overhead_us + rows * cal.attn_fixed_us + max(0, task.act_bytes - kv) / rates.l2
             + max(rounds * cal.attn_tile_us, stream_us))
 
 
