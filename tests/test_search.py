@@ -193,8 +193,8 @@ def test_attention_kv_runs_priced_by_copies_and_tile_rounds():
 
 def test_attention_kv_run_candidates_fill_whole_tiles():
     """The search tries runs of 16 only where a round of the split holds 16 x 16 tokens, so that
-    its tiles (16 tokens spaced 16 apart) are full: rounds of 128 tokens measured 2-4% slower at
-    runs of 16 (the 8B: 256-byte rows in 32 KB slots)."""
+    its tiles (16 tokens spaced 16 apart) are full: rounds of 128 tokens (the 8B: 256-byte rows in
+    32 KB slots) would leave every tile half empty."""
     from trtllm_mk.search.plans import field_candidates
 
     def runs(name, ctx=8192, slot=32768):

@@ -55,7 +55,6 @@ __device__ __forceinline__ int round_tokens(int cached, int round) {
 // every 8R tokens, 128 bytes further on: the last row of a skew cycle, skewed by 112 bytes, would
 // otherwise reach 112 bytes into the next cycle's first.
 constexpr int RB = cfg::D * 2;                          // bytes of one bf16 K or V row
-static_assert(cfg::KV_RUN == 8 || cfg::KV_RUN == 16, "KV_RUN: trtllm_mk/graph/tasks.py KV_RUNS");
 __device__ __host__ constexpr int kv_ring_offset(int u) {
   return u * RB + ((u / cfg::KV_RUN) & 7) * 16 + (u / (8 * cfg::KV_RUN)) * 128;
 }

@@ -136,7 +136,8 @@ def field_candidates(field: str, plan: TilePlan, spec: ModelSpec, num_sms: int, 
         return attn_row_candidates(batch)
     if field == "attn_kv_run":
         # a run longer than 8 spaces a tile's 16 tokens that far apart: only where a round holds 16
-        # runs are its tiles full (half-empty tiles measured slower, benchmarks/NOTES.md v26)
+        # runs are its tiles full. Half-empty tiles double the tile math that holds each round's
+        # slots, which the cost model's turnover does not weigh enough to rank, so they are not offered
         cap = {r: attention_kv_ring(spec.head_dim, plan.slot_bytes, plan.attn_splits, context_len, r)[1] for r in KV_RUNS}
         return [r for r in KV_RUNS if r == KV_RUNS[0] or cap[r] >= 16 * r]
     if field == "consumer_warps":
