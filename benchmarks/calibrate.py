@@ -50,6 +50,7 @@ def constants_from_trace(summary: dict, gpu, cal: Calibration) -> dict:
     COMBINE tasks has the former, one whose OPROJ merges the partials (o_merge) the latter."""
     from trtllm_mk.graph import TilePlan, build_step_graph
     from trtllm_mk.graph.tasks import Kind
+    from trtllm_mk.kinds.combine import merge_rounds
     from trtllm_mk.search.cost import cost_table, merge_units
     kinds = summary["kinds"]
     known = TilePlan.__dataclass_fields__
@@ -77,8 +78,11 @@ def constants_from_trace(summary: dict, gpu, cal: Calibration) -> dict:
     # trace to isolate it; benchmarks/micro/ring_stream.cu measures it on one streaming SM)
     if plan.o_merge:   # OPROJ's staging beyond a plain slice's is the merge of the S splits
         o = next(t for t in graph.layer if t.kind == Kind.OPROJ)
-        units = merge_units(plan.attn_splits, graph.batch * (o.k1 - o.k0), plan.consumer_warps)
-        out["merge_split_us"] = max(0.0, kinds["OPROJ"]["mean_staging_us"] - kinds[down]["mean_staging_us"]) / units
+        args = (plan.attn_splits, graph.batch * (o.k1 - o.k0), plan.consumer_warps)
+        # a merge round after the first waits one more L2 round trip (kinds/combine.py merge_cost)
+        merge = kinds["OPROJ"]["mean_staging_us"] - kinds[down]["mean_staging_us"]
+        merge -= (merge_rounds(*args) - 1) * out["l2_latency_us"]
+        out["merge_split_us"] = max(0.0, merge) / merge_units(*args)
     else:
         out["combine_fixed_us"] = max(0.0, kinds["COMBINE"]["mean_body_us"] - base[Kind.COMBINE])
     return out

@@ -72,6 +72,18 @@ def test_merge_split_cost_from_an_o_merge_trace(summary):
     assert c["l2_latency_us"] == pytest.approx(0.8)
 
 
+def test_merge_split_cost_leaves_out_the_later_merge_rounds_round_trips(summary):
+    """Where a consumer thread merges its elements in two rounds (batch 4, 8 splits, 512-column OPROJ
+    chunks: 2048 outputs over 256 threads, 4 at once), the second round's L2 round trip is not
+    per-split time."""
+    summary["plan"] = dict(summary["plan"], o_merge=True, o_ksplit=4, attn_splits=8)
+    summary["batch"] = 4
+    summary["kinds"]["OPROJ"]["mean_staging_us"] = 0.8 + 0.8 + 2 * 8 * 0.125
+    del summary["kinds"]["COMBINE"]
+    c = constants_from_trace(summary, H100, Calibration())
+    assert c["merge_split_us"] == pytest.approx(0.125)
+
+
 def test_a_sparse_models_trace_gives_the_constants_its_kinds_show():
     """A mixture-of-experts step (the stored H200 trace of Qwen3-30B-A3B) has EDOWN where a dense one
     has DOWN and no GATEUP: the L2 round trip and the merge cost come from EDOWN's plain staging, and

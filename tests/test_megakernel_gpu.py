@@ -28,6 +28,7 @@ from trtllm_mk.reference import ReferenceDecoder
 from trtllm_mk.schedule import Schedule
 from trtllm_mk.search import naive_schedule, schedule_plan, search
 from trtllm_mk.search.plans import with_ksplit
+from trtllm_mk.smem import attention_chunk
 
 pytestmark = pytest.mark.gpu
 
@@ -263,7 +264,7 @@ def test_long_context_beyond_the_ring_capacity(name, splits, stages, attn_rows, 
     sch = _plan_variant(spec, 2, **_long_context_fields(splits, stages, attn_rows, run, slot))
     assert attention_kv_ring(spec.head_dim, slot, splits, 256, run) == (kv_slots, cap)
     first_len = 640
-    assert -(-(first_len + 1) // splits) > cap, "the prompt must overflow the ring's K/V capacity"
+    assert attention_chunk(first_len, splits, run) > cap, "the prompt must overflow the ring's K/V capacity"
     check(run_and_compare(spec, 2, _weights(spec), steps=32, schedule=sch, first_len=first_len), 3e-2)
 
 
@@ -296,7 +297,7 @@ def test_long_context_beyond_the_ring_capacity_at_real_widths(name, splits, run,
     sch = _plan_variant(spec, 2, attn_splits=splits, stages=2, slot_bytes=8192, attn_kv_run=run)
     assert attention_kv_ring(spec.head_dim, 8192, splits, 256, run) == (kv_slots, cap)
     first_len = max(300, splits * (2 * cap + 8))
-    assert -(-(first_len + 1) // splits) > 2 * cap, "the prompt must take several rounds past the ring"
+    assert attention_chunk(first_len, splits, run) > 2 * cap, "the prompt must take several rounds past the ring"
     res = run_and_compare(spec, 2, _weights(spec), steps=32, schedule=sch, first_len=first_len)
     check(res, 1e-2, exact=5e-3)
     assert res.flips <= 2

@@ -153,10 +153,33 @@ def attention_scratch_bytes(group_size: int, head_dim: int, consumer_warps: int,
     return (rope + batch * d + 2 * d) * 4 + 32 * batch
 
 
-def attention_chunk(context_len: int, splits: int) -> int:
-    """Tokens one KV split of an ATTN task covers: the step at position ``context_len`` attends to
-    ``context_len + 1`` tokens (kinds/attn.cuh split_range)."""
-    return -(-(context_len + 1) // splits)
+def split_start(tokens: int, splits: int, run: int, cap: int, split: int) -> int:
+    """First token of KV split ``split`` when a step attends to ``tokens`` tokens. A split of at most
+    ``cap`` tokens (one ring round, TilePlan's KV_CAP: its copies are issued before the task's wait)
+    starts at ``split * ceil(tokens / splits)``. Longer splits stream their later rounds at what the
+    loader's copies sustain, and a split starting one token past a cache block cuts every other run
+    of ``run`` tokens (TilePlan.attn_kv_run) in two copies: they start at the equal share rounded down
+    to a whole run, so no copy crosses a block. The last split ends at the last token (kinds/attn.cuh
+    split_start)."""
+    if split >= splits:
+        return tokens
+    share = -(-tokens // splits)
+    if share <= cap:
+        return min(tokens, split * share)
+    return split * tokens // (splits * run) * run
+
+
+def split_bounds(position: int, splits: int, run: int, cap: int, split: int) -> tuple[int, int]:
+    """Tokens ``[t0, t1)`` split ``split`` attends to in the step at ``position`` (empty where
+    ``t1 <= t0``: fewer tokens than splits)."""
+    n = position + 1
+    return split_start(n, splits, run, cap, split), min(n, split_start(n, splits, run, cap, split + 1))
+
+
+def attention_chunk(context_len: int, splits: int, run: int = 8, cap: int = 0) -> int:
+    """Tokens the longest KV split of an ATTN task covers in the step at position ``context_len``
+    (which attends to ``context_len + 1`` tokens); ``cap`` as in split_start."""
+    return max(b - a for a, b in (split_bounds(context_len, splits, run, cap, s) for s in range(splits)))
 
 
 def kv_ring_offset(u: int, head_dim: int, run: int = 8) -> int:
@@ -181,7 +204,7 @@ def attention_kv_ring(head_dim: int, slot_bytes: int, splits: int, context_len: 
     where it does not fit (long rows in large slots), the capacity shrinks until it does. A split of
     more cached tokens (long contexts) streams through the ring in rounds of that capacity, so any
     capacity is correct and this decides how the rounds cut the split."""
-    chunk = attention_chunk(context_len, splits)
+    chunk = -(-(context_len + 1) // splits)          # an equal share of the tokens
     one = slot_bytes // (4 * head_dim)               # tokens of K + V in one slot
     slots, cap = (1, one) if one >= chunk else (2, 2 * one)
     regions = 3 - slots                               # K and V regions per slot

@@ -18,7 +18,7 @@ from ..residual import FRAC_BITS as RESID_FRAC_BITS
 from ..schedule import Schedule
 from ..seam import emit_cuda, emit_cuda_preamble, event_ref_word, task_args_init
 from ..smem import (ACT_PAD, MAX_BLOCKS, ROW_PAD, SIG_SLOTS, SLOT_PAD, TRACE_ACCS, SmemLayout, activation_bytes, attention_kv_ring, geometries, kv_region_bytes,
-                    kv_ring_offset, smem_layout)
+                    kv_ring_offset, smem_layout, split_start)
 
 KERNEL_NAME = "mk_decode_step"
 MAX_REFS = 4  # TaskArgs holds up to 4 waits and 4 signals
@@ -213,6 +213,10 @@ def _host_model_checks(schedule: Schedule, kv_cap: int) -> str:
     for u in sorted({0, run - 1, run, 8 * run - 1, 8 * run, kv_cap - 1}):
         out.append(f"static_assert(mk::kv_ring_offset({u}) == {kv_ring_offset(u, d.head_dim, run)}, "
                    f"\"ATTN K/V skew: smem.py kv_ring_offset\");")
+    for n in sorted({1, d.splits * run + 1, d.splits * kv_cap + 1, d.context_len + 1, 4 * d.splits * kv_cap + 3}):
+        for s in sorted({1, d.splits // 2, d.splits - 1, d.splits}):
+            out.append(f"static_assert(mk::split_start({n}, {s}) == {split_start(n, d.splits, run, kv_cap, s)}, "
+                       f"\"ATTN split bounds: smem.py split_start\");")
     out.append("}  // namespace host_model")
     return "\n".join(out) + "\n"
 

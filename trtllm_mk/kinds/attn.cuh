@@ -27,15 +27,27 @@ __device__ __forceinline__ size_t kv_offset(const Params& p, int layer, int b, i
          (size_t)(t % cfg::TPB) * cfg::D;
 }
 
+// First token of split `split` when a step attends to `len` tokens. Splits of at most KV_CAP tokens
+// (one ring round) take equal shares; longer ones stream their rounds at what the loader's copies
+// sustain, so they start at the equal share rounded down to a whole run of KV_RUN tokens: no run's
+// copy crosses a cache block. The last split ends at the last token (mirror: trtllm_mk/smem.py
+// split_start).
+__device__ __host__ constexpr int split_start(int len, int split) {
+  return split >= cfg::S ? len
+         : (len + cfg::S - 1) / cfg::S <= cfg::KV_CAP
+             ? (split * ((len + cfg::S - 1) / cfg::S) < len ? split * ((len + cfg::S - 1) / cfg::S) : len)
+             : (int)((long long)split * len / (cfg::S * cfg::KV_RUN)) * cfg::KV_RUN;
+}
+
 // The tokens of batch row b that split `split` attends to: [t0, t1); of them, [t0, t0 + cached) are
 // in the cache and come through the ring. Read from device memory by both roles.
 struct SplitRange { int pos, t0, t1, cached; };
 __device__ __forceinline__ SplitRange split_range(const Params& p, int b, int split) {
   SplitRange r;
   r.pos = ld_act(p.pos + b);
-  const int len = r.pos + 1, chunk = (len + cfg::S - 1) / cfg::S;
-  r.t0 = split * chunk;
-  r.t1 = min(len, r.t0 + chunk);
+  const int len = r.pos + 1;
+  r.t0 = split_start(len, split);
+  r.t1 = min(len, split_start(len, split + 1));
   r.cached = max(0, min(r.t1, r.pos) - r.t0);
   return r;
 }

@@ -25,13 +25,14 @@ def execute(ex, t, layer: int) -> None:
     """CPU-executor semantics (trtllm_mk.executor.CpuExecutor ``ex``): see graph.tasks."""
     import torch
     from ..model.rope import apply_rope
+    from ..smem import attention_kv_ring, split_bounds
     G, d, S, g, s = ex.G, ex.d, ex.S, t.group, t.split
     lw, cache, tpb = ex.layers[layer], ex.cache, ex.cache.tokens_per_block
+    plan = ex.graph.plan
+    cap = attention_kv_ring(d, plan.slot_bytes, S, ex.graph.dims.context_len, plan.attn_kv_run)[1]   # KV_CAP
     for b in range(t.r0, t.r1):
         p = int(ex.pos[b])
-        n = p + 1
-        chunk = -(-n // S)
-        t0, t1 = s * chunk, min(n, s * chunk + chunk)
+        t0, t1 = split_bounds(p, S, plan.attn_kv_run, cap, s)
         heads = ex.qkv[b, g * ex.GR:(g + 1) * ex.GR].view(G + 2, d)
         qk, v = heads[:G + 1], heads[G + 1]
         if ex.spec.qk_norm:
@@ -85,12 +86,12 @@ def duration_us(task, graph, rates, cal) -> float:
     # its wait, riding along the weight stream; the rest (the first row's later rounds at long
     # contexts, the other rows' rounds behind them in the ring) streams while the consumers compute
     # the earlier rounds (attn.cuh attn_load), at what one SM's loader sustains
-    chunk = -(-d.context_len // d.splits)
     kv_slots, cap = attention_kv_ring(d.head_dim, plan.slot_bytes, d.splits, d.context_len, run)
+    split = attention_chunk(d.context_len, d.splits, run, cap)   # tokens the (longest) split attends to
+    chunk = min(split, d.context_len)                            # of them cached
     token = 2 * d.head_dim * 2
     rows = task.rows                  # the task's batch rows, one after another
     kv = rows * chunk * token
-    split = attention_chunk(d.context_len, d.splits)   # tokens the split attends to
     late = rows * split - min(split, cap)
     fill = cap * token / kv_slots     # bytes of one slot of a full round
     issue = min(run, cap) * token / 2 / cal.copy_issue_us     # a copy is one run of K (or V) token rows
@@ -107,8 +108,11 @@ def duration_us(task, graph, rates, cal) -> float:
 def lower(c) -> list[dict]:
     """One task per KV group, split and tile of batch rows (TilePlan.attn_rows)."""
     from ..graph.tasks import Access, EventRef
+    from ..smem import attention_chunk, attention_kv_ring
     B, G, S, d, GR = c.B, c.G, c.S, c.d, c.GR
-    ctx_chunk = -(-c.context_len // S)
+    run = c.plan.attn_kv_run
+    cap = attention_kv_ring(d, c.plan.slot_bytes, S, c.context_len, run)[1]
+    ctx_chunk = min(attention_chunk(c.context_len, S, run, cap), c.context_len)   # cached, longest split
     tiles = c.tiles(B, c.plan.attn_rows or B)
     out = []
     for g in range(c.nkv):

@@ -21,13 +21,17 @@ def execute(ex, t, layer: int) -> None:
     ex.attn_out[:, g * n:(g + 1) * n] = ex.merged_attention(g)
 
 
-def merge_units(splits: int, elements: int, consumer_warps: int) -> int:
-    """Split-loads on a consumer thread's path when ``elements`` attention outputs are merged from
-    their ``splits`` partials (combine.cuh merge_heads): a thread loads the partials of up to
-    ``32 // splits`` elements together, so each such group of its elements is one round of
-    ``splits`` loads."""
+def merge_rounds(splits: int, elements: int, consumer_warps: int) -> int:
+    """Load rounds of a consumer thread when ``elements`` attention outputs are merged from their
+    ``splits`` partials (combine.cuh merge_heads): a thread loads the partials of up to
+    ``32 // splits`` elements together, and its next elements' loads follow the merge of these."""
     per_thread = -(-elements // (32 * consumer_warps))
-    return splits * -(-per_thread // max(1, 32 // splits))
+    return -(-per_thread // max(1, 32 // splits))
+
+
+def merge_units(splits: int, elements: int, consumer_warps: int) -> int:
+    """Split-loads on a consumer thread's path in that merge: ``splits`` per round."""
+    return splits * merge_rounds(splits, elements, consumer_warps)
 
 
 def merge_scratch_bytes(batch: int, heads: int, splits: int) -> int:
@@ -37,8 +41,11 @@ def merge_scratch_bytes(batch: int, heads: int, splits: int) -> int:
 
 
 def merge_cost(splits: int, elements: int, consumer_warps: int, cal: Calibration) -> float:
-    """Consumer time of that merge: ``merge_split_us`` per unit."""
-    return merge_units(splits, elements, consumer_warps) * cal.merge_split_us
+    """Consumer time of that merge: ``merge_split_us`` per unit, and a dependent L2 round trip
+    (``l2_latency_us``) for every round after the first, whose loads wait for the merge before them
+    (the first round's is the staging pass of OPROJ, or in COMBINE's fixed latency)."""
+    rounds = merge_rounds(splits, elements, consumer_warps)
+    return rounds * splits * cal.merge_split_us + (rounds - 1) * cal.l2_latency_us
 
 
 def duration_us(task, graph, rates, cal) -> float:
