@@ -50,8 +50,8 @@ def constants_from_trace(summary: dict, gpu, cal: Calibration) -> dict:
     COMBINE tasks has the former, one whose OPROJ merges the partials (o_merge) the latter."""
     from trtllm_mk.graph import TilePlan, build_step_graph
     from trtllm_mk.graph.tasks import Kind
-    from trtllm_mk.kinds.combine import merge_rounds
-    from trtllm_mk.search.cost import cost_table, merge_units
+    from trtllm_mk.kinds.combine import merge_rounds, merge_units
+    from trtllm_mk.search.cost import cost_table
     kinds = summary["kinds"]
     known = TilePlan.__dataclass_fields__
     plan = TilePlan.from_dict({k: v for k, v in summary["plan"].items() if k in known})

@@ -213,6 +213,11 @@ def attention_kv_ring(head_dim: int, slot_bytes: int, splits: int, context_len: 
     return slots, cap
 
 
+def plan_kv_ring(head_dim: int, plan: TilePlan, context_len: int) -> tuple[int, int]:
+    """attention_kv_ring for a tile plan: the kernel's (KV_SLOTS, KV_CAP)."""
+    return attention_kv_ring(head_dim, plan.slot_bytes, plan.attn_splits, context_len, plan.attn_kv_run)
+
+
 def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 

@@ -17,8 +17,8 @@ from .diagnostics import Diagnostics
 from ..residual import FRAC_BITS as RESID_FRAC_BITS
 from ..schedule import Schedule
 from ..seam import emit_cuda, emit_cuda_preamble, event_ref_word, task_args_init
-from ..smem import (ACT_PAD, MAX_BLOCKS, ROW_PAD, SIG_SLOTS, SLOT_PAD, TRACE_ACCS, SmemLayout, activation_bytes, attention_kv_ring, geometries, kv_region_bytes,
-                    kv_ring_offset, smem_layout, split_start)
+from ..smem import (ACT_PAD, MAX_BLOCKS, ROW_PAD, SIG_SLOTS, SLOT_PAD, TRACE_ACCS, SmemLayout, activation_bytes, geometries, kv_region_bytes,
+                    kv_ring_offset, plan_kv_ring, smem_layout, split_start)
 
 KERNEL_NAME = "mk_decode_step"
 MAX_REFS = 4  # TaskArgs holds up to 4 waits and 4 signals
@@ -260,7 +260,7 @@ def generate_source(schedule: Schedule, tokens_per_block: int, max_seq_len: int,
         "#define MK_USE_BULK_COPY 1" if use_bulk_copy else "// weight ring filled with cp.async (no bulk copy engine)",
         diagnostics.emit_cuda() + "namespace cfg {",
     ]
-    kv_slots, kv_cap = attention_kv_ring(d.head_dim, p.slot_bytes, d.splits, d.context_len, p.attn_kv_run)
+    kv_slots, kv_cap = plan_kv_ring(d.head_dim, p, d.context_len)
     loader_warps = loader_warps_for(use_bulk_copy)
     consts = dict(B=d.batch, L=d.layers, H=d.hidden, I=d.intermediate, V=d.vocab, NH=d.heads, NKV=d.kv_heads, D=d.head_dim, G=d.group,
                   S=d.splits, GR=d.group_rows, QKVR=d.qkv_rows, QD=d.q_dim, TPB=tokens_per_block, HISTORY_LEN=max_seq_len,

@@ -33,10 +33,10 @@ __device__ __forceinline__ size_t kv_offset(const Params& p, int layer, int b, i
 // copy crosses a cache block. The last split ends at the last token (mirror: trtllm_mk/smem.py
 // split_start).
 __device__ __host__ constexpr int split_start(int len, int split) {
-  return split >= cfg::S ? len
-         : (len + cfg::S - 1) / cfg::S <= cfg::KV_CAP
-             ? (split * ((len + cfg::S - 1) / cfg::S) < len ? split * ((len + cfg::S - 1) / cfg::S) : len)
-             : (int)((long long)split * len / (cfg::S * cfg::KV_RUN)) * cfg::KV_RUN;
+  const int share = (len + cfg::S - 1) / cfg::S;
+  if (split >= cfg::S) return len;
+  if (share <= cfg::KV_CAP) return split * share < len ? split * share : len;
+  return (int)((long long)split * len / (cfg::S * cfg::KV_RUN)) * cfg::KV_RUN;
 }
 
 // The tokens of batch row b that split `split` attends to: [t0, t1); of them, [t0, t0 + cached) are

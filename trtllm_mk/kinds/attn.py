@@ -25,11 +25,11 @@ def execute(ex, t, layer: int) -> None:
     """CPU-executor semantics (trtllm_mk.executor.CpuExecutor ``ex``): see graph.tasks."""
     import torch
     from ..model.rope import apply_rope
-    from ..smem import attention_kv_ring, split_bounds
+    from ..smem import plan_kv_ring, split_bounds
     G, d, S, g, s = ex.G, ex.d, ex.S, t.group, t.split
     lw, cache, tpb = ex.layers[layer], ex.cache, ex.cache.tokens_per_block
     plan = ex.graph.plan
-    cap = attention_kv_ring(d, plan.slot_bytes, S, ex.graph.dims.context_len, plan.attn_kv_run)[1]   # KV_CAP
+    cap = plan_kv_ring(d, plan, ex.graph.dims.context_len)[1]
     for b in range(t.r0, t.r1):
         p = int(ex.pos[b])
         t0, t1 = split_bounds(p, S, plan.attn_kv_run, cap, s)
@@ -79,14 +79,14 @@ def duration_us(task, graph, rates, cal) -> float:
     """Consumer time of one split: fixed latency, L2 reads, and the tensor-core tile rounds over the
     cached K/V, or the loader's stream of it where that is slower."""
     from ..search.cost import ring_turnover_rate
-    from ..smem import attention_chunk, attention_kv_ring
+    from ..smem import attention_chunk, plan_kv_ring
     d, plan = graph.dims, graph.plan
     run = plan.attn_kv_run
     # the task's first round (up to `cap` cached tokens of its first row) comes through the ring before
     # its wait, riding along the weight stream; the rest (the first row's later rounds at long
     # contexts, the other rows' rounds behind them in the ring) streams while the consumers compute
     # the earlier rounds (attn.cuh attn_load), at what one SM's loader sustains
-    kv_slots, cap = attention_kv_ring(d.head_dim, plan.slot_bytes, d.splits, d.context_len, run)
+    kv_slots, cap = plan_kv_ring(d.head_dim, plan, d.context_len)
     split = attention_chunk(d.context_len, d.splits, run, cap)   # tokens the (longest) split attends to
     chunk = min(split, d.context_len)                            # of them cached
     token = 2 * d.head_dim * 2
@@ -108,11 +108,10 @@ def duration_us(task, graph, rates, cal) -> float:
 def lower(c) -> list[dict]:
     """One task per KV group, split and tile of batch rows (TilePlan.attn_rows)."""
     from ..graph.tasks import Access, EventRef
-    from ..smem import attention_chunk, attention_kv_ring
+    from ..smem import attention_chunk, plan_kv_ring
     B, G, S, d, GR = c.B, c.G, c.S, c.d, c.GR
-    run = c.plan.attn_kv_run
-    cap = attention_kv_ring(d, c.plan.slot_bytes, S, c.context_len, run)[1]
-    ctx_chunk = min(attention_chunk(c.context_len, S, run, cap), c.context_len)   # cached, longest split
+    cap = plan_kv_ring(d, c.plan, c.context_len)[1]
+    ctx_chunk = min(attention_chunk(c.context_len, S, c.plan.attn_kv_run, cap), c.context_len)   # cached, longest split
     tiles = c.tiles(B, c.plan.attn_rows or B)
     out = []
     for g in range(c.nkv):
