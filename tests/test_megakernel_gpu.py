@@ -348,6 +348,19 @@ def test_real_widths_one_layer_attention_row_tiles(rows):
     assert res.flips <= 2
 
 
+@pytest.mark.parametrize("o_rows,o_ksplit", [(128, 4), (256, 8)])
+def test_real_widths_one_layer_oproj_tiles(o_rows, o_ksplit):
+    """The exact one-layer check at 8B widths, batch 4, with the OPROJ tiles the 8B batch-4 builds ship
+    (128 rows x 1024 merged columns, 256 rows x 512), each K chunk merging its heads' split partials."""
+    spec = dataclasses.replace(_spec("llama-3.1-8b"), num_layers=1)
+    sch = _plan_variant(spec, 4, o_merge=True, o_rows=o_rows, o_ksplit=o_ksplit, attn_splits=4, stages=5,
+                        slot_bytes=32768)
+    assert (sch.plan.o_rows, sch.plan.o_ksplit) == (o_rows, o_ksplit)
+    res = run_and_compare(spec, 4, _weights(spec), steps=32, schedule=sch)
+    check(res, 1e-2, exact=5e-3)
+    assert res.flips <= 2
+
+
 # ring depths the search proposes besides powers of two, with one 112-row GATEUP task per SM at the 8B's
 # width (every call of the kind then passes the same arguments, which the compiler folds into its body)
 RING_DEPTHS = [(3, 112), (5, 112), (5, 56)]

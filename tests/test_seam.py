@@ -141,3 +141,18 @@ def test_plugin_header_is_emitted_once_and_written_only_on_change(tmp_path):
     assert seam.write_plugin_header(out) is False   # unchanged: left alone, so nothing recompiles
     out.write_text("stale")
     assert seam.write_plugin_header(out) is True and out.read_text() == text
+
+
+def test_wait_timeout_report_names_the_event_and_the_task():
+    from types import SimpleNamespace
+
+    import torch
+
+    from trtllm_mk.runtime.megakernel import MegakernelDecoder
+    words = dict(code=seam.ERROR_CODES["WAIT_TIMEOUT"], sm=3, event_index=21, target=8, seen=7, layer=2,
+                 task=41, pad=0)
+    err = torch.tensor([words[n] for n, _ in seam.ERROR_FIELDS], dtype=torch.int32)
+    dec = SimpleNamespace(buf=SimpleNamespace(error=err),
+                          layout=SimpleNamespace(event_offsets={"attn_done": 0, "qkv_done": 16}))
+    text = MegakernelDecoder.error_report(dec)
+    assert "SM 3 timed out waiting on event qkv_done[+5] (counter 21)" in text and "task #41 of that SM" in text

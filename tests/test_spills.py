@@ -18,7 +18,7 @@ from trtllm_mk.errors import ConfigError
 from trtllm_mk.graph.tasks import TilePlan
 from trtllm_mk.search import search
 from trtllm_mk.codegen.source import shared_call_arguments
-from trtllm_mk.spill_policy import ALL_FIELDS, SpilledPlans, function_fields
+from trtllm_mk.spill_policy import ALL_FIELDS, MARGINAL_SPILL_BYTES, SpilledPlans, function_fields
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny_cpu.yaml"
@@ -100,9 +100,9 @@ def _tiny_schedule(**plan):
     return schedule_plan(resolve_model("tiny-llama").spec, 1, get_gpu("H100-SXM"), TilePlan(**plan), 512)
 
 
-def _spilling(*names):
+def _spilling(*names, stores=32, loads=24):
     text = "".join(f"ptxas info    : Function properties for {n}\n"
-                   "    0 bytes stack frame, 32 bytes spill stores, 24 bytes spill loads\n" for n in names)
+                   f"    0 bytes stack frame, {stores} bytes spill stores, {loads} bytes spill loads\n" for n in names)
     return parse_ptxas(text)
 
 
@@ -134,6 +134,19 @@ def test_spill_policy_keys():
     prog = SpilledPlans(kernel_function_name)
     prog.add(_tiny_schedule(), _spilling("_Z11run_programN2mk3CtxE"))
     assert prog.expected_to_spill(_tiny_schedule(qkv_rows=8)) and not prog.expected_to_spill(_tiny_schedule(stages=3))
+
+
+def test_a_body_at_the_register_cap_passes_over_only_the_same_plan():
+    # one register of spills: the same plan spills alike, another tile of another kind may not
+    qkv = "_ZN2mk8run_taskILi1EEENS_3CtxES1_NS_8TaskArgsE"
+    cap = SpilledPlans(kernel_function_name)
+    cap.add(_tiny_schedule(o_rows=8), _spilling(qkv, stores=MARGINAL_SPILL_BYTES, loads=MARGINAL_SPILL_BYTES))
+    assert cap.expected_to_spill(_tiny_schedule(o_rows=8))
+    assert not cap.expected_to_spill(_tiny_schedule(o_rows=16)) and not cap.expected_to_spill(_tiny_schedule(lm_rows=256))
+    # more than one register: over the cap on its own code, whatever the other kinds' tiles
+    over = SpilledPlans(kernel_function_name)
+    over.add(_tiny_schedule(o_rows=8), _spilling(qkv, stores=2 * MARGINAL_SPILL_BYTES, loads=MARGINAL_SPILL_BYTES))
+    assert over.expected_to_spill(_tiny_schedule(o_rows=16)) and not over.expected_to_spill(_tiny_schedule(stages=3))
 
 
 def tiny_cfg(**mk):
