@@ -11,9 +11,8 @@ itself: it is keyed on every compile-time field (long lists spill alike).
 
 A body that spills one register (MARGINAL_SPILL_BYTES) sits at the cap, and there ptxas's
 allocation tips with the rest of the kernel too: the task bodies are not inlined, and their registers
-are allocated with their caller, the task list. So the same code spills in one plan and not in another
-whose task list differs (at Llama-3.1-8B batch 4 the QKV and GATEUP bodies spill 4 bytes under
-128-row OPROJ tiles and none under 256-row ones, with identical source and shared arguments). Such a
+are allocated with their caller, the task list. So the same code, with the same shared arguments,
+spills in one plan and not in another whose task list differs (another OPROJ tiling, say). Such a
 spill passes over only plans with every field equal, which differ in no more than which SM runs which
 task and spill alike. A plan passed over wrongly costs one option, a plan compiled needlessly a compile.
 """
