@@ -75,11 +75,20 @@ def tile_rounds(tokens: int, cap: int, run: int, warps: int) -> int:
     return max(1, out)
 
 
+def longest_split(head_dim: int, plan, context_len: int) -> tuple[int, int]:
+    """(tokens the longest KV split attends to, of them cached) in the step at position ``context_len``
+    (smem.split_start's bounds on the plan's ring)."""
+    from ..smem import attention_chunk, plan_kv_ring
+    cap = plan_kv_ring(head_dim, plan, context_len)[1]
+    split = attention_chunk(context_len, plan.attn_splits, plan.attn_kv_run, cap)
+    return split, min(split, context_len)
+
+
 def duration_us(task, graph, rates, cal) -> float:
     """Consumer time of one split: fixed latency, L2 reads, and the tensor-core tile rounds over the
     cached K/V, or the loader's stream of it where that is slower."""
     from ..search.cost import ring_turnover_rate
-    from ..smem import attention_chunk, plan_kv_ring
+    from ..smem import plan_kv_ring
     d, plan = graph.dims, graph.plan
     run = plan.attn_kv_run
     # the task's first round (up to `cap` cached tokens of its first row) comes through the ring before
@@ -87,8 +96,7 @@ def duration_us(task, graph, rates, cal) -> float:
     # contexts, the other rows' rounds behind them in the ring) streams while the consumers compute
     # the earlier rounds (attn.cuh attn_load), at what one SM's loader sustains
     kv_slots, cap = plan_kv_ring(d.head_dim, plan, d.context_len)
-    split = attention_chunk(d.context_len, d.splits, run, cap)   # tokens the (longest) split attends to
-    chunk = min(split, d.context_len)                            # of them cached
+    split, chunk = longest_split(d.head_dim, plan, d.context_len)
     token = 2 * d.head_dim * 2
     rows = task.rows                  # the task's batch rows, one after another
     kv = rows * chunk * token
@@ -108,10 +116,8 @@ def duration_us(task, graph, rates, cal) -> float:
 def lower(c) -> list[dict]:
     """One task per KV group, split and tile of batch rows (TilePlan.attn_rows)."""
     from ..graph.tasks import Access, EventRef
-    from ..smem import attention_chunk, plan_kv_ring
     B, G, S, d, GR = c.B, c.G, c.S, c.d, c.GR
-    cap = plan_kv_ring(d, c.plan, c.context_len)[1]
-    ctx_chunk = min(attention_chunk(c.context_len, S, c.plan.attn_kv_run, cap), c.context_len)   # cached, longest split
+    ctx_chunk = longest_split(d, c.plan, c.context_len)[1]
     tiles = c.tiles(B, c.plan.attn_rows or B)
     out = []
     for g in range(c.nkv):
