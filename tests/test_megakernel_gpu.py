@@ -239,6 +239,18 @@ def test_oproj_merge_and_combine_plans(name, o_merge):
     check(run_and_compare(spec, 2, _weights(spec), steps=64, schedule=sch), 3e-2)
 
 
+@pytest.mark.parametrize("o_merge", [False, True])
+@pytest.mark.parametrize("splits", [16, 32])
+def test_split_merge_vector_widths(splits, o_merge):
+    """The split merge (kinds/combine.cuh merge_heads) loads a head's partials as vectors of 4
+    elements up to 8 splits, of 2 up to 16 and one at a time beyond: the wider splits' paths, in
+    COMBINE and in OPROJ's staging."""
+    spec = _spec("tiny-llama")
+    sch = _plan_variant(spec, 2, attn_splits=splits, o_merge=o_merge, o_ksplit=spec.num_kv_heads)
+    assert sch.plan.attn_splits == splits
+    check(run_and_compare(spec, 2, _weights(spec), steps=64, schedule=sch), 3e-2)
+
+
 # (model, KV splits, ring stages, batch rows per ATTN task (0: all), tokens per K/V copy run and bank
 # skew group, ring slot bytes, KV slots per round, tokens a round's K and V hold) of the long-context
 # test: K and V share a slot or take one each; two slots leave no room for a second round in flight,
@@ -427,6 +439,8 @@ def _prebuild() -> None:
     # the plan variants the tests force
     variants = [(_spec(n), 2, dict(o_merge=m, o_ksplit=_spec(n).num_kv_heads)) for n in ("tiny-llama", "tiny-qwen3")
                 for m in (False, True)]
+    variants += [(_spec("tiny-llama"), 2, dict(attn_splits=k, o_merge=m, o_ksplit=_spec("tiny-llama").num_kv_heads))
+                 for k in (16, 32) for m in (False, True)]
     variants += [(dataclasses.replace(_spec(n), num_layers=1), 4, dict(o_merge=m, o_ksplit=_spec(n).num_kv_heads if m else 1))
                  for n in REAL for m in (False, True)]
     variants += [(_spec(n), 2, _long_context_fields(*c[:5])) for n, *c in LONG_CONTEXT]

@@ -31,40 +31,54 @@ __device__ __forceinline__ void merge_factors(const Params& p, int head0, float*
   }
 }
 
+// W consecutive floats, loaded in one instruction.
+template <int W> struct FloatVec;
+template <> struct FloatVec<4> { using T = float4; };
+template <> struct FloatVec<2> { using T = float2; };
+template <> struct FloatVec<1> { using T = float; };
+
 // The attention output of heads [head0, head0 + NH) of every batch row, merged from ATTN's S split
 // partials: element i of [B][NH * D] goes to out(i, value). The one merge of COMBINE and of OPROJ's
-// staging under TilePlan.o_merge. A thread loads the partials of U elements together, the first U
-// before merge_factors' loads, so a merge of up to U * CTHREADS elements is one L2 round trip and a
+// staging under TilePlan.o_merge. A thread loads the partials of 32 / S elements together (U vectors
+// of W consecutive elements of one head: a 16-byte load per split where S <= 8), the first ones before
+// merge_factors' loads, so a merge of up to 32 / S * CTHREADS elements is one L2 round trip and a
 // barrier. `w`: shared scratch of B * NH * (S + 1) floats (trtllm_mk/kinds/combine.py merge_scratch_bytes).
 template <int NH, typename Out>
 __device__ __forceinline__ void merge_heads(const Params& p, int head0, float* w, Out out) {
-  constexpr int N = cfg::B * NH * cfg::D, U = max_i(1, 32 / cfg::S);
-  float o[U][cfg::S];
-  const auto load = [&](int i0) {
+  constexpr int W = cfg::S <= 8 ? 4 : cfg::S <= 16 ? 2 : 1, U = max_i(1, 32 / (cfg::S * W));
+  constexpr int N = cfg::B * NH * cfg::D, NV = N / W;
+  static_assert(cfg::D % W == 0, "a vector holds elements of one head");
+  using V = typename FloatVec<W>::T;
+  V o[U][cfg::S];
+  const auto load = [&](int v0) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int i = i0 + u * CTHREADS, b = i / (NH * cfg::D), head = head0 + (i / cfg::D) % NH;
+      const int v = v0 + u * CTHREADS, i = v * W, b = i / (NH * cfg::D), head = head0 + (i / cfg::D) % NH;
       const float* src = p.part_o + ((((size_t)b * cfg::NKV + head / cfg::G) * cfg::S) * cfg::G + head % cfg::G) * cfg::D +
                          i % cfg::D;
 #pragma unroll
-      for (int s = 0; s < cfg::S; ++s) o[u][s] = i < N ? ld_act(src + (size_t)s * cfg::G * cfg::D) : 0.f;
+      for (int s = 0; s < cfg::S; ++s)
+        o[u][s] = v < NV ? __ldcg(reinterpret_cast<const V*>(src + (size_t)s * cfg::G * cfg::D)) : V{};
     }
   };
   load(threadIdx.x);
   merge_factors<NH>(p, head0, w);
   consumer_sync(CTHREADS);
-  for (int i0 = threadIdx.x; i0 < N; i0 += U * CTHREADS) {
-    if (i0 != (int)threadIdx.x) load(i0);
+  for (int v0 = threadIdx.x; v0 < NV; v0 += U * CTHREADS) {
+    if (v0 != (int)threadIdx.x) load(v0);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int i = i0 + u * CTHREADS;
-      if (i >= N) break;
+      const int v = v0 + u * CTHREADS, i = v * W;
+      if (v >= NV) break;
       const float* f = w + (i / cfg::D) * (cfg::S + 1);   // (row, head) = i / D
-      float num = 0.f;
 #pragma unroll
-      for (int s = 0; s < cfg::S; ++s)
-        if (f[s] != 0.f) num += f[s] * o[u][s];
-      out(i, num / f[cfg::S]);
+      for (int e = 0; e < W; ++e) {
+        float num = 0.f;
+#pragma unroll
+        for (int s = 0; s < cfg::S; ++s)
+          if (f[s] != 0.f) num += f[s] * reinterpret_cast<const float*>(&o[u][s])[e];
+        out(i + e, num / f[cfg::S]);
+      }
     }
   }
 }
