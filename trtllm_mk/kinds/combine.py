@@ -10,8 +10,9 @@ CALIBRATION = {
     "combine_fixed_us": (2.0, "consumer time of a task beyond its bandwidth terms: the dependent reads of "
                               "the partials and the block barriers"),
     "merge_split_us": (0.1, "consumer time per split of a merge of split partials (here, and in OPROJ's "
-                            "staging under TilePlan.o_merge): each split adds a (max, sum, o) load per "
-                            "element and an exp, issued together, so their count, not their bytes, sets it"),
+                            "staging under TilePlan.o_merge): each split adds an o load per vector of elements "
+                            "(combine.cuh merge_heads), a (max, sum) load and an exp per head, issued "
+                            "together, so their count, not their bytes, sets it"),
 }
 
 
