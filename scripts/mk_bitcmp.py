@@ -4,8 +4,8 @@
 
 OLD.cu is a kernel source generated for the benchmark's schedule of (model, batch, context) by another
 tree (``scripts/mk_ab.py --dump-schedule`` writes the schedule to generate it from). Both kernels decode
-``--steps`` steps from the same random weights, the same randomly filled KV cache and the same tokens;
-the script prints how many steps gave bit-identical logits and tokens, and the largest logit difference.
+``--steps`` steps from the same random weights and the same tokens (scripts/mk_trace.py captured_step:
+its randomly filled KV cache and warm-up); the script prints how many steps gave bit-identical logits and tokens, and the largest logit difference.
 A kernel change meant to keep the numerics (a different load width, another order of independent
 loads) must print every step.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mk_trace import HEADROOM, TOKENS_PER_BLOCK, make_schedule  # noqa: E402
+from mk_trace import captured_step, make_schedule  # noqa: E402
 from trtllm_mk.model.registry import resolve_model  # noqa: E402
 
 
@@ -30,31 +30,25 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=16)
     a = ap.parse_args()
     import torch
-    from trtllm_mk.codegen import compile_cubin, generate_source
+    from trtllm_mk.codegen.diagnostics import Diagnostics
     from trtllm_mk.gpus import detect_gpu
-    from trtllm_mk.kv_cache import PagedKVCache
     from trtllm_mk.model.random_weights import random_weights
-    from trtllm_mk.model.rope import rope_inv_freq
-    from trtllm_mk.runtime.megakernel import MegakernelDecoder
     spec = resolve_model(a.model).spec
     gpu = detect_gpu()
     s = make_schedule(spec, a.batch, a.context, gpu, {})
     w = random_weights(spec, device="cuda", seed=0)
-    max_seq = a.context + HEADROOM
-    src, layout = generate_source(s, TOKENS_PER_BLOCK, max_seq, use_bulk_copy=gpu.has_tma)
+    tokens, pos = torch.arange(a.batch) * 7 + 3, torch.full((a.batch,), a.context)
     runs = []
-    for text in (Path(a.old).read_text(), src):
-        cubin, _ = compile_cubin(text, gpu.nvcc_arch)
-        cache = PagedKVCache.allocate(spec, a.batch, max_seq, TOKENS_PER_BLOCK, device="cuda", fill=1.0)
-        dec = MegakernelDecoder(s, cubin, layout, w, cache, rope_inv_freq(spec))
-        dec.set_state(torch.arange(a.batch) * 7 + 3, torch.full((a.batch,), a.context))
+    for source in (Path(a.old).read_text(), None):   # None: this tree's source
+        dec, _ = captured_step(s, w, a.context, gpu, Diagnostics(), tokens, source)
+        dec.set_state(tokens, pos)   # from the same state after the warm-up steps
         steps = []
         for _ in range(a.steps):
             dec.step()
             dec.synchronize()
             steps.append((dec.logits.clone(), dec.tokens.clone()))
         runs.append(steps)
-        del dec, cache
+        del dec
     same = sum(torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) for x, y in zip(*runs))
     diff = max(float((x[0].float() - y[0].float()).abs().max()) for x, y in zip(*runs))
     print(f"{a.model} b{a.batch} ctx {a.context}: {same}/{a.steps} steps bit-identical (logits and tokens); "

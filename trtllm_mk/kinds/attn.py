@@ -75,11 +75,10 @@ def tile_rounds(tokens: int, cap: int, run: int, warps: int) -> int:
     return max(1, out)
 
 
-def longest_split(head_dim: int, plan, context_len: int) -> tuple[int, int]:
+def longest_split(plan, context_len: int, cap: int) -> tuple[int, int]:
     """(tokens the longest KV split attends to, of them cached) in the step at position ``context_len``
-    (smem.split_start's bounds on the plan's ring)."""
-    from ..smem import attention_chunk, plan_kv_ring
-    cap = plan_kv_ring(head_dim, plan, context_len)[1]
+    (smem.split_start's bounds, on a ring round of ``cap`` tokens: smem.plan_kv_ring)."""
+    from ..smem import attention_chunk
     split = attention_chunk(context_len, plan.attn_splits, plan.attn_kv_run, cap)
     return split, min(split, context_len)
 
@@ -96,7 +95,7 @@ def duration_us(task, graph, rates, cal) -> float:
     # contexts, the other rows' rounds behind them in the ring) streams while the consumers compute
     # the earlier rounds (attn.cuh attn_load), at what one SM's loader sustains
     kv_slots, cap = plan_kv_ring(d.head_dim, plan, d.context_len)
-    split, chunk = longest_split(d.head_dim, plan, d.context_len)
+    split, chunk = longest_split(plan, d.context_len, cap)
     token = 2 * d.head_dim * 2
     rows = task.rows                  # the task's batch rows, one after another
     kv = rows * chunk * token
@@ -116,8 +115,9 @@ def duration_us(task, graph, rates, cal) -> float:
 def lower(c) -> list[dict]:
     """One task per KV group, split and tile of batch rows (TilePlan.attn_rows)."""
     from ..graph.tasks import Access, EventRef
+    from ..smem import plan_kv_ring
     B, G, S, d, GR = c.B, c.G, c.S, c.d, c.GR
-    ctx_chunk = longest_split(d, c.plan, c.context_len)[1]
+    ctx_chunk = longest_split(c.plan, c.context_len, plan_kv_ring(d, c.plan, c.context_len)[1])[1]
     tiles = c.tiles(B, c.plan.attn_rows or B)
     out = []
     for g in range(c.nkv):
