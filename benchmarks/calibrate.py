@@ -41,7 +41,10 @@ from trtllm_mk.runtime.megakernel import build_decoder  # noqa: E402
 from trtllm_mk.search import Calibration, load_calibration, predict, search  # noqa: E402
 
 FIT_FIELDS = ("sync_us", "task_overhead_us", "launch_us")
-TRACE_FIELDS = ("sync_us", "l2_latency_us", "attn_fixed_us", "combine_fixed_us", "merge_split_us")
+TRACE_FIELDS = ("sync_us", "l2_latency_us", "attn_fixed_us", "combine_fixed_us", "merge_split_us", "publish_us",
+                "landing_us")
+# the kinds whose tasks stream long enough for their hand-off and landing to be read off a trace
+STREAMING_KINDS = ("GATEUP", "DOWN", "EGATEUP", "EDOWN")
 
 
 def constants_from_trace(summary: dict, gpu, cal: Calibration) -> dict:
@@ -74,6 +77,13 @@ def constants_from_trace(summary: dict, gpu, cal: Calibration) -> dict:
         # per batch row: a task runs its rows one after another
         "attn_fixed_us": max(0.0, kinds["ATTN"]["mean_body_us"] - base[Kind.ATTN]) / (sum(attn_rows) / len(attn_rows)),
     }
+    streaming = [k for k in STREAMING_KINDS if "mean_signal_us" in kinds.get(k, {})]   # older summaries lack it
+    # hand-off -> published: the signaller's release, which waiters see and the consumer does not wait for
+    if streaming:
+        out["publish_us"] = sum(kinds[k]["mean_signal_us"] for k in streaming) / len(streaming)
+    if streaming and all("mean_landing_us" in kinds[k] for k in streaming):
+        slot = {t.kind.name: c.slot_t for t, c in zip(graph.layer, ct.layer) if t.kind.name in streaming}
+        out["landing_us"] = sum(max(0.0, kinds[k]["mean_landing_us"] - slot[k]) for k in streaming) / len(streaming)
     # (the time per bulk copy, copy_issue_us, is not read here: no kind's rows are short enough for a
     # trace to isolate it; benchmarks/micro/ring_stream.cu measures it on one streaming SM)
     if plan.o_merge:   # OPROJ's staging beyond a plain slice's is the merge of the S splits
@@ -103,10 +113,15 @@ def merge_calibration(path: Path, values: dict, note_key: str, note: str) -> Pat
     return path
 
 
-def schedule_of(entry: dict, gpu, cal: Calibration):
-    """The schedule of a measured plan: list-scheduled under ``cal`` as the search would."""
+def schedule_of(entry: dict, gpu, cal: Calibration, where: Path = Path(".")):
+    """The schedule of a measured plan: the saved schedule the entry names (``"schedule"``, a path
+    relative to the file ``where`` it came from: the measured programs exactly), else the plan
+    list-scheduled under ``cal`` as the search would."""
     from trtllm_mk.graph import TilePlan
+    from trtllm_mk.schedule import Schedule
     from trtllm_mk.search import schedule_plan
+    if "schedule" in entry:
+        return Schedule.load(where.parent / entry["schedule"])
     known = TilePlan.__dataclass_fields__
     plan = TilePlan.from_dict({k: v for k, v in entry["plan"].items() if k in known})
     return schedule_plan(resolve_model(entry["model"]).spec, entry["batch"], gpu, plan, entry["context"],
@@ -114,13 +129,13 @@ def schedule_of(entry: dict, gpu, cal: Calibration):
 
 
 MEGAKERNEL = "trtllm_mk megakernel"
-MEASURED_FIT_FIELDS = ("task_overhead_us", "mem_latency_us", "sync_us", "attn_fixed_us", "combine_fixed_us",
-                       "attn_late_token_us", "slot_overhead_us")
+MEASURED_FIT_FIELDS = ("task_overhead_us", "mem_latency_us", "loader_task_us", "sync_us", "attn_fixed_us",
+                       "combine_fixed_us", "attn_late_token_us", "slot_overhead_us")
 
 
 def measured_entries(data) -> list[dict]:
     """The measured workloads of a ``--from-measured`` file: a JSON list of {model, batch, context,
-    plan, measured_us}, or a decode_latency report.json, whose megakernel rows carry their plan."""
+    plan, measured_us[, schedule]}, or a decode_latency report.json, whose megakernel rows carry their plan."""
     if not (isinstance(data, dict) and "configs" in data):
         return data
     out = []
@@ -144,7 +159,7 @@ def calibrate_from_measured(path: str, out_dir: Path, fit_fields=("task_overhead
         print(f"error: {path}: not a readable list of measured workloads ({e})", file=sys.stderr)
         return 2
     cal0 = load_calibration(gpu, out_dir)
-    workloads = [(schedule_of(e, gpu, cal0), e["measured_us"]) for e in entries]
+    workloads = [(schedule_of(e, gpu, cal0, Path(path)), e["measured_us"]) for e in entries]
     cal = fit(workloads, gpu, cal0, fit_fields)
     print(f"{'workload':<38}{'measured us':>12}{'before':>10}{'after':>10}{'error':>8}")
     for e, (sch, m) in zip(entries, workloads):
@@ -204,7 +219,7 @@ def calibrate_from_links(path: str, out_dir: Path) -> int:
     return 0
 
 
-def calibrate_from_traces(paths: list[str], out_dir: Path) -> int:
+def calibrate_from_traces(paths: list[str], out_dir: Path, only: list[str] | None = None) -> int:
     from trtllm_mk.gpus import get_gpu
     summaries = []
     for p in paths:
@@ -220,7 +235,11 @@ def calibrate_from_traces(paths: list[str], out_dir: Path) -> int:
     gpu = get_gpu(gpu_names.pop())
     cal = load_calibration(gpu, out_dir)
     per = [constants_from_trace(s, gpu, cal) for s in summaries]
-    fields = [f for f in TRACE_FIELDS if any(f in p for p in per)]   # each averaged over the traces that show it
+    # each averaged over the traces that show it
+    fields = [f for f in TRACE_FIELDS if any(f in p for p in per) and (not only or f in only)]
+    if not fields:
+        print(f"error: none of {', '.join(only or TRACE_FIELDS)} can be read off these traces", file=sys.stderr)
+        return 2
     fitted = {f: round(sum(p[f] for p in per if f in p) / sum(f in p for p in per), 3) for f in fields}
     print(f"{'trace':<34}" + "".join(f"{f:>18}" for f in fields))
     for s, p in zip(summaries, per):
@@ -294,9 +313,11 @@ def main(argv=None) -> int:
                     help="write the tensor-parallel link constants from benchmarks/micro/nvlink.cu --json; no GPU needed")
     ap.add_argument("--fit", nargs="+", default=["task_overhead_us"], choices=sorted(MEASURED_FIT_FIELDS),
                     help="constants --from-measured fits (default: task_overhead_us)")
+    ap.add_argument("--fields", nargs="+", choices=TRACE_FIELDS,
+                    help="constants --from-trace writes (default: every one the traces show)")
     args = ap.parse_args(argv)
     if args.from_trace:
-        return calibrate_from_traces(args.from_trace, Path(args.out))
+        return calibrate_from_traces(args.from_trace, Path(args.out), args.fields)
     if args.from_links:
         return calibrate_from_links(args.from_links, Path(args.out))
     if args.from_measured:

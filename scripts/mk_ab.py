@@ -9,7 +9,9 @@ A variant is ``NAME[:ITEM,ITEM...]``: ``field=value`` replaces a tile plan field
 schedule (scripts/mk_trace.py --set), ``+name=value`` sets a diagnostic switch of the kernel
 (trtllm_mk/codegen/diagnostics.py), ``src=FILE.cu`` runs a kernel source generated elsewhere for the same schedule
 (e.g. by an older release, ``--dump-schedule`` writes the schedule to generate it from) with this
-tree's runtime: the A/B of two releases, valid while their kernel parameters keep one layout. Every variant binds the same random weights; each round times every variant once
+tree's runtime: the A/B of two releases, valid while their kernel parameters keep one layout;
+``schedule=FILE.json`` runs a schedule saved elsewhere (``--dump-schedule``, or the build of another
+calibration) with this tree's kernel: the A/B of two searches' plans. Every variant binds the same random weights; each round times every variant once
 (median of ``--steps`` CUDA-graph replays after warm-up), in a rotated order, so slow drift of the
 GPU (clocks, temperature) shows up as spread within a variant instead of as a difference between
 variants. Prints per variant the median of its rounds' medians, their range, and the change against
@@ -30,18 +32,35 @@ from trtllm_mk.gpus import detect_gpu, get_gpu  # noqa: E402
 from trtllm_mk.model.registry import resolve_model  # noqa: E402
 
 
-def parse_variant(text: str) -> tuple[str, dict, tuple[str, ...], str | None]:
+def parse_variant(text: str) -> tuple[str, dict, tuple[str, ...], str | None, str | None]:
     name, _, items = text.partition(":")
-    sets, switches, src = {}, [], None
+    sets, switches, src, sched = {}, [], None, None
     for it in filter(None, items.split(",")):
         if it.startswith("+"):
             switches.append(it[1:])
         elif it.startswith("src="):
             src = it[4:]
+        elif it.startswith("schedule="):
+            sched = it[len("schedule="):]
         else:
             k, _, v = it.partition("=")
             sets[k] = int(v)
-    return name, sets, Diagnostics.parse(switches), src
+    return name, sets, Diagnostics.parse(switches), src, sched
+
+
+def variant_schedule(spec, batch: int, context: int, gpu, sets: dict, sched: str | None):
+    """The variant's schedule: the file's (it must be of this model, batch and context), or the
+    benchmark's with ``sets`` applied."""
+    if sched is None:
+        return make_schedule(spec, batch, context, gpu, sets)
+    from trtllm_mk.schedule import Schedule
+    from trtllm_mk.search import predict
+    s = Schedule.load(sched)
+    if (s.spec.name, s.batch, s.context_len) != (spec.name, batch, context) or sets:
+        sys.exit(f"error: {sched}: a schedule of {s.spec.name} b{s.batch} ctx {s.context_len}, not of "
+                 f"{spec.name} b{batch} ctx {context}" + (" (and a schedule= variant takes no field=)" if sets else ""))
+    s.predicted_step_us = predict(s, gpu).step_us   # under this tree's calibration, as the other variants
+    return s
 
 
 def main() -> None:
@@ -68,8 +87,9 @@ def main() -> None:
         Path(a.dump_schedule).write_text(make_schedule(spec, a.batch, a.context, get_gpu(a.gpu), {}).to_json())
         return
     if a.prebuild:
-        for name, sets, diag, src in variants:
-            s, path = prebuild(spec, a.batch, a.context, get_gpu(a.gpu), sets, diag)
+        for name, sets, diag, src, sched in variants:
+            s, path = prebuild(spec, a.batch, a.context, get_gpu(a.gpu), sets, diag,
+                               variant_schedule(spec, a.batch, a.context, get_gpu(a.gpu), sets, sched))
             if src:
                 from trtllm_mk.codegen import compile_cubin
                 path, _ = compile_cubin(Path(src).read_text(), get_gpu(a.gpu).nvcc_arch)
@@ -88,8 +108,8 @@ def main() -> None:
     tokens = torch.randint(0, spec.vocab_size, (a.batch,))
     pos = torch.full((a.batch,), a.context)
     runs = []
-    for name, sets, diag, src in variants:
-        s = make_schedule(spec, a.batch, a.context, gpu, sets)
+    for name, sets, diag, src, sched in variants:
+        s = variant_schedule(spec, a.batch, a.context, gpu, sets, sched)
         dec, graph = captured_step(s, w, a.context, gpu, diag, tokens, Path(src).read_text() if src else None)
         runs.append((name, s, dec, graph))
         print(f"{name}: plan {s.plan.to_dict()} diagnostics {diag.changed()}; predicted {s.predicted_step_us:.1f} us",

@@ -3,6 +3,7 @@
     python scripts/mk_trace.py llama-3.2-1b --batch 1 --context 512 [--set stages=6 --set slot_bytes=32768]
         [--diag attn_mark=2] [--out DIR]
     python scripts/mk_trace.py llama-3.2-1b --prebuild --gpu H100-SXM     # compile only (no GPU needed)
+    python scripts/mk_trace.py --summarize DIR/trace_X.npz --out NEWDIR     # summarize a saved trace again
 
 The schedule is the one the benchmark uses (benchmarks/megakernel_system.py); ``--set`` replaces tile
 plan fields and list-schedules the changed plan, to measure what the search did not pick. Prints the
@@ -46,10 +47,12 @@ def make_schedule(spec, batch: int, context: int, gpu, sets: dict) -> Schedule:
     return schedule_plan(spec, batch, gpu, replace(sched.plan, **sets), context)
 
 
-def prebuild(spec, batch: int, context: int, gpu, sets: dict, diag) -> tuple[Schedule, Path]:
-    """Compile the kernel of (spec, batch, context, sets, diagnostics) into the cubin cache (no GPU)."""
+def prebuild(spec, batch: int, context: int, gpu, sets: dict, diag, schedule: Schedule | None = None
+             ) -> tuple[Schedule, Path]:
+    """Compile the kernel of (spec, batch, context, sets, diagnostics), or of ``schedule``, into the
+    cubin cache (no GPU)."""
     from trtllm_mk.codegen import compile_cubin, generate_source
-    s = make_schedule(spec, batch, context, gpu, sets)
+    s = schedule or make_schedule(spec, batch, context, gpu, sets)
     src, _ = generate_source(s, TOKENS_PER_BLOCK, context + HEADROOM, use_bulk_copy=gpu.has_tma, diagnostics=diag)
     path, _ = compile_cubin(src, gpu.nvcc_arch)
     return s, path
@@ -79,9 +82,28 @@ def captured_step(s: Schedule, weights, context: int, gpu, diag, tokens, source:
     return dec, graph
 
 
+def summarize_saved(npz: Path, out: Path) -> None:
+    """trace_X.json of a saved trace_X.npz, summarized by this tree (fields added since it was taken),
+    with the model, plan and measured figures of the JSON saved beside it."""
+    from trtllm_mk.runtime.trace import summarize
+    from trtllm_mk.schedule import Schedule
+    d = np.load(npz)
+    s = Schedule.from_json(bytes(d["schedule"]).decode(), where=str(npz))
+    saved = npz.with_suffix(".json")
+    body = {k: v for k, v in summarize(s, d["tasks"], d["per_sm"]).items() if k != "records"}
+    old = json.loads(saved.read_text()) if saved.is_file() else {}
+    body.update({k: old[k] for k in ("model", "batch", "context", "plan", "predicted_us", "measured_p50_us", "device",
+                                     "gpu") if k in old})
+    out.mkdir(parents=True, exist_ok=True)
+    (out / saved.name).write_text(json.dumps(body, indent=1) + "\n")
+    print(f"wrote {out / saved.name}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("model")
+    ap.add_argument("model", nargs="?")
+    ap.add_argument("--summarize", metavar="NPZ", help="summarize a saved trace (.npz) again with this tree's "
+                    "runtime/trace.py (no GPU): trace_X.json under --out, measured figures kept from the saved one")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--set", action="append", default=[], help="tile plan field=value")
@@ -91,6 +113,10 @@ def main() -> None:
     ap.add_argument("--prebuild", action="store_true")
     ap.add_argument("--gpu", default="H100-SXM", help="with --prebuild: the target GPU")
     a = ap.parse_args()
+    if a.summarize:
+        return summarize_saved(Path(a.summarize), Path(a.out))
+    if not a.model:
+        ap.error("a model is needed (or --summarize)")
     spec = resolve_model(a.model).spec
     sets = parse_sets(a.set)
     diag = Diagnostics.parse(a.diag)

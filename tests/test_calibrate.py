@@ -51,6 +51,35 @@ def test_from_trace_merges_into_the_calibration_file(summary, tmp_path, capsys):
     assert cal.launch_us == 0.9                 # kept
     assert cal.sync_us == 0.5 and cal.l2_latency_us == pytest.approx(0.6)
     assert "mean (written)" in capsys.readouterr().out
+    # --fields writes only the constants named, and says so when the traces show none of them
+    (out / "H100-SXM.json").write_text(json.dumps({"sync_us": 3.0}))
+    assert calibrate_from_traces([str(trace)], out, ["l2_latency_us"]) == 0
+    assert load_calibration(H100, out).sync_us == 3.0 and load_calibration(H100, out).l2_latency_us == pytest.approx(0.6)
+    assert calibrate_from_traces([str(trace)], out, ["publish_us"]) == 2
+    assert "none of publish_us can be read off these traces" in capsys.readouterr().err
+
+
+V30 = ROOT / "benchmarks" / "results" / "h200_v30_2026-11-29" / "model_fit"
+
+
+def test_publish_and_landing_come_from_the_streaming_kinds():
+    """publish_us is the streaming kinds' mean hand-off -> published; landing_us their mean last copy ->
+    reduction done less one slot's math (the model's slot_t of that kind); traces summarized before
+    either was recorded give neither, and the other constants as before."""
+    s = json.loads((V30 / "traces_o128" / "trace_llama-3.1-8b_b4.json").read_text())
+    gpu = get_gpu("H200")
+    cal = load_calibration(gpu)
+    c = constants_from_trace(s, gpu, cal)
+    k = s["kinds"]
+    assert c["publish_us"] == pytest.approx((k["GATEUP"]["mean_signal_us"] + k["DOWN"]["mean_signal_us"]) / 2)
+    g = build_step_graph(resolve_model(s["model"]).spec, s["batch"], TilePlan.from_dict(s["plan"]), s["context"])
+    slot = {t.kind.name: ct.slot_t for t, ct in zip(g.layer, cost_table(g, gpu, cal.resolved(gpu)).layer)}
+    assert c["landing_us"] == pytest.approx(sum(k[n]["mean_landing_us"] - slot[n] for n in ("GATEUP", "DOWN")) / 2)
+    assert 0.0 < c["landing_us"] < k["GATEUP"]["mean_landing_us"]
+    for n in k.values():
+        del n["mean_landing_us"], n["mean_signal_us"]
+    old = constants_from_trace(s, gpu, cal)
+    assert "publish_us" not in old and "landing_us" not in old and old["sync_us"] == c["sync_us"]
 
 
 def test_from_trace_rejects_an_unreadable_file(tmp_path, capsys):

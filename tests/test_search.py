@@ -251,13 +251,13 @@ def test_attention_math_costs_tile_rounds():
 CAL = Calibration(sync_us=1.0, mem_latency_us=0.8, launch_us=4.0)
 
 
-def _hand(tasks, costs, programs, events):
+def _hand(tasks, costs, programs, events, cal=CAL):
     """A one-layer graph of hand-made tasks with hand-given costs."""
     dims = Dims(batch=1, layers=1, hidden=64, intermediate=64, vocab=64, heads=1, kv_heads=1, head_dim=32, group=1,
                 splits=1, group_rows=96, qkv_rows=96, q_dim=32, n_lm_tiles=1, context_len=16)
     g = StepGraph(1, 1, TilePlan(), [], tasks, [], events, dims)
     ct = CostTable([], costs, [], None, streaming_sms(programs, g))
-    return Simulator(g, H100, CAL, costs=ct).run(programs, record=True)
+    return Simulator(g, H100, cal, costs=ct).run(programs, record=True)
 
 
 EV = {"e": Event("e", 1, 1, ((1,),), True)}
@@ -302,6 +302,37 @@ def test_simulation_hand_computed_ring_across_tasks():
     (a2, ca2), (b2, cb2) = _gemv(1, 100.0, 40.0, waits=SIG), _gemv(2, 100.0, 40.0)
     r = _hand([x, a2, b2], [cx, ca2, cb2], [SMProgram(layer=[0]), SMProgram(layer=[1, 2])], EV)
     assert r.end[1] == pytest.approx(59.3) and r.end[2] == pytest.approx(69.3)
+
+
+def test_simulation_hand_computed_publish_and_landing():
+    """A task's events reach its waiters ``publish_us`` after it ends (the signaller's release) while
+    its SM's consumer goes straight on; the bytes of a stream's last copy land ``landing_us`` after
+    its issue, not the ring's turnover latency (mem_latency_us)."""
+    cal = replace(CAL, publish_us=2.0, landing_us=0.3)
+    # SM0: X (10 us) signals e, then Z (5 us, no wait). SM1: a GEMV of 100 B at 10 B/us waits e, ring 40 B.
+    (x, cx), (z, cz), (y, cy) = _attn(0, 10.0, signals=SIG), _attn(1, 5.0), _gemv(2, 100.0, 40.0, waits=SIG)
+    r = _hand([x, z, y], [cx, cz, cy], [SMProgram(layer=[0, 1]), SMProgram(layer=[2])], EV, cal)
+    assert (r.start[1], r.end[1]) == pytest.approx((10.0, 15.0))      # Z does not wait for the release
+    # e is seen at 10 + 2, the GEMV starts at 12 + sync 1, stages by 14; its head (40 B) is in by 4, the
+    # other 60 B issue 14..20 as the consumer frees slots and land 0.3 later; the last slot's math 0.5
+    assert r.start[2] == pytest.approx(13.0) and r.end[2] == pytest.approx(20.8)
+    # without the two constants (publish 0, landing = mem_latency_us 0.8): 11 and 12 + 6 + 0.8 + 0.5
+    r = _hand([x, z, y], [cx, cz, cy], [SMProgram(layer=[0, 1]), SMProgram(layer=[2])], EV)
+    assert r.start[2] == pytest.approx(11.0) and r.end[2] == pytest.approx(19.3)
+
+
+def test_simulation_hand_computed_loader_time_per_task():
+    """``loader_task_us`` delays the first copy of every GEMV task on the loader: a stream of many
+    small tasks pays it once each, a long task once."""
+    cal = replace(CAL, loader_task_us=1.0)
+    (a, ca), (b, cb) = _gemv(0, 100.0, 40.0), _gemv(1, 100.0, 40.0)
+    r = _hand([a, b], [ca, cb], [SMProgram(layer=[0, 1])], EV, cal)
+    # A: its head issues 1..5, its body 5..11 (the consumer started at 1), lands 0.8 later, last slot 0.5
+    assert r.end[0] == pytest.approx(12.3)
+    # B: its loader starts at 11 + 1, its head by 16 (A's last byte is consumed at 12.3), body 16..22
+    assert r.end[1] == pytest.approx(23.3)
+    r = _hand([a, b], [ca, cb], [SMProgram(layer=[0, 1])], EV)
+    assert (r.end[0], r.end[1]) == pytest.approx((11.3, 21.3))
 
 
 def test_simulator_detects_deadlock():

@@ -11,13 +11,16 @@ TRACE_WORD_NAMES in trtllm_mk/seam.py). This module turns that into:
 
   * per task kind: tasks, mean blocked (waiting on events), staging and body time, and of the body
     the ring wait (the weight stream is behind), the output stores + barrier, the time from hand-off
-    to publication (the GPU-scope release), and the loader's issue span;
+    to publication (the GPU-scope release: the cost model's ``publish_us``), the loader's issue span,
+    and the landing time from the loader's last copy to the reduction done (``landing_us`` plus a
+    slot's math);
   * event latency: for every wait that actually blocked, the time from the last producer's
     publication to the waiter seeing it (the cost model's ``sync_us``);
   * per SM: consumer busy fraction and loader ring-full time;
   * a timeline PNG (one row per SM, one bar per task, blocked time grey).
 
-It is the measurement behind the cost model's ``sync_us`` / ``task_overhead_us`` (scripts/mk_trace.py).
+It is the measurement behind the cost model's per-task constants (scripts/mk_trace.py;
+benchmarks/calibrate.py --from-trace reads its summaries).
 """
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ from ..seam import TRACE_SM_WORD_NAMES, TRACE_WORD_NAMES, TRACE_WORDS  # noqa: F
 
 # per-kind sums of the summary (us); each also gets a per-task mean, "mean_<name>"
 KIND_TIMES = ("blocked_us", "staging_us", "body_us", "ring_wait_us", "loader_span_us", "loader_full_us",
-              "epilogue_us", "signal_us")
+              "epilogue_us", "signal_us", "landing_us")
 
 
 @dataclass
@@ -149,6 +152,8 @@ def summarize(schedule: Schedule, tasks: np.ndarray, per_sm: np.ndarray) -> dict
         k["ring_wait_us"] += r.ring_wait
         k["loader_span_us"] += max(r.l1 - r.l0, 0.0)
         k["loader_full_us"] += r.l_full
+        if r.l1 > 0 and r.t_computed > 0:   # the last copy's issue -> the reduction done
+            k["landing_us"] += r.t_computed - r.l1
         if r.t_signal > 0:
             k["epilogue_us"] += r.t_signal - r.t_computed
             k["signal_us"] += (r.t_published or r.t3) - r.t_signal

@@ -38,6 +38,19 @@ class MachineCalibration:
     # DRAM latency seen by the loader: a ring slot is reusable only after its bytes landed and were
     # consumed, so a ring of C bytes sustains at most C / (latency + ...) bytes/us (Little's law).
     mem_latency_us: float = 0.8
+    # Time from a copy's issue until the consumer finds its slot full, at the end of a task's stream
+    # (traced: the loader's last issue -> the reduction done, less the last slot's math); 0 takes
+    # mem_latency_us. Apart from the ring's turnover latency because the turnover constant is fitted to
+    # step times and absorbs what the ring's depth costs elsewhere (the in-flight cap, the releases).
+    landing_us: float = 0.0
+    # Loader time per GEMV task before its first copy issues (reading the task's arguments, its first
+    # slot's barrier): the streams of many small tasks lose it once each (traced: the loader's last
+    # issue of a task -> its start of the next).
+    loader_task_us: float = 0.0
+    # Time from a task's end (its events handed to the signaller warp) until the signaller's release has
+    # published them: it delays the waiters, not the consumer, which goes on to its next task (traced:
+    # handed -> published).
+    publish_us: float = 0.0
     # Activations live in L2; a consumer reads them at this multiple of its HBM share.
     l2_bw_factor: float = 3.0
     # One dependent L2 round trip of the consumer while the loaders stream (queued behind their
@@ -99,7 +112,8 @@ class MachineCalibration:
         lanes = self.fp32_lanes or (64 if gpu.compute_capability == (8, 0) else 128)
         clock = self.sm_clock_ghz or SM_CLOCK_GHZ.get(gpu.name, 1.5)
         bw = self.read_bandwidth or gpu.read_bandwidth
-        return replace(self, fp32_lanes=lanes, sm_clock_ghz=clock, read_bandwidth=bw)
+        return replace(self, fp32_lanes=lanes, sm_clock_ghz=clock, read_bandwidth=bw,
+                       landing_us=self.landing_us or self.mem_latency_us)
 
     def slot_sizes(self, candidates: tuple[int, ...], with_min: bool = True) -> tuple[int, ...]:
         """The ring slot sizes among ``candidates`` the search may use (see max_slot_bytes and, unless

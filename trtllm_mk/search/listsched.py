@@ -11,8 +11,10 @@ holds the two models to each other on every shipped config:
   consumer  start = max(consumer free, ready + sync) + pre; end >= start + math
   loader    may run one ring (C bytes) ahead of the consumer: the task's first min(W, C) bytes issue
             at max(loader free + head / rate, consumer free - (C - head) / rate, when the last GEMV
-            consumed byte (bytes so far + head - C) if it did), the rest after the consumer started the
-            task; end >= last issue + latency + one slot's math.
+            consumed byte (bytes so far + head - C) if it did, and byte (bytes so far - C) plus
+            head / rate if it did), the rest after the consumer started the
+            task; end >= last issue + landing latency + one slot's math; its events are seen
+            ``publish_us`` after its end (the signaller's release).
 Because GEMV tiles of one kind are equal, "finishes first" balances each phase's bytes across SMs
 while letting the SMs that end a phase early take the attention work; the loader's run-ahead makes
 it prefer SMs whose ring is not yet full. Ties go to the SM first in a seeded permutation, so
@@ -53,7 +55,7 @@ def _place(state: _State, c: TaskCost, ready: float, cal: Calibration, order: np
     cons = state.cons[order]
     st = np.maximum(cons, ready + cal.sync_us) if ready >= 0.0 else cons
     if c.gemv:
-        ld = state.ld[order]
+        ld = state.ld[order] + cal.loader_task_us
         if loader_ready >= 0.0:   # it streams what an event decides
             ld = np.maximum(ld, loader_ready + cal.sync_us)
         head = min(c.weight, c.ring)
@@ -63,15 +65,20 @@ def _place(state: _State, c: TaskCost, ready: float, cal: Calibration, order: np
         back = c.ring - head
         w, f0, f1 = state.w[order], state.f0[order], state.f1[order]
         within = np.where((back <= w) & (state.pos[order] > back), f1 - back * (f1 - f0) / np.maximum(w, 1.0), 0.0)
-        t_head = np.maximum(np.maximum(ld + head / c.rate, cons - back / c.rate), within)
+        # and the head's first byte's space (byte pos - C), after which the head streams at the rate: a
+        # byte before the last GEMV was consumed by that GEMV's first consumption at the latest
+        first = back + head
+        f_first = np.where(first <= w, f1 - first * (f1 - f0) / np.maximum(w, 1.0), f0)
+        within0 = np.where(state.pos[order] > first, f_first + head / c.rate, 0.0)
+        t_head = np.maximum(np.maximum(ld + head / c.rate, cons - back / c.rate), np.maximum(within, within0))
         cs = st + c.pre
         body = c.weight - head
         t_issue = np.maximum(t_head, cs) + body / c.rate if body > 0 else t_head
-        end = np.maximum(t_issue + cal.mem_latency_us + c.slot_t, cs + c.comp)
+        end = np.maximum(t_issue + cal.landing_us + c.slot_t, cs + c.comp)
         j = int(np.argmin(end))
         s = int(order[j])
         state.ld[s] = t_issue[j] if body > 0 else t_head[j]
-        state.f0[s] = max(float(t_head[j]) - head / c.rate + cal.mem_latency_us, float(cs[j]))
+        state.f0[s] = max(float(t_head[j]) - head / c.rate + cal.landing_us, float(cs[j]))
         state.f1[s] = float(end[j])
         state.w[s] = c.weight
         state.pos[s] += c.weight
@@ -117,7 +124,8 @@ def list_schedule(graph: StepGraph, costs: CostTable, num_sms: int, cal: Calibra
             getattr(progs[s], attr).append(i)
             for n, r in enumerate(t.signals):   # done: when a waiter can see the event's last signal
                 k = key(r, tail)
-                done[k] = max(done.get(k, 0.0), (staged if n < t.staged_signals else end) + extra[r.event])
+                seen = (staged if n < t.staged_signals else end) + cal.publish_us + extra[r.event]
+                done[k] = max(done.get(k, 0.0), seen)
 
     run(graph.head, costs.head, "head")
     run(graph.layer, costs.layer, "layer")

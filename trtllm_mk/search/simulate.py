@@ -3,17 +3,19 @@
 Machine model (the megakernel's, see trtllm_mk/device/mk_gemv.cuh):
   * Per SM a LOADER streams the weights of the SM's GEMV tasks in program order, never waiting on
     events, only on ring space: byte q may be issued only once byte q - C was consumed (C = the ring's
-    capacity for the task's kind). Issued bytes land ``mem_latency_us`` later.
+    capacity for the task's kind). Issued bytes land ``landing_us`` later.
   * Per SM a CONSUMER runs the tasks in program order: it starts a task when the previous one ended
     and every waited event slot has all its signals (+ sync latency), spends ``pre`` (overhead +
     activation staging; no staging when the previous task on the SM staged the same input), then
     consumes the ring; the task ends after both its math and the arrival of its last slot, and
-    signals its events.
+    hands its events to the SM's signaller warp, whose release publishes them ``publish_us`` later
+    while the consumer goes on.
 
 The loader is a fluid model per task (exact for the two regimes that matter, approximate in between):
   head  the first min(W, C) bytes may be prefetched before the consumer reaches the task; the last
-        head byte issues at max(loader free + head / rate, F(pos + head - C)) where F(q) is the
-        time byte q was consumed (linear within each earlier task, from its first arrival to its end).
+        head byte issues at max(loader free + head / rate, F(pos + head - C), F(pos - C) + head / rate)
+        where F(q) is the time byte q was consumed (linear within each earlier task, from its first
+        arrival to its end): the head waits for ring space, and streams at the rate once it has some.
   body  the remaining W - C bytes need ring space that only this task's own consumption frees, so
         they stream from max(head issued, consumer start) at the task's sustained ``rate`` (which
         already folds in Little's law for the ring and the consumer's pace).
@@ -262,7 +264,7 @@ class Simulator:
         waits, signals, target, extra = self.waits, self.signals, self.target, self.extra
         staged = self.staged
         lwait = self.loader_wait
-        sync, lat = self.cal.sync_us, self.cal.mem_latency_us
+        sync, lat, pub, ltask = self.cal.sync_us, self.cal.landing_us, self.cal.publish_us, self.cal.loader_task_us
         nsm = len(seqs)
         cnt = [0] * self.ncnt
         rt = [0.0] * self.ncnt
@@ -308,19 +310,23 @@ class Simulator:
                         w, C, r = W[u], ring[u], rate[u]
                         pos0 = ld_pos[s]
                         head = w if w < C else C
-                        # ring space for the last head byte: byte (pos0 + head - C) must be consumed
-                        q = pos0 + head - C
+                        # ring space for the last head byte: byte (pos0 + head - C) must be consumed;
+                        # and for the first, byte (pos0 - C), after which the head still streams at r
                         fq = 0.0
-                        if q > 0.0:
+                        for q, after in ((pos0 + head - C, 0.0), (pos0 - C, head / r)):
+                            if q <= 0.0:
+                                continue
                             p1 = h_p1[s]
                             k = bisect_right(p1, q)
                             if k < len(p1):
                                 a0 = h_p0[s][k]
                                 f0 = h_f0[s][k]
-                                fq = f0 + (q - a0) / (p1[k] - a0) * (h_f1[s][k] - f0) if q > a0 else f0
+                                f = f0 + (q - a0) / (p1[k] - a0) * (h_f1[s][k] - f0) if q > a0 else f0
                             else:
-                                fq = h_f1[s][-1]
-                        lstart = ld_t[s]
+                                f = h_f1[s][-1]
+                            if f + after > fq:
+                                fq = f + after
+                        lstart = ld_t[s] + ltask
                         cw = lwait[u]
                         if cw >= 0 and rt[cw] + sync > lstart:   # it streams what an event decides
                             lstart = rt[cw] + sync
@@ -350,7 +356,7 @@ class Simulator:
                     k = staged[u]   # the first k signals go out once the input is staged (at cs)
                     for i, c in enumerate(signals[u]):   # rt: when a waiter can see the counter's last signal
                         cnt[c] += 1
-                        seen = (cs if i < k else end) + extra[c]
+                        seen = (cs if i < k else end) + pub + extra[c]
                         if seen > rt[c]:
                             rt[c] = seen
                     lu = layer_of[u]
