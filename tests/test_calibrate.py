@@ -205,3 +205,33 @@ def test_the_search_prices_cross_rank_events_and_remote_adds_with_the_link_const
     one, one_stats = search(resolve_model("llama-3.2-1b").spec, 1, h200, context_len=512, budget_s=0.5, seed=0)
     assert all(remote_add_us(t, one.graph().dims, cal) == 0.0 for t in one.graph().layer)
     assert "link" not in one_stats.calibration
+
+
+def test_a_measured_entry_naming_its_schedule_is_fitted_on_that_schedule(tmp_path, capsys):
+    """``--from-measured``: an entry with ``"schedule"`` (a path beside the file) is predicted on the saved
+    programs, not on its plan list-scheduled again."""
+    from benchmarks.calibrate import calibrate_from_measured
+    from trtllm_mk.search import predict, schedule_plan
+    spec = resolve_model("tiny-llama").spec
+    plan = TilePlan(qkv_rows=32, o_rows=32, gateup_rows=32, down_rows=32, lm_rows=64, attn_splits=2)
+    listed = schedule_plan(spec, 1, H100, plan, 64)
+    saved = schedule_plan(spec, 1, H100, plan, 64)
+    # the layer tasks of the two busiest SMs on one of them (merged in template order): a schedule no
+    # list scheduler gives
+    a, b = sorted(range(len(saved.programs)), key=lambda i: -len(saved.programs[i].layer))[:2]
+    saved.programs[a].layer = sorted(saved.programs[a].layer + saved.programs[b].layer)
+    saved.programs[b].layer = []
+    (tmp_path / "sched.json").write_text(saved.to_json())
+    want, other = predict(saved, H100).step_us, predict(listed, H100).step_us
+    assert abs(want - other) > 0.5
+    entry = {"model": "tiny-llama", "batch": 1, "context": 64, "plan": plan.to_dict(), "measured_us": 1.1 * want,
+             "gpu": "H100-SXM"}
+    (tmp_path / "m.json").write_text(json.dumps([dict(entry, schedule="sched.json")]))
+    out = tmp_path / "cal"
+    out.mkdir()
+    (out / "H100-SXM.json").write_text(json.dumps(json.loads((ROOT / "trtllm_mk" / "data" / "calibration" /
+                                                              "H100-SXM.json").read_text())))
+    assert calibrate_from_measured(str(tmp_path / "m.json"), out) == 0
+    row = [l for l in capsys.readouterr().out.splitlines() if l.startswith("tiny-llama")][0].split()
+    assert float(row[-3]) == pytest.approx(want, abs=0.06)      # "before": the saved programs' prediction
+    assert float(row[-2]) == pytest.approx(1.1 * want, rel=0.01)   # the fit meets the measurement
