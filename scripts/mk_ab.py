@@ -88,8 +88,8 @@ def main() -> None:
         return
     if a.prebuild:
         for name, sets, diag, src, sched in variants:
-            s, path = prebuild(spec, a.batch, a.context, get_gpu(a.gpu), sets, diag,
-                               variant_schedule(spec, a.batch, a.context, get_gpu(a.gpu), sets, sched))
+            s = variant_schedule(spec, a.batch, a.context, get_gpu(a.gpu), sets, sched)
+            path = prebuild(s, a.context, get_gpu(a.gpu), diag)
             if src:
                 from trtllm_mk.codegen import compile_cubin
                 path, _ = compile_cubin(Path(src).read_text(), get_gpu(a.gpu).nvcc_arch)

@@ -47,15 +47,23 @@ def make_schedule(spec, batch: int, context: int, gpu, sets: dict) -> Schedule:
     return schedule_plan(spec, batch, gpu, replace(sched.plan, **sets), context)
 
 
-def prebuild(spec, batch: int, context: int, gpu, sets: dict, diag, schedule: Schedule | None = None
-             ) -> tuple[Schedule, Path]:
-    """Compile the kernel of (spec, batch, context, sets, diagnostics), or of ``schedule``, into the
-    cubin cache (no GPU)."""
+def prebuild(s: Schedule, context: int, gpu, diag) -> Path:
+    """Compile the kernel of schedule ``s`` with diagnostics ``diag`` into the cubin cache (no GPU)."""
     from trtllm_mk.codegen import compile_cubin, generate_source
-    s = schedule or make_schedule(spec, batch, context, gpu, sets)
     src, _ = generate_source(s, TOKENS_PER_BLOCK, context + HEADROOM, use_bulk_copy=gpu.has_tma, diagnostics=diag)
-    path, _ = compile_cubin(src, gpu.nvcc_arch)
-    return s, path
+    return compile_cubin(src, gpu.nvcc_arch)[0]
+
+
+# what a trace summary's JSON holds beside runtime/trace.py's summary
+SUMMARY_META = ("model", "batch", "context", "plan", "predicted_us", "measured_p50_us", "device", "gpu")
+
+
+def write_summary(path: Path, summary: dict, meta: dict) -> None:
+    """trace_X.json: the summary without its per-task records, and ``meta`` (SUMMARY_META)."""
+    body = {k: v for k, v in summary.items() if k != "records"}
+    body.update({k: meta[k] for k in SUMMARY_META if k in meta})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(body, indent=1) + "\n")
 
 
 def captured_step(s: Schedule, weights, context: int, gpu, diag, tokens, source: str | None = None):
@@ -86,16 +94,11 @@ def summarize_saved(npz: Path, out: Path) -> None:
     """trace_X.json of a saved trace_X.npz, summarized by this tree (fields added since it was taken),
     with the model, plan and measured figures of the JSON saved beside it."""
     from trtllm_mk.runtime.trace import summarize
-    from trtllm_mk.schedule import Schedule
     d = np.load(npz)
     s = Schedule.from_json(bytes(d["schedule"]).decode(), where=str(npz))
     saved = npz.with_suffix(".json")
-    body = {k: v for k, v in summarize(s, d["tasks"], d["per_sm"]).items() if k != "records"}
-    old = json.loads(saved.read_text()) if saved.is_file() else {}
-    body.update({k: old[k] for k in ("model", "batch", "context", "plan", "predicted_us", "measured_p50_us", "device",
-                                     "gpu") if k in old})
-    out.mkdir(parents=True, exist_ok=True)
-    (out / saved.name).write_text(json.dumps(body, indent=1) + "\n")
+    write_summary(out / saved.name, summarize(s, d["tasks"], d["per_sm"]),
+                  json.loads(saved.read_text()) if saved.is_file() else {})
     print(f"wrote {out / saved.name}")
 
 
@@ -123,7 +126,8 @@ def main() -> None:
     tag = (f"{a.model}_b{a.batch}" + "".join(f"_{k}{v}" for k, v in sets.items())
            + "".join(f"_{d.replace('=', '')}" for d in a.diag))
     if a.prebuild:
-        s, path = prebuild(spec, a.batch, a.context, get_gpu(a.gpu), sets, diag)
+        s = make_schedule(spec, a.batch, a.context, get_gpu(a.gpu), sets)
+        path = prebuild(s, a.context, get_gpu(a.gpu), diag)
         print(f"{tag}: predicted {s.predicted_step_us:.1f} us -> {path.name}")
         return
 
@@ -150,12 +154,10 @@ def main() -> None:
           f"(graph replay), traced {summ['step_us']:.1f} us")
     print(format_summary(summ))
     out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    body = {k: v for k, v in summ.items() if k != "records"}
-    body.update(model=a.model, batch=a.batch, context=a.context, plan=s.plan.to_dict(),
-                predicted_us=round(s.predicted_step_us, 2), measured_p50_us=round(stats.p50 * 1e3, 2),
-                device=torch.cuda.get_device_name(0), gpu=gpu.name)
-    (out / f"trace_{tag}.json").write_text(json.dumps(body, indent=1) + "\n")
+    write_summary(out / f"trace_{tag}.json", summ,
+                  dict(model=a.model, batch=a.batch, context=a.context, plan=s.plan.to_dict(),
+                       predicted_us=round(s.predicted_step_us, 2), measured_p50_us=round(stats.p50 * 1e3, 2),
+                       device=torch.cuda.get_device_name(0), gpu=gpu.name))
     # the raw timeline and its schedule, for offline analysis (trtllm_mk.runtime.trace reads both)
     np.savez_compressed(out / f"trace_{tag}.npz", tasks=tasks.numpy(), per_sm=per_sm.numpy(),
                         schedule=np.frombuffer(s.to_json().encode(), dtype=np.uint8))
