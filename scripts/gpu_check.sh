@@ -109,8 +109,8 @@ if has sanitize; then
   # (and memcheck / all-lanes racecheck again on a plan whose OPROJ merges the attention partials)
   # (and, with every row sampling through the candidate search, memcheck and all-lanes racecheck)
   # (and, with 4-bit and FP8 weights, memcheck and all-lanes racecheck: the fifth field, 1 or 8)
-  # (and the cp.async weight ring of GPUs without bulk copies: the sixth field, 1)
-  for run in ${SANITIZE_RUNS:-memcheck:0:0:0:0 racecheck:0:0:0:0 racecheck:1:0:0:0 memcheck:0:1:0:0 racecheck:1:1:0:0 memcheck:0:0:1:0 racecheck:1:0:1:0 memcheck:0:0:0:1 racecheck:1:0:0:1 memcheck:0:0:0:8 racecheck:1:0:0:8 memcheck:0:0:0:0:1 racecheck:1:0:0:0:1}; do
+  # (and the cp.async weight ring of GPUs without bulk copies: the sixth field, 1; with 4-bit weights too)
+  for run in ${SANITIZE_RUNS:-memcheck:0:0:0:0 racecheck:0:0:0:0 racecheck:1:0:0:0 memcheck:0:1:0:0 racecheck:1:1:0:0 memcheck:0:0:1:0 racecheck:1:0:1:0 memcheck:0:0:0:1 racecheck:1:0:0:1 memcheck:0:0:0:8 racecheck:1:0:0:8 memcheck:0:0:0:0:1 racecheck:1:0:0:0:1 memcheck:0:0:0:1:1 racecheck:1:0:0:1:1}; do
     IFS=: read -r tool all merge sample w4 cpa <<< "$run"
     w4=${w4:-0}; cpa=${cpa:-0}
     log="$OUT/sanitize_${tool}_${all}_${merge}_${sample}_${w4}_$cpa.log"

@@ -6,7 +6,8 @@
     python scripts/mk_ab.py llama-3.1-8b --weights w4a16 --variant ...      # 4-bit layer weights
 
 A variant is ``NAME[:ITEM,ITEM...]``: ``field=value`` replaces a tile plan field of the benchmark's
-schedule (scripts/mk_trace.py --set), ``+name=value`` sets a diagnostic switch of the kernel
+schedule (scripts/mk_trace.py --set), ``cp_async=N`` runs the weight ring of sm_80/89 (16-byte
+cp.async copies from N loader warps) compiled for this GPU, ``+name=value`` sets a diagnostic switch of the kernel
 (trtllm_mk/codegen/diagnostics.py), ``src=FILE.cu`` runs a kernel source generated elsewhere for the same schedule
 (e.g. by an older release, ``--dump-schedule`` writes the schedule to generate it from) with this
 tree's runtime: the A/B of two releases, valid while their kernel parameters keep one layout;
@@ -32,11 +33,13 @@ from trtllm_mk.gpus import detect_gpu, get_gpu  # noqa: E402
 from trtllm_mk.model.registry import resolve_model  # noqa: E402
 
 
-def parse_variant(text: str) -> tuple[str, dict, tuple[str, ...], str | None, str | None]:
+def parse_variant(text: str) -> tuple[str, dict, tuple[str, ...], str | None, str | None, int]:
     name, _, items = text.partition(":")
-    sets, switches, src, sched = {}, [], None, None
+    sets, switches, src, sched, cp_async = {}, [], None, None, 0
     for it in filter(None, items.split(",")):
-        if it.startswith("+"):
+        if it.startswith("cp_async="):
+            cp_async = int(it[len("cp_async="):])
+        elif it.startswith("+"):
             switches.append(it[1:])
         elif it.startswith("src="):
             src = it[4:]
@@ -45,7 +48,7 @@ def parse_variant(text: str) -> tuple[str, dict, tuple[str, ...], str | None, st
         else:
             k, _, v = it.partition("=")
             sets[k] = int(v)
-    return name, sets, Diagnostics.parse(switches), src, sched
+    return name, sets, Diagnostics.parse(switches), src, sched, cp_async
 
 
 def variant_schedule(spec, batch: int, context: int, gpu, sets: dict, sched: str | None):
@@ -87,9 +90,9 @@ def main() -> None:
         Path(a.dump_schedule).write_text(make_schedule(spec, a.batch, a.context, get_gpu(a.gpu), {}).to_json())
         return
     if a.prebuild:
-        for name, sets, diag, src, sched in variants:
+        for name, sets, diag, src, sched, cp_async in variants:
             s = variant_schedule(spec, a.batch, a.context, get_gpu(a.gpu), sets, sched)
-            path = prebuild(s, a.context, get_gpu(a.gpu), diag)
+            path = prebuild(s, a.context, get_gpu(a.gpu), diag, cp_async)
             if src:
                 from trtllm_mk.codegen import compile_cubin
                 path, _ = compile_cubin(Path(src).read_text(), get_gpu(a.gpu).nvcc_arch)
@@ -108,11 +111,12 @@ def main() -> None:
     tokens = torch.randint(0, spec.vocab_size, (a.batch,))
     pos = torch.full((a.batch,), a.context)
     runs = []
-    for name, sets, diag, src, sched in variants:
+    for name, sets, diag, src, sched, cp_async in variants:
         s = variant_schedule(spec, a.batch, a.context, gpu, sets, sched)
-        dec, graph = captured_step(s, w, a.context, gpu, diag, tokens, Path(src).read_text() if src else None)
+        dec, graph = captured_step(s, w, a.context, gpu, diag, tokens, Path(src).read_text() if src else None, cp_async)
         runs.append((name, s, dec, graph))
-        print(f"{name}: plan {s.plan.to_dict()} diagnostics {diag.changed()}; predicted {s.predicted_step_us:.1f} us",
+        ring = f"; cp.async ring, {cp_async} loader warps" if cp_async else ""
+        print(f"{name}: plan {s.plan.to_dict()} diagnostics {diag.changed()}{ring}; predicted {s.predicted_step_us:.1f} us",
               flush=True)
     p50 = {name: [] for name, *_ in runs}
     for r in range(a.rounds):

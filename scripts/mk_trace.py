@@ -47,10 +47,18 @@ def make_schedule(spec, batch: int, context: int, gpu, sets: dict) -> Schedule:
     return schedule_plan(spec, batch, gpu, replace(sched.plan, **sets), context)
 
 
-def prebuild(s: Schedule, context: int, gpu, diag) -> Path:
+def ring_args(gpu, cp_async: int = 0) -> dict:
+    """generate_source's weight-ring arguments: the GPU's own ring, or (``cp_async`` > 0) the cp.async
+    ring of sm_80/89 with that many loader warps, compiled for this GPU."""
+    if cp_async:
+        return dict(use_bulk_copy=False, loader_warps=cp_async)
+    return dict(use_bulk_copy=gpu.has_tma)
+
+
+def prebuild(s: Schedule, context: int, gpu, diag, cp_async: int = 0) -> Path:
     """Compile the kernel of schedule ``s`` with diagnostics ``diag`` into the cubin cache (no GPU)."""
     from trtllm_mk.codegen import compile_cubin, generate_source
-    src, _ = generate_source(s, TOKENS_PER_BLOCK, context + HEADROOM, use_bulk_copy=gpu.has_tma, diagnostics=diag)
+    src, _ = generate_source(s, TOKENS_PER_BLOCK, context + HEADROOM, diagnostics=diag, **ring_args(gpu, cp_async))
     return compile_cubin(src, gpu.nvcc_arch)[0]
 
 
@@ -66,10 +74,11 @@ def write_summary(path: Path, summary: dict, meta: dict) -> None:
     path.write_text(json.dumps(body, indent=1) + "\n")
 
 
-def captured_step(s: Schedule, weights, context: int, gpu, diag, tokens, source: str | None = None):
+def captured_step(s: Schedule, weights, context: int, gpu, diag, tokens, source: str | None = None,
+                  cp_async: int = 0):
     """A decoder of ``s`` bound to ``weights`` and a cache holding ``context`` tokens, warmed up, and a
     CUDA graph of one of its steps: (decoder, graph). ``source``: a kernel source generated elsewhere
-    for ``s`` (scripts/mk_ab.py src=) instead of this tree's."""
+    for ``s`` (scripts/mk_ab.py src=) instead of this tree's; ``cp_async``: ring_args."""
     import torch
     from trtllm_mk.codegen import compile_cubin, generate_source
     from trtllm_mk.kv_cache import PagedKVCache
@@ -77,7 +86,7 @@ def captured_step(s: Schedule, weights, context: int, gpu, diag, tokens, source:
     from trtllm_mk.runtime.megakernel import MegakernelDecoder
     max_seq = context + HEADROOM
     cache = PagedKVCache.allocate(s.spec, s.batch, max_seq, TOKENS_PER_BLOCK, device="cuda", fill=1.0)
-    src, layout = generate_source(s, TOKENS_PER_BLOCK, max_seq, use_bulk_copy=gpu.has_tma, diagnostics=diag)
+    src, layout = generate_source(s, TOKENS_PER_BLOCK, max_seq, diagnostics=diag, **ring_args(gpu, cp_async))
     cubin, _ = compile_cubin(source if source is not None else src, gpu.nvcc_arch)
     dec = MegakernelDecoder(s, cubin, layout, weights, cache, rope_inv_freq(s.spec))
     dec.set_state(tokens, torch.full((s.batch,), context))

@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 from mk_ab import parse_variant, variant_schedule  # noqa: E402
-from mk_trace import summarize_saved  # noqa: E402
+from mk_trace import ring_args, summarize_saved  # noqa: E402
 from trtllm_mk.gpus import get_gpu  # noqa: E402
 from trtllm_mk.model.registry import resolve_model  # noqa: E402
 from trtllm_mk.runtime.trace import task_records  # noqa: E402
@@ -24,14 +24,22 @@ TRACE = ROOT / "benchmarks" / "results" / "h200_v29_2026-11-29" / "call6" / "tra
 
 
 def test_a_schedule_variant_runs_the_saved_schedule_repredicted():
-    name, sets, _, src, sched = parse_variant(f"old:schedule={SAVED},+attn_mark=0")
-    assert (name, sets, src, sched) == ("old", {}, None, str(SAVED))
+    name, sets, _, src, sched, cp_async = parse_variant(f"old:schedule={SAVED},+attn_mark=0")
+    assert (name, sets, src, sched, cp_async) == ("old", {}, None, str(SAVED), 0)
     gpu = get_gpu("H200")
     s = variant_schedule(resolve_model("llama-3.2-1b").spec, 1, 512, gpu, {}, sched)
     saved = Schedule.load(SAVED)
     assert s.programs == saved.programs and s.plan == saved.plan
     # predicted under this tree's calibration, as the variants searched or list-scheduled here
     assert s.predicted_step_us == pytest.approx(predict(saved, gpu).step_us)
+
+
+def test_a_cp_async_variant_compiles_the_cp_async_ring_with_its_loader_warps():
+    name, sets, diag, _, _, cp_async = parse_variant("cp3:cp_async=3,stages=4,+prefetch_next=0")
+    assert (name, sets, diag.changed(), cp_async) == ("cp3", {"stages": 4}, {"prefetch_next": 0}, 3)
+    args = ring_args(get_gpu("H200"), cp_async)
+    assert args == {"use_bulk_copy": False, "loader_warps": 3}
+    assert ring_args(get_gpu("H200")) == {"use_bulk_copy": True} and ring_args(get_gpu("L20")) == {"use_bulk_copy": False}
 
 
 def test_a_schedule_of_another_deployment_is_one_line():

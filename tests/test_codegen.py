@@ -87,17 +87,20 @@ def test_inflight_caps_follow_the_plan():
         schedule_plan(spec, 1, gpu, replace(plan, inflight_slots=1, inflight_chain=2), 512)
 
 
-def test_the_cp_async_ring_has_two_loader_warps_in_its_launch():
+def test_the_cp_async_ring_has_its_loader_warps_in_its_launch():
     # the kernel's roles follow LOADER_WARPS, and the launch block must hold them: a block one warp short
     # would leave every slot's barrier waiting for the missing warp's arrivals
     from trtllm_mk.codegen.source import CP_ASYNC_LOADER_WARPS
     spec = load_spec(ROOT / "configs" / "models" / "llama-3.2-1b.json")
     plan = TilePlan(qkv_rows=24, o_rows=16, gateup_rows=64, down_rows=16, down_ksplit=2, lm_rows=976, consumer_warps=8)
     sched = schedule_plan(spec, 1, get_gpu("H100-SXM"), plan, 512)
-    for bulk, loaders in ((True, 1), (False, CP_ASYNC_LOADER_WARPS)):
-        src, layout = generate_source(sched, 16, 256, bulk)
+    for bulk, loaders, asked in ((True, 1, None), (False, CP_ASYNC_LOADER_WARPS, None), (False, 2, 2), (False, 1, 1)):
+        src, layout = generate_source(sched, 16, 256, bulk, loader_warps=asked)
         assert f"constexpr int LOADER_WARPS = {loaders};" in src
         assert layout.block == (8 + loaders + 1) * 32
+    for bulk, asked in ((True, 2), (False, 0), (False, 9)):
+        with pytest.raises(ValueError, match="loader_warps"):
+            generate_source(sched, 16, 256, bulk, loader_warps=asked)
 
 
 def test_oproj_merge_and_next_step_prefetch_are_emitted():

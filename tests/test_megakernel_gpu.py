@@ -285,8 +285,8 @@ CP_ASYNC_LONG_CONTEXT = [dict(attn_splits=4, stages=3, slot_bytes=8192, attn_row
 
 @pytest.mark.parametrize("fields", CP_ASYNC_LONG_CONTEXT, ids=lambda f: f"run{f['attn_kv_run']}")
 def test_long_context_rounds_on_the_cp_async_ring(fields):
-    """The rounds of a long split by the loader warps' cp.async copies (the L20 / A100 path): two
-    loader warps share each round's 16-byte pieces and arrive on its slots."""
+    """The rounds of a long split by the loader warps' cp.async copies (the L20 / A100 path): the
+    loader warps share each round's 16-byte pieces and each arrives on its slots."""
     spec = _spec("tiny-llama")
     w = _weights(spec)
     sch = _plan_variant(spec, 2, **fields)

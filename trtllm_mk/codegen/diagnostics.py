@@ -10,8 +10,8 @@ NAME:+prefetch_next=0``).
                        batch row 0: 0 inputs ready, 1 q/k/v loaded, 2 RoPE done, 3 token loop done
     gemv_mark          where a GEMV's "computed" trace mark is taken: 0 after its last slot's mma,
                        N > 0 after the consumers released the task's N-th ring slot
-    prefetch_next      1: at the end of a step each SM prefetches the head of its next step into L2
-                       (sm_90 bulk-copy path); 0 turns it off
+    prefetch_next      1: at the end of a step each SM prefetches the head of its next step into L2;
+                       0 turns it off
     all_lanes_release  1: every consumer lane releases ring slots, so compute-sanitizer racecheck sees
                        the ordering (slower; sanitizer runs only)
     spin_timeout_ns    an event wait unsatisfied after this long records which event and traps

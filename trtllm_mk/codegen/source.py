@@ -23,14 +23,27 @@ from ..smem import (ACT_PAD, MAX_BLOCKS, ROW_PAD, SIG_SLOTS, SLOT_PAD, TRACE_ACC
 KERNEL_NAME = "mk_decode_step"
 MAX_REFS = 4  # TaskArgs holds up to 4 waits and 4 signals
 # Warps that fill the weight ring. Bulk copies: one (a copy per row, issued by its lanes). 16-byte
-# cp.async copies: two, each taking every other row of a slot, because one warp's issue rate holds the
-# stream to ~18 GB/s per SM at 2 KB rows and two reach ~30 (benchmarks/micro/ring_stream.cu); a CTA of
-# consumers + 3 warps keeps the register cap of consumers + 2.
-CP_ASYNC_LOADER_WARPS = 2
+# cp.async copies: three, taking the rows of a slot in turn, because a warp's issue rate bounds the
+# stream (benchmarks/NOTES.md, v31: on an H200 two warps reach 78-82% of the bulk-copy ring's speed,
+# three 91-94%). A sub-partition holds the registers of at most three warps at the 168-register cap,
+# so a CTA of 8 consumer warps, three loaders and the signaller (12 warps) keeps the cap of two loaders;
+# a fourth loader drops it to 128 registers and the batch-4 kernels spill.
+CP_ASYNC_LOADER_WARPS = 3
+MAX_CP_ASYNC_LOADER_WARPS = 8
 
 
-def loader_warps_for(use_bulk_copy: bool) -> int:
-    return 1 if use_bulk_copy else CP_ASYNC_LOADER_WARPS
+def loader_warps_for(use_bulk_copy: bool, loader_warps: int | None = None) -> int:
+    """The weight ring's loader warps: one for bulk copies, ``loader_warps`` (default
+    CP_ASYNC_LOADER_WARPS) for the cp.async ring."""
+    if use_bulk_copy:
+        if loader_warps not in (None, 1):
+            raise ValueError(f"loader_warps {loader_warps}: the bulk-copy ring has one loader warp")
+        return 1
+    if loader_warps is None:
+        return CP_ASYNC_LOADER_WARPS
+    if not 1 <= loader_warps <= MAX_CP_ASYNC_LOADER_WARPS:
+        raise ValueError(f"loader_warps {loader_warps}: the cp.async ring takes 1..{MAX_CP_ASYNC_LOADER_WARPS}")
+    return loader_warps
 HEADER_ORDER = ["mk_common.cuh", "mk_params.cuh", "mk_gemv.cuh", "mk_sampling.cuh", "mk_kernel.cuh"]
 
 
@@ -154,8 +167,7 @@ def _task_args(layer: str, task: Task, group: int, split: int, tile: int, stage:
 
 def _prefetch_call(task: Task) -> TaskCall:
     """The SM's first layer-template GEMV task, as layer 0 of the next step: what its loader streams
-    first, for mk_gemv.cuh prefetch_next_step (a no-op on the cp.async path and with the diagnostic
-    switch prefetch_next off)."""
+    first, for mk_gemv.cuh prefetch_next_step (a no-op with the diagnostic switch prefetch_next off)."""
     none = ["0"] * MAX_REFS
     return TaskCall("prefetch_next_step", task.kind.name, _task_args("0", task, 0, 0, 0, 0, none, 0, none, 0))
 
@@ -241,9 +253,10 @@ def _inline_headers(smem: SmemLayout, slot_stride: int, kinds: set[str]) -> str:
 
 
 def generate_source(schedule: Schedule, tokens_per_block: int, max_seq_len: int,
-                    use_bulk_copy: bool, diagnostics: Diagnostics = Diagnostics()) -> tuple[str, KernelLayout]:
+                    use_bulk_copy: bool, diagnostics: Diagnostics = Diagnostics(),
+                    loader_warps: int | None = None) -> tuple[str, KernelLayout]:
     """``diagnostics``: the kernel's diagnostic switches (codegen/diagnostics.py); the default is the
-    production kernel."""
+    production kernel. ``loader_warps``: the cp.async ring's loader warps (loader_warps_for)."""
     graph = schedule.graph()
     d, p, spec = graph.dims, graph.plan, schedule.spec
     if d.head_dim % 32:
@@ -261,7 +274,7 @@ def generate_source(schedule: Schedule, tokens_per_block: int, max_seq_len: int,
         diagnostics.emit_cuda() + "namespace cfg {",
     ]
     kv_slots, kv_cap = plan_kv_ring(d.head_dim, p, d.context_len)
-    loader_warps = loader_warps_for(use_bulk_copy)
+    loader_warps = loader_warps_for(use_bulk_copy, loader_warps)
     consts = dict(B=d.batch, L=d.layers, H=d.hidden, I=d.intermediate, V=d.vocab, NH=d.heads, NKV=d.kv_heads, D=d.head_dim, G=d.group,
                   S=d.splits, GR=d.group_rows, QKVR=d.qkv_rows, QD=d.q_dim, TPB=tokens_per_block, HISTORY_LEN=max_seq_len,
                   NUM_SMS=schedule.num_sms, STAGES=p.stages, SLOT_BYTES=p.slot_bytes, CWARPS=p.consumer_warps,

@@ -174,19 +174,20 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   }
 }
 
+// Everything the ring carries (weights, cached K/V) is read once per step: copied with an L2
+// evict-first policy it does not displace what L2 holds for the dependency chain (activations,
+// counters, the kernel's code); benchmarks/NOTES.md has the measurements. Both weight rings copy with
+// it (createpolicy and the copies' L2::cache_hint arrived with sm_80).
+__device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
+}
 #if defined(MK_USE_BULK_COPY)
 // sm_90: one bulk async copy per weight row segment (or run of cached K/V rows), completing on the
 // slot's mbarrier.
 __device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-}
-// Everything the ring carries (weights, cached K/V) is read once per step: copied with an L2
-// evict-first policy it does not displace what L2 holds for the dependency chain (activations,
-// counters, the kernel's code); benchmarks/NOTES.md has the measurements.
-__device__ __forceinline__ uint64_t evict_first_policy() {
-  uint64_t pol;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-  return pol;
 }
 __device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* bar, uint64_t policy) {
   asm volatile(
@@ -194,21 +195,28 @@ __device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32
       ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(policy)
       : "memory");
 }
-// Bring `bytes` (a multiple of 16) at `src` into L2 without waiting for them (nothing tracks them).
-__device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
-}
 #else
-// sm_80 / sm_89: the loader warp's 32 lanes issue 16-byte cp.async copies (cp_async16); each lane's
-// cp.async.mbarrier.arrive.noinc fires once its copies land (the full barrier counts 32 arrivals).
+// sm_80 / sm_89: the loader warps' lanes issue 16-byte cp.async copies (cp_async16); each lane's
+// cp.async.mbarrier.arrive.noinc fires once its copies land (the full barrier counts every loader lane).
 __device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
 #endif
-// A 16-byte asynchronous copy into shared memory (sm_80 and later): no register holds the data, so a
-// thread can have many in flight (the sm_80/89 loader).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+// Bring `bytes` (a multiple of 16) at `src` into L2 without waiting for them (nothing tracks them): one
+// bulk prefetch on sm_90, a prefetch per 128-byte line before it.
+__device__ __forceinline__ void prefetch_l2(const void* src, uint32_t bytes) {
+#if defined(MK_USE_BULK_COPY)
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
+#else
+  for (uint32_t off = 0; off < bytes; off += 128)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(src) + off) : "memory");
+#endif
+}
+// A 16-byte asynchronous copy into shared memory (sm_80 and later) under an L2 policy: no register
+// holds the data, so a thread can have many in flight (the sm_80/89 loader).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "l"(policy)
+               : "memory");
 }
 
 // ---------------------------------------------------------------- event counters

@@ -197,9 +197,7 @@ __device__ void gemv_load(Ctx& c, const TaskArgs& a) {
   using G = GemvGeometry<KIND>;
   constexpr bool QW = GemvKind<KIND>::WBITS != 16;   // quantized: tiles and scale words
   const int groups = (a.r1 - a.r0 + G::OUT_ROWS - 1) / G::OUT_ROWS;
-#if defined(MK_USE_BULK_COPY)
   const uint64_t evict_first = evict_first_policy();
-#endif
   for (int grp = 0; grp < groups; ++grp) {
     const int valid = min_i(G::OUT_ROWS, a.r1 - a.r0 - grp * G::OUT_ROWS);   // output rows in this group
     for (int kc = 0; kc < G::NKC; ++kc, ++c.ring_n) {
@@ -249,18 +247,18 @@ __device__ void gemv_load(Ctx& c, const TaskArgs& a) {
           for (int m = 0; m < G::TPR; ++m) {
             const uint4* src = reinterpret_cast<const uint4*>(tile_src<KIND>(r, kc, m));
             uint4* d = reinterpret_cast<uint4*>(dst + b * G::BLOCK_BYTES + m * G::TILE_BYTES);
-            for (int v = v0; v < G::TILE_BYTES / 16; v += 32 * cfg::LOADER_WARPS) cp_async16(d + v, src + v);
+            for (int v = v0; v < G::TILE_BYTES / 16; v += 32 * cfg::LOADER_WARPS) cp_async16(d + v, src + v, evict_first);
           }
           const uint4* ssrc = reinterpret_cast<const uint4*>(scale_src<KIND>(r, kc));
           uint4* sd = reinterpret_cast<uint4*>(dst + G::SZ_AT + b * G::SZ_BLOCK);
-          for (int v = v0; v < G::SZ_BLOCK / 16; v += 32 * cfg::LOADER_WARPS) cp_async16(sd + v, ssrc + v);
+          for (int v = v0; v < G::SZ_BLOCK / 16; v += 32 * cfg::LOADER_WARPS) cp_async16(sd + v, ssrc + v, evict_first);
         }
       } else {
         for (int j = c.loader_index(); j < G::RS; j += cfg::LOADER_WARPS) {   // the loader warps take rows in turn
           if (j % G::OUT_ROWS >= valid) continue;
           const bf16x8* src = reinterpret_cast<const bf16x8*>(row_src<KIND>(GemvKind<KIND>::weight_ref(*c.p, a, grp, j), kc));
           bf16x8* d = reinterpret_cast<bf16x8*>(dst + j * G::ROW_STRIDE);
-          for (int v = c.lane(); v < G::KC / 8; v += 32) cp_async16(d + v, src + v);
+          for (int v = c.lane(); v < G::KC / 8; v += 32) cp_async16(d + v, src + v, evict_first);
         }
       }
       cp_async_arrive(&c.full()[slot]);
@@ -274,10 +272,9 @@ __device__ void gemv_load(Ctx& c, const TaskArgs& a) {
 // task of layer 0, up to a ring's worth), and ARGMAX the next token's embedding row. The step's tail
 // (the LM head's uneven end, ARGMAX, the launch gap) leaves HBM mostly idle, and the next step starts
 // with an empty ring: its first QKV and EMBED then read L2 (benchmarks/NOTES.md has the measurements).
-// sm_90 bulk-copy path only; the diagnostic switch prefetch_next=0 turns it off.
+// The diagnostic switch prefetch_next=0 turns it off.
 template <int KIND>
 __device__ __noinline__ Ctx prefetch_next_step(Ctx c, TaskArgs a) {
-#if defined(MK_USE_BULK_COPY)
   using G = GemvGeometry<KIND>;
   if (diag::PREFETCH_NEXT && c.warp() == 0) {
     const int groups = (a.r1 - a.r0 + G::OUT_ROWS - 1) / G::OUT_ROWS;
@@ -287,17 +284,16 @@ __device__ __noinline__ Ctx prefetch_next_step(Ctx c, TaskArgs a) {
         if constexpr (GemvKind<KIND>::WBITS != 16) {
           for (int i = c.lane(); i < G::NB * G::TPR; i += 32)
             if ((16 * (i / G::TPR)) % G::OUT_ROWS < valid)
-              bulk_prefetch_l2(tile_src<KIND>(GemvKind<KIND>::weight_ref(*c.p, a, grp, 16 * (i / G::TPR)), kc, i % G::TPR),
-                               G::TILE_BYTES);
+              prefetch_l2(tile_src<KIND>(GemvKind<KIND>::weight_ref(*c.p, a, grp, 16 * (i / G::TPR)), kc, i % G::TPR),
+                          G::TILE_BYTES);
         } else {
           for (int j = c.lane(); j < G::RS; j += 32)
             if (j % G::OUT_ROWS < valid)
-              bulk_prefetch_l2(row_src<KIND>(GemvKind<KIND>::weight_ref(*c.p, a, grp, j), kc), G::KC * 2);
+              prefetch_l2(row_src<KIND>(GemvKind<KIND>::weight_ref(*c.p, a, grp, j), kc), G::KC * 2);
         }
       }
     }
   }
-#endif
   return c;
 }
 

@@ -318,15 +318,13 @@ __device__ void argmax_compute(Ctx& c, const TaskArgs& a, const int (&pos)[cfg::
           p.top_ids[b * MAX_TOP_LOGPROBS + j] = (int)candidate_index(cs.key[j]);
         }
       }
-#if defined(MK_USE_BULK_COPY)
       if constexpr (cfg::TP > 1) {   // the rank holding the row in its shard of the table prefetches it
         const int local = bi - (int)p.rank * cfg::V;
         if (diag::PREFETCH_NEXT && (unsigned)local < (unsigned)cfg::V)
-          bulk_prefetch_l2(p.embed + (size_t)local * cfg::H, cfg::H * 2);
+          prefetch_l2(p.embed + (size_t)local * cfg::H, cfg::H * 2);
       } else {
-        if (diag::PREFETCH_NEXT) bulk_prefetch_l2(p.embed + (size_t)bi * cfg::H, cfg::H * 2);   // the next step's EMBED row
+        if (diag::PREFETCH_NEXT) prefetch_l2(p.embed + (size_t)bi * cfg::H, cfg::H * 2);   // the next step's EMBED row
       }
-#endif
     }
     consumer_sync(CTHREADS);
   }

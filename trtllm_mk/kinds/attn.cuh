@@ -89,9 +89,7 @@ __device__ __forceinline__ int kv_slot_offset(int kv) { return cfg::KV_SLOTS == 
 // for, so only the ring bounds them.
 __device__ void attn_load(Ctx& c, const TaskArgs& a) {
   const Params& p = *c.p;
-#if defined(MK_USE_BULK_COPY)
   const uint64_t evict_first = evict_first_policy();
-#endif
   for (int b = a.r0; b < a.r1; ++b) {
     const SplitRange r = split_range(p, b, a.split);
     const int rounds = kv_rounds(r.cached);
@@ -132,7 +130,7 @@ __device__ void attn_load(Ctx& c, const TaskArgs& a) {
         for (int i = c.lane() + 32 * c.loader_index(); i < cnt * V16; i += 32 * cfg::LOADER_WARPS) {
           const int u = i / V16;
           cp_async16(dst[kv] + kv_ring_offset(u) + (i % V16) * 16,
-                     p.kv_pool + kv_offset(p, a.layer, b, t0 + u, kv, a.group) + (i % V16) * 8);
+                     p.kv_pool + kv_offset(p, a.layer, b, t0 + u, kv, a.group) + (i % V16) * 8, evict_first);
         }
         if (kv == 1 || cfg::KV_SLOTS == 2) cp_async_arrive(bar[kv]);
       }
