@@ -24,10 +24,9 @@ KERNEL_NAME = "mk_decode_step"
 MAX_REFS = 4  # TaskArgs holds up to 4 waits and 4 signals
 # Warps that fill the weight ring. Bulk copies: one (a copy per row, issued by its lanes). 16-byte
 # cp.async copies: three, taking the rows of a slot in turn, because a warp's issue rate bounds the
-# stream (benchmarks/NOTES.md, v31: on an H200 two warps reach 78-82% of the bulk-copy ring's speed,
-# three 91-94%). A sub-partition holds the registers of at most three warps at the 168-register cap,
-# so a CTA of 8 consumer warps, three loaders and the signaller (12 warps) keeps the cap of two loaders;
-# a fourth loader drops it to 128 registers and the batch-4 kernels spill.
+# stream (benchmarks/NOTES.md, v31). A sub-partition holds the registers of at most three warps at the
+# 168-register cap, so a CTA of 8 consumer warps, three loaders and the signaller (12 warps) keeps the
+# cap of two loaders, where a fourth loader would lower it to 128 registers.
 CP_ASYNC_LOADER_WARPS = 3
 MAX_CP_ASYNC_LOADER_WARPS = 8
 
@@ -44,6 +43,8 @@ def loader_warps_for(use_bulk_copy: bool, loader_warps: int | None = None) -> in
     if not 1 <= loader_warps <= MAX_CP_ASYNC_LOADER_WARPS:
         raise ValueError(f"loader_warps {loader_warps}: the cp.async ring takes 1..{MAX_CP_ASYNC_LOADER_WARPS}")
     return loader_warps
+
+
 HEADER_ORDER = ["mk_common.cuh", "mk_params.cuh", "mk_gemv.cuh", "mk_sampling.cuh", "mk_kernel.cuh"]
 
 
