@@ -24,9 +24,9 @@ KERNEL_NAME = "mk_decode_step"
 MAX_REFS = 4  # TaskArgs holds up to 4 waits and 4 signals
 # Warps that fill the weight ring. Bulk copies: one (a copy per row, issued by its lanes). 16-byte
 # cp.async copies: three, taking the rows of a slot in turn, because a warp's issue rate bounds the
-# stream (benchmarks/NOTES.md, v31). A sub-partition holds the registers of at most three warps at the
-# 168-register cap, so a CTA of 8 consumer warps, three loaders and the signaller (12 warps) keeps the
-# cap of two loaders, where a fourth loader would lower it to 128 registers.
+# stream (benchmarks/NOTES.md has the measurements). A sub-partition holds the registers of at most
+# three warps at the 168-register cap, so a CTA of 8 consumer warps, three loaders and the signaller
+# (12 warps) keeps the cap of two loaders, where a fourth loader would lower it to 128 registers.
 CP_ASYNC_LOADER_WARPS = 3
 MAX_CP_ASYNC_LOADER_WARPS = 8
 

@@ -63,13 +63,14 @@ def _place(state: _State, c: TaskCost, ready: float, cal: Calibration, order: np
         # this task's rate, and no earlier than the last GEMV's own consumption (the simulator's linear
         # span from its first to its last byte) says, when the byte lies in that GEMV
         back = c.ring - head
-        w, f0, f1 = state.w[order], state.f0[order], state.f1[order]
-        within = np.where((back <= w) & (state.pos[order] > back), f1 - back * (f1 - f0) / np.maximum(w, 1.0), 0.0)
+        w, f0, f1, pos = state.w[order], state.f0[order], state.f1[order], state.pos[order]
+
+        def consumed(d):   # when byte (pos - d) was consumed, if the last GEMV held it
+            return f1 - d * (f1 - f0) / np.maximum(w, 1.0)
+        within = np.where((back <= w) & (pos > back), consumed(back), 0.0)
         # and the head's first byte's space (byte pos - C), after which the head streams at the rate: a
         # byte before the last GEMV was consumed by that GEMV's first consumption at the latest
-        first = back + head
-        f_first = np.where(first <= w, f1 - first * (f1 - f0) / np.maximum(w, 1.0), f0)
-        within0 = np.where(state.pos[order] > first, f_first + head / c.rate, 0.0)
+        within0 = np.where(pos > c.ring, np.where(c.ring <= w, consumed(c.ring), f0) + head / c.rate, 0.0)
         t_head = np.maximum(np.maximum(ld + head / c.rate, cons - back / c.rate), np.maximum(within, within0))
         cs = st + c.pre
         body = c.weight - head
