@@ -124,18 +124,35 @@ def main() -> None:
     ap.add_argument("--out", default="trace_out")
     ap.add_argument("--prebuild", action="store_true")
     ap.add_argument("--gpu", default="H100-SXM", help="with --prebuild: the target GPU")
+    ap.add_argument("--schedule", metavar="FILE", help="trace this saved schedule (scripts/mk_ab.py --dump-schedule) "
+                    "instead of the benchmark's")
+    ap.add_argument("--weights", choices=("bf16", "w4a16"), default="bf16",
+                    help="w4a16: the decoder layers' weights RTN-quantized to 4 bits (benchmarks/w4a16_weights.py)")
+    ap.add_argument("--group", type=int, default=128, help="with --weights w4a16: columns per scale")
     a = ap.parse_args()
     if a.summarize:
         return summarize_saved(Path(a.summarize), Path(a.out))
     if not a.model:
         ap.error("a model is needed (or --summarize)")
     spec = resolve_model(a.model).spec
+    if a.weights == "w4a16":
+        from benchmarks.w4a16_weights import w4a16_spec
+        spec = w4a16_spec(spec, a.group)
     sets = parse_sets(a.set)
     diag = Diagnostics.parse(a.diag)
-    tag = (f"{a.model}_b{a.batch}" + "".join(f"_{k}{v}" for k, v in sets.items())
+    tag = (f"{a.model}_b{a.batch}" + ("_w4a16" if a.weights == "w4a16" else "") + "".join(f"_{k}{v}" for k, v in sets.items())
            + "".join(f"_{d.replace('=', '')}" for d in a.diag))
+    def schedule(gpu) -> Schedule:
+        if a.schedule is None:
+            return make_schedule(spec, a.batch, a.context, gpu, sets)
+        s = Schedule.load(a.schedule)
+        if (s.spec.name, s.batch, s.spec.weight_bits) != (spec.name, a.batch, spec.weight_bits) or sets:
+            sys.exit(f"error: {a.schedule}: a schedule of {s.spec.name} b{s.batch} ({s.spec.weight_bits}-bit weights), "
+                     f"not of {spec.name} b{a.batch} ({spec.weight_bits}-bit)" + (" (and it takes no --set)" if sets else ""))
+        return s
+
     if a.prebuild:
-        s = make_schedule(spec, a.batch, a.context, get_gpu(a.gpu), sets)
+        s = schedule(get_gpu(a.gpu))
         path = prebuild(s, a.context, get_gpu(a.gpu), diag)
         print(f"{tag}: predicted {s.predicted_step_us:.1f} us -> {path.name}")
         return
@@ -145,8 +162,12 @@ def main() -> None:
     from trtllm_mk.model.random_weights import random_weights
     from trtllm_mk.runtime.trace import format_summary, plot_timeline, summarize
     gpu = detect_gpu()
-    s = make_schedule(spec, a.batch, a.context, gpu, sets)
-    w = random_weights(spec, device="cuda", seed=0)
+    s = schedule(gpu)
+    if spec.quantized:
+        from benchmarks.w4a16_weights import w4a16_weights
+        w = w4a16_weights(spec, "cuda").kernel
+    else:
+        w = random_weights(spec, device="cuda", seed=0)
     tokens = torch.randint(0, spec.vocab_size, (a.batch,))
     dec, graph = captured_step(s, w, a.context, gpu, diag, tokens)
     dec.set_state(tokens, torch.full((a.batch,), a.context))

@@ -51,6 +51,19 @@ def test_a_schedule_of_another_deployment_is_one_line():
                                              "llama-3.2-1b b4 ctx 512"]
 
 
+def test_a_trace_of_a_saved_schedule_of_other_weights_is_one_line():
+    """mk_trace --schedule traces a saved schedule; one of bf16 weights asked for with --weights w4a16 (the
+    kernel would bind other tensors) ends in one line, as does a --set beside it."""
+    cmd = [sys.executable, str(ROOT / "scripts" / "mk_trace.py"), "llama-3.2-1b", "--prebuild", "--gpu", "H200",
+           "--schedule", str(SAVED)]
+    r = subprocess.run(cmd + ["--weights", "w4a16"], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines() == [f"error: {SAVED}: a schedule of llama-3.2-1b b1 (16-bit weights), not "
+                                             "of llama-3.2-1b b1 (4-bit)"]
+    r = subprocess.run(cmd + ["--set", "stages=4"], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode != 0 and r.stderr.strip().endswith("(and it takes no --set)")
+
+
 def test_a_saved_trace_summarized_again_gains_the_landing_and_keeps_the_measurement(tmp_path):
     summarize_saved(TRACE, tmp_path)
     out = json.loads((tmp_path / TRACE.with_suffix(".json").name).read_text())
