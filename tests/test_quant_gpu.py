@@ -105,6 +105,35 @@ def test_real_shapes_quantized_match_reference(name, batch):
     assert res.flips <= 0.12 * 128 * batch
 
 
+WIDE_SLOT = (49152, 4)   # (slot_bytes, stages): a 4-bit slot of two 16-row blocks over 2048 columns
+
+
+def _wide_slot_schedule(spec, gpu):
+    """The searched plan of ``spec`` at batch 1 with 48 KB ring slots: QKV and GATEUP slots of 2048 and
+    4096 columns (at 32 KB they take half), the geometry the H200 calibration admits for 4-bit weights."""
+    from trtllm_mk.search import schedule_plan, search
+    sch, _ = search(spec, 1, gpu, context_len=256, budget_s=10.0, seed=0)
+    return schedule_plan(spec, 1, gpu, dataclasses.replace(sch.plan, slot_bytes=WIDE_SLOT[0], stages=WIDE_SLOT[1]), 256)
+
+
+def test_wide_quantized_slots_match_reference():
+    """8B widths, two layers, 48 KB slots: the same check as the real shapes' on the slot geometry the
+    searched plans use when the calibration admits wide slots for 4-bit weights."""
+    from test_megakernel_gpu import _gpu
+    spec = dataclasses.replace(_spec("llama-3.1-8b"), num_layers=2)
+    w = _weights(spec)
+    qspec, bind, dense = quantized(spec, w, 128, True)
+    del w
+    _free()
+    sch = _wide_slot_schedule(qspec, _gpu())
+    assert sch.plan.slot_bytes == WIDE_SLOT[0]
+    res = run_and_compare(qspec, 1, dense, steps=128, schedule=sch, bind=bind)
+    del bind, dense
+    _free()
+    assert res.max_p < 5e-2
+    assert res.flips <= 0.12 * 128
+
+
 # ---------------------------------------------------------------- the layout, one step
 LAYOUT_GROUP = 32
 
@@ -270,8 +299,11 @@ def _prebuild() -> None:
         spec = _spec(n) if layers is None else dataclasses.replace(_spec(n), num_layers=layers)
         for b in (1, 4):
             cases[(n, 128, b)] = (qspec(spec, 128), b, 10.0)
-    for spec, batch, budget in cases.values():
-        sch, _ = search(spec, batch, gpu, context_len=256, budget_s=budget, seed=0)
+    scheds = [search(spec, batch, gpu, context_len=256, budget_s=budget, seed=0)[0]
+              for spec, batch, budget in cases.values()]
+    scheds.append(_wide_slot_schedule(qspec(dataclasses.replace(_spec("llama-3.1-8b"), num_layers=2), 128), gpu))
+    for sch in scheds:
+        spec, batch = sch.spec, sch.batch
         src, _ = generate_source(sch, TPB, MAX_SEQ, use_bulk_copy=gpu.has_tma)
         path, _ = compile_cubin(src, gpu.nvcc_arch)
         print(spec.name, spec.num_layers, spec.weight_group, batch, path, flush=True)

@@ -763,6 +763,32 @@ def test_expert_tiles_are_proposed_in_waves_over_every_slot(batch):
     assert kinds.count(Kind.ROUTER) == ROUTER_TASKS
 
 
+def test_quantized_weights_take_their_own_slot_limit_and_slot_cost():
+    """quant_max_slot_bytes bounds the slots of a quantized spec (max_slot_bytes still bounds bf16
+    ones), and quant_slot_overhead_us is what a quantized GEMV task pays per slot: its consumer time
+    grows by exactly slots x the difference, while a bf16 task's does not move."""
+    from trtllm_mk.search.plans import SLOT_SIZES
+    from trtllm_mk.smem import slot_geometry
+    cal = replace(Calibration(), max_slot_bytes=32768, quant_max_slot_bytes=49152)
+    assert max(cal.slot_sizes(SLOT_SIZES)) == 32768
+    assert max(cal.slot_sizes(SLOT_SIZES, quantized=True)) == 49152
+    assert max(replace(cal, quant_max_slot_bytes=0).slot_sizes(SLOT_SIZES, quantized=True)) == 32768
+    bf16 = spec_of("llama-3.2-1b")
+    w4 = replace(bf16, weight_bits=4, weight_group=128)
+    plan = TilePlan(stages=4, slot_bytes=49152)
+    for spec, quantized in ((w4, True), (bf16, False)):
+        g = build_step_graph(spec, 1, plan, 512)
+        task = next(t for t in g.layer if t.kind == Kind.GATEUP)
+        low = replace(Calibration(), quant_slot_overhead_us=0.05).resolved(H100)
+        high = replace(low, quant_slot_overhead_us=0.45)
+        rates = sm_rates(H100, low, 1)
+        grow = task_cost(task, g, rates, high).comp - task_cost(task, g, rates, low).comp
+        bits = 4 if quantized else 16
+        geo = slot_geometry(task.k1 - task.k0, 2, plan.slot_bytes, plan.consumer_warps, bits,
+                            128 if quantized else 0, g.dims.weight_tile if quantized else 0)
+        assert grow == pytest.approx(0.4 * geo.slots_for(task.rows) if quantized else 0.0)
+
+
 def test_the_calibrations_slot_limits_bound_the_ring_unless_none_fits():
     """min_slot_bytes / max_slot_bytes bound the slots the search walks; where no ring of the allowed
     slots fits at all, the search falls back to the smaller slots instead of failing."""

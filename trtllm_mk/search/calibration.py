@@ -83,6 +83,14 @@ class MachineCalibration:
     # shifts, masks and bf16x2 operations per pair of codes, but fewer shared-memory reads (issue-bound
     # where bf16 is shared-memory bound).
     quant_consumer_cost: float = 1.0
+    # Per ring slot of quantized weights, in place of slot_overhead_us; 0 = slot_overhead_us. A warp
+    # dequantizes its share of a slot as one chain (code loads, unpacking, mma) that starts only when
+    # the slot is full and must end before the slot is released, so each slot pays that chain's
+    # latency once: slots that hold few 4-bit weights are consumer-bound on it.
+    quant_slot_overhead_us: float = 0.0
+    # Largest ring slot (bytes) for quantized weights; 0 = max_slot_bytes. A 4-bit block of a slot is
+    # about a quarter of a bf16 one's bytes, so the bf16 limit leaves quantized slots short.
+    quant_max_slot_bytes: int = 0
     # Per output row group (16 x blocks rows): cross-warp reduction barrier and the epilogue stores.
     group_overhead_us: float = 0.1
     # Shared-memory bandwidth per SM per clock (bytes); the same on sm_80, sm_89 and sm_90.
@@ -115,11 +123,17 @@ class MachineCalibration:
         return replace(self, fp32_lanes=lanes, sm_clock_ghz=clock, read_bandwidth=bw,
                        landing_us=self.landing_us or self.mem_latency_us)
 
-    def slot_sizes(self, candidates: tuple[int, ...], with_min: bool = True) -> tuple[int, ...]:
-        """The ring slot sizes among ``candidates`` the search may use (see max_slot_bytes and, unless
-        ``with_min`` is false, min_slot_bytes)."""
-        return tuple(s for s in candidates if (not self.max_slot_bytes or s <= self.max_slot_bytes)
-                     and (not with_min or s >= self.min_slot_bytes))
+    def slot_sizes(self, candidates: tuple[int, ...], with_min: bool = True,
+                   quantized: bool = False) -> tuple[int, ...]:
+        """The ring slot sizes among ``candidates`` the search may use (see max_slot_bytes or, for
+        ``quantized`` layer weights, quant_max_slot_bytes and, unless ``with_min`` is false,
+        min_slot_bytes)."""
+        top = (self.quant_max_slot_bytes or self.max_slot_bytes) if quantized else self.max_slot_bytes
+        return tuple(s for s in candidates if (not top or s <= top) and (not with_min or s >= self.min_slot_bytes))
+
+    def slot_overhead(self, quantized: bool) -> float:
+        """Consumer time per ring slot (slot_overhead_us, or quant_slot_overhead_us for quantized weights)."""
+        return (self.quant_slot_overhead_us or self.slot_overhead_us) if quantized else self.slot_overhead_us
 
     def link(self) -> LinkModel:
         """The all-reduce cost model's view of the link (parallel.allreduce_cost)."""

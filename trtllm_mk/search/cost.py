@@ -131,7 +131,7 @@ def task_cost(task: Task, graph: StepGraph, rates: Rates, cal: Calibration,
         # group's streams fewer bytes per slot through the same ring (fill) at the same consumer cost
         # the consumer's work is per weight: a quantized slot costs its bf16-equivalent bytes, dequantized
         work = geo.rows_per_slot * geo.k_chunk * 2 * cal.quant_consumer_cost if qw else geo.fill_bytes
-        comp = nslots * work / rates.gemv + nslots * cal.slot_overhead_us + ngroups * cal.group_overhead_us
+        comp = nslots * work / rates.gemv + nslots * cal.slot_overhead(qw) + ngroups * cal.group_overhead_us
         comp += remote_add_us(task, d, cal)
         slot_t = comp / nslots
         fill = task.weight_bytes / nslots

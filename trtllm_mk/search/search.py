@@ -122,11 +122,11 @@ def search_candidates(spec: ModelSpec, batch: int, gpu: GpuSpec, context_len: in
     stats.floor_us = spec.decode_weight_bytes() / cal.read_bandwidth * 1e6 + cal.launch_us
 
     # work budgets (simulated task instances) from budget_s and a nominal speed, never the clock
-    slots = cal.slot_sizes(SLOT_SIZES)
+    slots = cal.slot_sizes(SLOT_SIZES, quantized=spec.quantized)
     try:   # the smallest slot the calibration allows may leave no ring that fits (large batch, small GPU)
         init = initial_plan(spec, batch, gpu, nsm, context_len, slots)
     except ValueError:
-        slots = cal.slot_sizes(SLOT_SIZES, with_min=False)
+        slots = cal.slot_sizes(SLOT_SIZES, with_min=False, quantized=spec.quantized)
         init = initial_plan(spec, batch, gpu, nsm, context_len, slots)
     ev = Evaluator(spec, batch, gpu, cal, nsm, context_len, seed, slot_sizes=slots)
     work = budget_s * NOMINAL_SIM_RATE
