@@ -27,7 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mk_trace import captured_step, make_schedule, prebuild  # noqa: E402
+from mk_trace import (add_weights_args, captured_step, make_schedule, prebuild, saved_schedule,  # noqa: E402
+                      step_weights, weights_spec)
 from trtllm_mk.codegen.diagnostics import Diagnostics  # noqa: E402
 from trtllm_mk.gpus import detect_gpu, get_gpu  # noqa: E402
 from trtllm_mk.model.registry import resolve_model  # noqa: E402
@@ -56,13 +57,10 @@ def variant_schedule(spec, batch: int, context: int, gpu, sets: dict, sched: str
     benchmark's with ``sets`` applied."""
     if sched is None:
         return make_schedule(spec, batch, context, gpu, sets)
-    from trtllm_mk.schedule import Schedule
-    from trtllm_mk.search import predict
-    s = Schedule.load(sched)
+    s = saved_schedule(sched, gpu)
     if (s.spec.name, s.batch, s.context_len) != (spec.name, batch, context) or sets:
         sys.exit(f"error: {sched}: a schedule of {s.spec.name} b{s.batch} ctx {s.context_len}, not of "
                  f"{spec.name} b{batch} ctx {context}" + (" (and a schedule= variant takes no field=)" if sets else ""))
-    s.predicted_step_us = predict(s, gpu).step_us   # under this tree's calibration, as the other variants
     return s
 
 
@@ -77,14 +75,9 @@ def main() -> None:
     ap.add_argument("--prebuild", action="store_true")
     ap.add_argument("--gpu", default="H100-SXM", help="with --prebuild: the target GPU")
     ap.add_argument("--dump-schedule", metavar="FILE", help="write the benchmark's schedule (no GPU needed) and exit")
-    ap.add_argument("--weights", choices=("bf16", "w4a16"), default="bf16",
-                    help="w4a16: the decoder layers' weights RTN-quantized to 4 bits (benchmarks/w4a16_weights.py)")
-    ap.add_argument("--group", type=int, default=128, help="with --weights w4a16: columns per scale")
+    add_weights_args(ap)
     a = ap.parse_args()
-    spec = resolve_model(a.model).spec
-    if a.weights == "w4a16":
-        from benchmarks.w4a16_weights import w4a16_spec
-        spec = w4a16_spec(spec, a.group)
+    spec = weights_spec(resolve_model(a.model).spec, a)
     variants = [parse_variant(v) for v in a.variant]
     if a.dump_schedule:
         Path(a.dump_schedule).write_text(make_schedule(spec, a.batch, a.context, get_gpu(a.gpu), {}).to_json())
@@ -101,13 +94,8 @@ def main() -> None:
 
     import torch
     from benchmarks.timing import time_steps
-    from trtllm_mk.model.random_weights import random_weights
     gpu = detect_gpu()
-    if spec.quantized:
-        from benchmarks.w4a16_weights import w4a16_weights
-        w = w4a16_weights(spec, "cuda").kernel
-    else:
-        w = random_weights(spec, device="cuda", seed=0)
+    w = step_weights(spec)
     tokens = torch.randint(0, spec.vocab_size, (a.batch,))
     pos = torch.full((a.batch,), a.context)
     runs = []

@@ -47,6 +47,39 @@ def make_schedule(spec, batch: int, context: int, gpu, sets: dict) -> Schedule:
     return schedule_plan(spec, batch, gpu, replace(sched.plan, **sets), context)
 
 
+def saved_schedule(path: str, gpu) -> Schedule:
+    """A schedule saved elsewhere (scripts/mk_ab.py --dump-schedule), predicted again under this tree's
+    calibration, as the schedules searched or list-scheduled here are."""
+    from trtllm_mk.search import predict
+    s = Schedule.load(path)
+    s.predicted_step_us = predict(s, gpu).step_us
+    return s
+
+
+def add_weights_args(ap: argparse.ArgumentParser) -> None:
+    """--weights / --group: the layer weights a traced or A/B'd step binds."""
+    ap.add_argument("--weights", choices=("bf16", "w4a16"), default="bf16",
+                    help="w4a16: the decoder layers' weights RTN-quantized to 4 bits (benchmarks/w4a16_weights.py)")
+    ap.add_argument("--group", type=int, default=128, help="with --weights w4a16: columns per scale")
+
+
+def weights_spec(spec, a: argparse.Namespace):
+    """``spec`` with the layer weights of ``a.weights`` (add_weights_args)."""
+    if a.weights != "w4a16":
+        return spec
+    from benchmarks.w4a16_weights import w4a16_spec
+    return w4a16_spec(spec, a.group)
+
+
+def step_weights(spec):
+    """Random weights of ``spec`` on the GPU as its kernel binds them (4-bit specs: packed codes)."""
+    if spec.quantized:
+        from benchmarks.w4a16_weights import w4a16_weights
+        return w4a16_weights(spec, "cuda").kernel
+    from trtllm_mk.model.random_weights import random_weights
+    return random_weights(spec, device="cuda", seed=0)
+
+
 def ring_args(gpu, cp_async: int = 0) -> dict:
     """generate_source's weight-ring arguments: the GPU's own ring, or (``cp_async`` > 0) the cp.async
     ring of sm_80/89 with that many loader warps, compiled for this GPU."""
@@ -126,18 +159,13 @@ def main() -> None:
     ap.add_argument("--gpu", default="H100-SXM", help="with --prebuild: the target GPU")
     ap.add_argument("--schedule", metavar="FILE", help="trace this saved schedule (scripts/mk_ab.py --dump-schedule) "
                     "instead of the benchmark's")
-    ap.add_argument("--weights", choices=("bf16", "w4a16"), default="bf16",
-                    help="w4a16: the decoder layers' weights RTN-quantized to 4 bits (benchmarks/w4a16_weights.py)")
-    ap.add_argument("--group", type=int, default=128, help="with --weights w4a16: columns per scale")
+    add_weights_args(ap)
     a = ap.parse_args()
     if a.summarize:
         return summarize_saved(Path(a.summarize), Path(a.out))
     if not a.model:
         ap.error("a model is needed (or --summarize)")
-    spec = resolve_model(a.model).spec
-    if a.weights == "w4a16":
-        from benchmarks.w4a16_weights import w4a16_spec
-        spec = w4a16_spec(spec, a.group)
+    spec = weights_spec(resolve_model(a.model).spec, a)
     sets = parse_sets(a.set)
     diag = Diagnostics.parse(a.diag)
     tag = (f"{a.model}_b{a.batch}" + ("_w4a16" if a.weights == "w4a16" else "") + "".join(f"_{k}{v}" for k, v in sets.items())
@@ -145,7 +173,7 @@ def main() -> None:
     def schedule(gpu) -> Schedule:
         if a.schedule is None:
             return make_schedule(spec, a.batch, a.context, gpu, sets)
-        s = Schedule.load(a.schedule)
+        s = saved_schedule(a.schedule, gpu)
         if (s.spec.name, s.batch, s.spec.weight_bits) != (spec.name, a.batch, spec.weight_bits) or sets:
             sys.exit(f"error: {a.schedule}: a schedule of {s.spec.name} b{s.batch} ({s.spec.weight_bits}-bit weights), "
                      f"not of {spec.name} b{a.batch} ({spec.weight_bits}-bit)" + (" (and it takes no --set)" if sets else ""))
@@ -159,15 +187,10 @@ def main() -> None:
 
     import torch
     from benchmarks.timing import time_steps
-    from trtllm_mk.model.random_weights import random_weights
     from trtllm_mk.runtime.trace import format_summary, plot_timeline, summarize
     gpu = detect_gpu()
     s = schedule(gpu)
-    if spec.quantized:
-        from benchmarks.w4a16_weights import w4a16_weights
-        w = w4a16_weights(spec, "cuda").kernel
-    else:
-        w = random_weights(spec, device="cuda", seed=0)
+    w = step_weights(spec)
     tokens = torch.randint(0, spec.vocab_size, (a.batch,))
     dec, graph = captured_step(s, w, a.context, gpu, diag, tokens)
     dec.set_state(tokens, torch.full((a.batch,), a.context))
