@@ -38,7 +38,7 @@ def parse_variant(text: str) -> tuple[str, dict, tuple[str, ...], str | None, st
     name, _, items = text.partition(":")
     sets, switches, src, sched, cp_async = {}, [], None, None, 0
     for it in filter(None, items.split(",")):
-        if it.startswith("cp_async="):
+        if it.startswith("cp_async=") and it[len("cp_async="):].isdigit():
             cp_async = int(it[len("cp_async="):])
         elif it.startswith("+"):
             switches.append(it[1:])
@@ -47,7 +47,10 @@ def parse_variant(text: str) -> tuple[str, dict, tuple[str, ...], str | None, st
         elif it.startswith("schedule="):
             sched = it[len("schedule="):]
         else:
-            k, _, v = it.partition("=")
+            k, eq, v = it.partition("=")
+            if not eq or not v.lstrip("-").isdigit():
+                sys.exit(f"--variant {text}: {it}: expected FIELD=INTEGER, +SWITCH=VALUE, src=FILE, schedule=FILE "
+                         "or cp_async=N")
             sets[k] = int(v)
     return name, sets, Diagnostics.parse(switches), src, sched, cp_async
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -24,9 +24,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.megakernel_system import HEADROOM, TOKENS_PER_BLOCK, schedule_for  # noqa: E402
 from trtllm_mk.codegen.diagnostics import Diagnostics  # noqa: E402
 from trtllm_mk.gpus import detect_gpu, get_gpu  # noqa: E402
+from trtllm_mk.graph import TilePlan  # noqa: E402
+from trtllm_mk.graph.builder import check_plan  # noqa: E402
 from trtllm_mk.model.registry import resolve_model  # noqa: E402
 from trtllm_mk.schedule import Schedule  # noqa: E402
 from trtllm_mk.search import schedule_plan  # noqa: E402
+from trtllm_mk.smem import plan_smem  # noqa: E402
 
 
 def parse_sets(items: list[str]) -> dict:
@@ -41,10 +44,36 @@ def parse_sets(items: list[str]) -> dict:
 
 
 def make_schedule(spec, batch: int, context: int, gpu, sets: dict) -> Schedule:
-    sched = schedule_for(spec, batch, context, gpu)
     if not sets:
-        return sched
-    return schedule_plan(spec, batch, gpu, replace(sched.plan, **sets), context)
+        return schedule_for(spec, batch, context, gpu)
+    check_fields(sets)
+    return planned_variant(spec, batch, context, gpu, schedule_for(spec, batch, context, gpu).plan, sets)
+
+
+def check_fields(sets: dict) -> None:
+    """A name in ``sets`` that is not a tile plan field ends the script with one line."""
+    names = [f.name for f in fields(TilePlan)]
+    unknown = sorted(set(sets) - set(names))
+    if unknown:
+        sys.exit(f"error: {', '.join(unknown)}: not a tile plan field ({', '.join(names)})")
+
+
+def planned_variant(spec, batch: int, context: int, gpu, plan: TilePlan, sets: dict) -> Schedule:
+    """``plan`` with ``sets`` applied, list-scheduled. A plan the kernel cannot run (the builder's plan
+    checks, or more shared memory than one CTA may use on ``gpu``, which would fail only at launch) ends
+    the script with one line."""
+    check_fields(sets)
+    what = ",".join(f"{k}={v}" for k, v in sets.items())
+    variant = replace(plan, **sets)
+    try:
+        check_plan(spec, variant)
+        need = plan_smem(spec, batch, variant).peak
+    except ValueError as e:
+        sys.exit(f"error: {what}: {e}")
+    if need > gpu.smem_per_block_optin:
+        sys.exit(f"error: {what}: the plan needs {need} B of shared memory at batch {batch}, more than the "
+                 f"{gpu.smem_per_block_optin} B one CTA may use on {gpu.name}")
+    return schedule_plan(spec, batch, gpu, variant, context)
 
 
 def saved_schedule(path: str, gpu) -> Schedule:

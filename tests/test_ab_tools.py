@@ -75,3 +75,28 @@ def test_a_saved_trace_summarized_again_gains_the_landing_and_keeps_the_measurem
     landing = np.mean([r.t_computed - r.l1 for r in recs])
     assert out["kinds"]["GATEUP"]["mean_landing_us"] == pytest.approx(landing, abs=1e-3)
     assert "mean_landing_us" not in saved["kinds"]["GATEUP"]
+
+
+def test_a_plan_variant_the_kernel_cannot_run_is_one_line():
+    """A field= variant (mk_ab) or --set (mk_trace) is list-scheduled from the shipped plan: a plan
+    that needs more shared memory than one CTA may use failed only at launch (CUDA_ERROR_INVALID_VALUE),
+    and an unknown field or a malformed item with a traceback; each ends in one line now."""
+    from mk_trace import planned_variant
+    gpu = get_gpu("H200")
+    saved = Schedule.load(SAVED)
+    spec = saved.spec
+    ok = planned_variant(spec, 1, 512, gpu, saved.plan, {"stages": 4})
+    assert ok.plan.stages == 4 and ok.plan.qkv_rows == saved.plan.qkv_rows
+    with pytest.raises(SystemExit) as e:
+        planned_variant(spec, 1, 512, gpu, saved.plan, {"slot_bytes": 65536, "stages": 8})
+    assert "slot_bytes=65536,stages=8: the plan needs" in str(e.value)
+    assert f"more than the {gpu.smem_per_block_optin} B one CTA may use on {gpu.name}" in str(e.value)
+    with pytest.raises(SystemExit) as e:
+        planned_variant(spec, 1, 512, gpu, saved.plan, {"gateup_rows": 12})
+    assert "gateup_rows=12: TilePlan.gateup_rows=12 must be a positive multiple of 8" in str(e.value)
+    with pytest.raises(SystemExit) as e:
+        planned_variant(spec, 1, 512, gpu, saved.plan, {"gate_rows": 64})
+    assert str(e.value).startswith("error: gate_rows: not a tile plan field (qkv_rows, ")
+    with pytest.raises(SystemExit) as e:
+        parse_variant("x:stages=four")
+    assert str(e.value).startswith("--variant x:stages=four: stages=four: expected FIELD=INTEGER")
