@@ -28,7 +28,7 @@ DEFAULT_GROUP = 128
 
 
 class W4A16Weights(dict):
-    """name -> bf16 (or ``dtype``) tensor as the kernel computes with it; ``kernel``: what the megakernel
+    """name -> the kernel's weights rounded once to bf16 (or ``dtype``); ``kernel``: what the megakernel
     binds; ``linears``: name -> IntLinear of every decoder-layer linear; ``group``, ``symmetric``."""
 
     def __init__(self, dense: dict[str, torch.Tensor], kernel: dict[str, torch.Tensor],
@@ -76,7 +76,7 @@ def w4a16_weights(spec: ModelSpec, device: str | torch.device, dtype: torch.dtyp
     if not spec.quantized:
         raise ValueError(f"w4a16_weights: {spec.name} is not a quantized spec (see w4a16_spec)")
     q = quantize_model(spec, random_weights(spec, device, torch.bfloat16, seed), symmetric=symmetric)
-    bind, dense = kernel_weights(spec, q)
+    bind, dense = kernel_weights(spec, q, dense_dtype=dtype)
     linears = {n: v for n, v in q.items() if isinstance(v, (IntLinear, Fp8Linear))}
     del q
     dense = share_fused_storage(spec, {n: t.to(dtype) for n, t in dense.items()})

@@ -169,7 +169,8 @@ def test_the_engine_binds_the_kernel_layout_and_prefills_on_its_weights(built):
         # (compressed-tensors, stored bf16 by our quantize) change nothing
         lin = layers["model.layers.0.mlp.down_proj.weight"]
         scales = lin.scale if isinstance(lin, Fp8Linear) else lin.scales
-        same = torch.equal(kernel_dequantize(lin), lin.dequantize(torch.bfloat16))
+        kernel = kernel_dequantize(lin)   # 4-bit: exact in fp32; FP8: rounded once to bf16
+        same = torch.equal(kernel, lin.dequantize(kernel.dtype))
         assert same == torch.equal(scales.to(torch.bfloat16).to(scales.dtype), scales), scales.dtype
     finally:
         eng.close()

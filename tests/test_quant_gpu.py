@@ -4,7 +4,8 @@ Random bf16 weights (GPT-2 residual scaling) are round-to-nearest quantized to 4
 schemes: symmetric and asymmetric (zero points) codes, groups of 128 and 32 input columns, and one
 scale per output row (laid out as ``per_channel_group`` columns, the row's scale repeated). The kernel
 binds the packed codes and scale words (``kernel_layout.kernel_weights``); the references run the
-exact bf16 weights it dequantizes to, so the comparison is the one of tests/test_megakernel_gpu.py
+exact fp32 weights it computes with ((code - zero) x scale: the kernel scales each group's sums), so the
+comparison is the one of tests/test_megakernel_gpu.py
 (``run_and_compare``: free-running kernel, teacher-forced references over its tokens and KV history,
 noise-filled KV padding) with the same tolerances.
 
@@ -91,7 +92,7 @@ def test_real_shapes_quantized_match_reference(name, batch):
     if REAL[name] is not None:
         spec = dataclasses.replace(spec, num_layers=REAL[name])
     free = torch.cuda.mem_get_info()[0]
-    need = spec.weight_bytes() * 4 + (4 << 30)   # bf16 weights, their dequantized copy, the fp32 reference
+    need = spec.weight_bytes() * 4 + (4 << 30)   # bf16 weights, then their exact fp32 copy (the reference's)
     if free < need:
         pytest.skip(f"{name}: needs {need / 1e9:.0f} GB of GPU memory, {free / 1e9:.0f} GB free")
     w = _weights(spec)

@@ -4,9 +4,10 @@ GPU, and the check that a schedule computes the model: its logits must equal the
 under any legal interleaving.
 
 Every task does exactly what the ``graph.tasks`` docstring says, on the same buffers and with the same
-rounding points as the GPU: weights are bf16 (rounded once at load), GEMV inputs (the normed x,
-attn_out, act) are rounded to bf16, accumulation is fp32, k and v are rounded to bf16 as they are
-stored in the paged cache, and each task touches only the rows, heads and splits it owns.
+rounding points as the GPU: weights are bf16 (rounded once at load; a 4-bit model's layer linears exact
+in fp32), GEMV inputs (the normed x, attn_out, act) are rounded to bf16, accumulation is fp32, k and v
+are rounded to bf16 as they are stored in the paged cache, and each task touches only the rows, heads
+and splits it owns.
 """
 from __future__ import annotations
 
@@ -207,8 +208,11 @@ class CpuExecutor:
         self._run = {k: k.module.execute for k in Kind}
 
     def _pack(self, w: dict[str, torch.Tensor]) -> None:
-        """bf16 weights as fp32 tensors; q/k/v packed once into the grouped QKV row order."""
+        """bf16 weights as fp32 tensors; q/k/v packed once into the grouped QKV row order. A 4-bit
+        model's layer linears are the kernel's exact fp32 weights (``quant.kernel_layout.dequantize``:
+        its consumers scale a group's sums, they never round a weight to bf16)."""
         spec, G, d = self.spec, self.G, self.d
+        lin = (lambda t: t.to(torch.float32)) if spec.weight_bits == 4 else _bf16
         self.embed = _bf16(w["model.embed_tokens.weight"])
         self.final_norm = _bf16(w["model.norm.weight"])
         self.lm_head = _bf16(w["model.embed_tokens.weight" if spec.tie_word_embeddings else "lm_head.weight"])
@@ -221,8 +225,8 @@ class CpuExecutor:
                 return torch.cat([part for g in range(self.nkv) for part in
                                   (q[g * G * d:(g + 1) * G * d], k[g * d:(g + 1) * d], v[g * d:(g + 1) * d])])
 
-            lw = {"qkv": _bf16(grouped("weight")), "qkv_bias": _bf16(grouped("bias")) if spec.qkv_bias else None,
-                  "o": _bf16(w[p + "self_attn.o_proj.weight"]),
+            lw = {"qkv": lin(grouped("weight")), "qkv_bias": _bf16(grouped("bias")) if spec.qkv_bias else None,
+                  "o": lin(w[p + "self_attn.o_proj.weight"]),
                   "ln1": _bf16(w[p + "input_layernorm.weight"]),
                   "ln2": _bf16(w[p + "post_attention_layernorm.weight"])}
             if spec.is_moe_layer(i):   # the router, and each expert's gate, up and down (kinds/route.py)
@@ -231,8 +235,8 @@ class CpuExecutor:
                 self.experts.append([{"gate": _bf16(w[g]), "up": _bf16(w[u]), "down": _bf16(w[d])}
                                      for g, u, d in experts])
             else:
-                lw.update(gate=_bf16(w[p + "mlp.gate_proj.weight"]), up=_bf16(w[p + "mlp.up_proj.weight"]),
-                          down=_bf16(w[p + "mlp.down_proj.weight"]))
+                lw.update(gate=lin(w[p + "mlp.gate_proj.weight"]), up=lin(w[p + "mlp.up_proj.weight"]),
+                          down=lin(w[p + "mlp.down_proj.weight"]))
             if spec.qk_norm:
                 lw["q_norm"] = _bf16(w[p + "self_attn.q_norm.weight"])
                 lw["k_norm"] = _bf16(w[p + "self_attn.k_norm.weight"])

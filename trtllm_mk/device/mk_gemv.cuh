@@ -429,25 +429,38 @@ __device__ void stage_rows(Ctx& c, const TaskArgs& a, const float* src) {
   consumer_sync(CTHREADS);
 }
 
-// 4-bit weights to mma A fragments. A lane's word of one row and 32-column block holds its eight
-// codes (quant/kernel_layout.py BLOCK_ORDER); nibbles j and j + 4 go into one bf16x2 under the exponent
-// of 128 (lop3: (q >> 4j) & 0x000f000f | 0x43004300 = 128 + code, exact), minus 128 + zero (exact),
-// times the scale (one rounding): out[0], out[1] are a0 / a2 of the first k-step, out[2], out[3] of the
-// second. sz: the row's scale word (bf16 scale low, bf16 128 + zero high).
+// 4-bit codes minus their zero point to mma A fragments. A lane's word of one row and 32-column block
+// holds its eight codes (quant/kernel_layout.py BLOCK_ORDER); nibbles j and j + 4 go into one bf16x2
+// under the exponent of 128 (lop3: (q >> 4j) & 0x000f000f | 0x43004300 = 128 + code, exact), minus
+// 128 + zero (exact: an integer of magnitude below 16): out[0], out[1] are a0 / a2 of the first k-step,
+// out[2], out[3] of the second. The scale multiplies a group's sums (q4_fold), not each weight: one
+// bf16 multiply per two weights is the larger half of a consumer that is bound by its instruction
+// issue. sz: the row's scale word (bf16 scale low, bf16 128 + zero high).
 __device__ __forceinline__ uint32_t lop3_and_or(uint32_t a, uint32_t b, uint32_t c) {
   uint32_t d;
   asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(b), "r"(c));   // (a & b) | c
   return d;
 }
-__device__ __forceinline__ void dequant_q4(uint32_t q, uint32_t sz, uint32_t (&out)[4]) {
-  const uint32_t s2 = __byte_perm(sz, 0, 0x1010), z2 = __byte_perm(sz, 0, 0x3232);
-  const __nv_bfloat162 s = *reinterpret_cast<const __nv_bfloat162*>(&s2), z = *reinterpret_cast<const __nv_bfloat162*>(&z2);
+__device__ __forceinline__ void codes_minus_zero_q4(uint32_t q, uint32_t sz, uint32_t (&out)[4]) {
+  const uint32_t z2 = __byte_perm(sz, 0, 0x3232);
+  const __nv_bfloat162 z = *reinterpret_cast<const __nv_bfloat162*>(&z2);
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const uint32_t v = lop3_and_or(q >> (4 * j), 0x000f000fu, 0x43004300u);
-    const __nv_bfloat162 w = __hmul2(__hsub2(*reinterpret_cast<const __nv_bfloat162*>(&v), z), s);
+    const __nv_bfloat162 w = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&v), z);
     out[j] = *reinterpret_cast<const uint32_t*>(&w);
   }
+}
+
+// A scale group's sums (C fragment: t[0], t[1] row g, t[2], t[3] row g + 8) into a row's accumulator,
+// times the rows' scales (the low halves of their scale words, bf16 = an fp32's top bits): the weights
+// enter as (code - zero) x scale, exact in fp32.
+__device__ __forceinline__ void q4_fold(float (&acc)[4], const float (&t)[4], uint32_t sz_lo, uint32_t sz_hi) {
+  const float s0 = __uint_as_float(sz_lo << 16), s1 = __uint_as_float(sz_hi << 16);
+  acc[0] = fmaf(s0, t[0], acc[0]);
+  acc[1] = fmaf(s0, t[1], acc[1]);
+  acc[2] = fmaf(s1, t[2], acc[2]);
+  acc[3] = fmaf(s1, t[3], acc[3]);
 }
 
 // 8-bit (fp8 e4m3) weights to mma A fragments. A lane's word of one row and 16-column step holds its
@@ -475,8 +488,13 @@ __device__ __forceinline__ void dequant_fp8(uint32_t q, uint32_t sz, uint32_t (&
 // step i >> 1; step s is chunk s % CHUNKS of tile s / CHUNKS, and chunk c of row r sits at
 // c ^ ((r >> SWZ_SHIFT) & SWZ_MASK): kernel_layout.swizzle), one or two more the activation of their
 // k-steps (matrix i: the 8 columns at 8 i; rows beyond the batch read row 0, whose products land only
-// in output columns the epilogue ignores). Scale words are read once per pair of steps (twice when a
-// group is one step). Steps alternate over NACC accumulators.
+// in output columns the epilogue ignores).
+// 4-bit: a scale group's products sum in two chains (steps s and s + 1), which fold into one of the
+// NACC accumulators (groups round-robin) when the group ends, or the warp's steps do (a group a warp
+// shares with the next is folded by both, each its part, with the same scale); a group of one step
+// (GPK 1) folds each chain with its own step's scale.
+// 8-bit: weights dequantized to bf16 per pair of steps (scale words read once per pair, twice when a
+// group is one step), the steps alternating over NACC accumulators.
 template <int KIND, int NACC>
 __device__ __forceinline__ void q_slot_mma(float (&acc)[NACC][4], uint32_t slot0, uint32_t act0, int blk, int kw, int lane) {
   using G = GemvGeometry<KIND>;
@@ -486,41 +504,80 @@ __device__ __forceinline__ void q_slot_mma(float (&acc)[NACC][4], uint32_t slot0
   constexpr int GPK = cfg::QGROUP / G::STEP_COLS;                       // steps per group
   constexpr int STEP_ACT = G::STEP_COLS * 2;                            // activation bytes per step
   static_assert(G::NSTEP % 2 == 0, "steps come in pairs");
+  static_assert(WB != 4 || GPK == 1 || GPK % 2 == 0, "a pair of 4-bit steps lies in one scale group");
   const int g = lane >> 2, r = lane & 7, mi = lane >> 3, swz = (r >> G::SWZ_SHIFT) & G::SWZ_MASK;
   const uint32_t wl = slot0 + blk * G::BLOCK_BYTES + (r + (mi & 1) * 8) * G::TILE_ROW;   // this lane's ldmatrix row
   const uint32_t z0 = slot0 + G::SZ_AT + blk * G::SZ_BLOCK + g * 4;                      // row g's scale word, group 0
   const uint32_t al = act0 + mi * 16;                                                     // act: column 8 mi
+  if constexpr (WB == 4) {
+    const int s_end = EXACT ? (kw + 1) * SPW : min_i((kw + 1) * SPW, G::NSTEP);
+    // where a pair falls in its group: known at compile time when every warp's range starts on a group
+    constexpr bool ALIGNED = GPK <= 1 || SPW % GPK == 0;
+    float t0[4], t1[4];
+    uint32_t zs[2], zs1[2];   // scale words of rows g, g + 8: the group's (and, GPK 1, step s + 1's)
 #pragma unroll
-  for (int p = 0; p < SPW / 2; ++p) {
-    const int s = kw * SPW + 2 * p;
-    if (!EXACT && s >= G::NSTEP) break;
-    const int c = s % G::CHUNKS + (mi >> 1);
-    uint32_t q[4], fb[8], sz0[2], sz1[2];
-    ldmatrix_x4(wl + (s / G::CHUNKS) * G::TILE_BYTES + ((c ^ swz) << 4), q[0], q[1], q[2], q[3]);
-    ldmatrix_x4(al + s * STEP_ACT, fb[0], fb[1], fb[2], fb[3]);
-    if constexpr (WB == 4) ldmatrix_x4(al + s * STEP_ACT + 64, fb[4], fb[5], fb[6], fb[7]);
-    sz0[0] = lds32(z0 + (s / GPK) * 64);
-    sz0[1] = lds32(z0 + (s / GPK) * 64 + 32);
-    if constexpr (GPK == 1) {
-      sz1[0] = lds32(z0 + (s + 1) * 64);
-      sz1[1] = lds32(z0 + (s + 1) * 64 + 32);
-    } else {
-      sz1[0] = sz0[0];
-      sz1[1] = sz0[1];
-    }
-    float (&x)[4] = acc[(2 * p) % NACC];
-    float (&y)[4] = acc[(2 * p + 1) % NACC];
-    if constexpr (WB == 4) {
+    for (int p = 0; p < SPW / 2; ++p) {
+      const int s = kw * SPW + 2 * p;
+      if (!EXACT && s >= G::NSTEP) break;
+      const bool first = GPK <= 2 || (ALIGNED ? (2 * p) % GPK == 0 : p == 0 || s % GPK == 0);
+      const bool last = GPK <= 2 || (ALIGNED ? (2 * p + 2) % GPK == 0 : (s + 2) % GPK == 0 || s + 2 >= s_end);
+      if (first) {
+        zs[0] = lds32(z0 + (s / GPK) * 64);
+        zs[1] = lds32(z0 + (s / GPK) * 64 + 32);
+        if constexpr (GPK == 1) {
+          zs1[0] = lds32(z0 + (s + 1) * 64);
+          zs1[1] = lds32(z0 + (s + 1) * 64 + 32);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) t0[i] = t1[i] = 0.f;
+      }
+      const uint32_t z10 = GPK == 1 ? zs1[0] : zs[0], z11 = GPK == 1 ? zs1[1] : zs[1];
+      const int c = s % G::CHUNKS + (mi >> 1);
+      uint32_t q[4], fb[8];
+      ldmatrix_x4(wl + (s / G::CHUNKS) * G::TILE_BYTES + ((c ^ swz) << 4), q[0], q[1], q[2], q[3]);
+      ldmatrix_x4(al + s * STEP_ACT, fb[0], fb[1], fb[2], fb[3]);
+      ldmatrix_x4(al + s * STEP_ACT + 64, fb[4], fb[5], fb[6], fb[7]);
       uint32_t a0[4], a1[4], b0[4], b1[4];
-      dequant_q4(q[0], sz0[0], a0);   // row g, step s
-      dequant_q4(q[1], sz0[1], a1);   // row g + 8, step s
-      dequant_q4(q[2], sz1[0], b0);   // row g, step s + 1
-      dequant_q4(q[3], sz1[1], b1);   // row g + 8, step s + 1
-      mma_bf16_16816(x, a0[0], a1[0], a0[1], a1[1], fb[0], fb[1]);
-      mma_bf16_16816(y, b0[0], b1[0], b0[1], b1[1], fb[4], fb[5]);
-      mma_bf16_16816(x, a0[2], a1[2], a0[3], a1[3], fb[2], fb[3]);
-      mma_bf16_16816(y, b0[2], b1[2], b0[3], b1[3], fb[6], fb[7]);
-    } else {
+      codes_minus_zero_q4(q[0], zs[0], a0);   // row g, step s
+      codes_minus_zero_q4(q[1], zs[1], a1);   // row g + 8, step s
+      codes_minus_zero_q4(q[2], z10, b0);     // row g, step s + 1
+      codes_minus_zero_q4(q[3], z11, b1);     // row g + 8, step s + 1
+      mma_bf16_16816(t0, a0[0], a1[0], a0[1], a1[1], fb[0], fb[1]);
+      mma_bf16_16816(t1, b0[0], b1[0], b0[1], b1[1], fb[4], fb[5]);
+      mma_bf16_16816(t0, a0[2], a1[2], a0[3], a1[3], fb[2], fb[3]);
+      mma_bf16_16816(t1, b0[2], b1[2], b0[3], b1[3], fb[6], fb[7]);
+      if (last) {
+        float (&x)[4] = acc[(2 * p / (GPK > 2 ? GPK : 2)) % NACC];   // groups fold round-robin
+        if constexpr (GPK == 1) {
+          q4_fold(x, t0, zs[0], zs[1]);
+          q4_fold(x, t1, zs1[0], zs1[1]);
+        } else {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) t0[i] += t1[i];
+          q4_fold(x, t0, zs[0], zs[1]);
+        }
+      }
+    }
+  } else {
+#pragma unroll
+    for (int p = 0; p < SPW / 2; ++p) {
+      const int s = kw * SPW + 2 * p;
+      if (!EXACT && s >= G::NSTEP) break;
+      const int c = s % G::CHUNKS + (mi >> 1);
+      uint32_t q[4], fb[4], sz0[2], sz1[2];
+      ldmatrix_x4(wl + (s / G::CHUNKS) * G::TILE_BYTES + ((c ^ swz) << 4), q[0], q[1], q[2], q[3]);
+      ldmatrix_x4(al + s * STEP_ACT, fb[0], fb[1], fb[2], fb[3]);
+      sz0[0] = lds32(z0 + (s / GPK) * 64);
+      sz0[1] = lds32(z0 + (s / GPK) * 64 + 32);
+      if constexpr (GPK == 1) {
+        sz1[0] = lds32(z0 + (s + 1) * 64);
+        sz1[1] = lds32(z0 + (s + 1) * 64 + 32);
+      } else {
+        sz1[0] = sz0[0];
+        sz1[1] = sz0[1];
+      }
+      float (&x)[4] = acc[(2 * p) % NACC];
+      float (&y)[4] = acc[(2 * p + 1) % NACC];
       uint32_t a0[2], a1[2], b0[2], b1[2];
       dequant_fp8(q[0], sz0[0], a0);
       dequant_fp8(q[1], sz0[1], a1);

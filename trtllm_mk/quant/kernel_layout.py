@@ -19,11 +19,14 @@ A decoder layer's 4-bit linear weight ``[out, in]`` travels as two tensors:
             ``128 + zero`` in the high half. A slot copies one block's groups as one contiguous piece,
             and the 16 rows of a group sit in 16 consecutive words (conflict-free loads).
 
-The kernel forms a weight as ``bf16(scale_bf16 * ((128 + code) - (128 + zero)))``: the code enters a bf16
-mantissa under the exponent of 128 (exact), the difference of two integers below 256 is exact, and the
-product is rounded once. ``dequantize`` computes the same values on any device, so the reference decoder
-and the CPU executor run exactly the kernel's weights. Scales are rounded to bf16 once at packing (as
-TensorRT-LLM's and vLLM's W4A16 kernels do for bf16 models); ``scale_rounding_error`` reports what that costs.
+The kernel computes with the weight ``scale_bf16 * ((128 + code) - (128 + zero))``, exact in fp32: the code
+enters a bf16 mantissa under the exponent of 128 (exact), the difference of two integers below 256 is exact
+(an integer of magnitude below 16, which the mma multiplies with the activation), and the scale multiplies a
+scale group's fp32 sums, so the product of a 4-bit integer and a bf16 scale (12 significant bits) is never
+rounded. ``dequantize`` computes the same fp32 values on any device, so the reference decoder and the CPU
+executor run exactly the kernel's weights (up to fp32 summation order). Scales are rounded to bf16 once at
+packing (as TensorRT-LLM's and vLLM's W4A16 kernels do for bf16 models); ``scale_rounding_error`` reports
+what that costs.
 
 Per-channel checkpoints (one scale per output row) are laid out with ``per_channel_group`` columns per
 group, the row's scale repeated, so that every GEMV kind reads one layout.
@@ -270,30 +273,32 @@ def unpack_sz(sz: torch.Tensor, out_features: int) -> tuple[torch.Tensor, torch.
     return scale, zz.float()
 
 
-def dequantize(packed: torch.Tensor, sz: torch.Tensor, group: int, dtype: torch.dtype = torch.bfloat16,
+def dequantize(packed: torch.Tensor, sz: torch.Tensor, group: int, dtype: torch.dtype | None = None,
                bits: int = BITS) -> torch.Tensor:
-    """The weights the kernel computes with, ``[out, in]``: ``bf16(scale * ((128 + code) - (128 + zero)))``
-    (exact in fp32 before the one rounding to bf16); ``bits`` 8: ``dequantize_fp8`` (``group`` is the tile)."""
+    """The weights the kernel computes with, ``[out, in]``: ``scale * ((128 + code) - (128 + zero))``, exact
+    in fp32; ``bits`` 8: ``dequantize_fp8``, in bf16 (``group`` is the tile). ``dtype`` rounds them once
+    (None: the kernel's own, fp32 / bf16)."""
     if bits == FP8_BITS:
         if group != packed.shape[-1]:
             raise ValueError(f"FP8 layouts have one scale word per {packed.shape[-1]}-column tile, "
                              f"not per {group} columns")
-        return dequantize_fp8(packed, sz, dtype)
+        return dequantize_fp8(packed, sz, dtype or torch.bfloat16)
     codes = unpack_codes(packed).float() + CODE_BIAS
     out = codes.shape[0]
     scale, zz = unpack_sz(sz, out)
     g = torch.arange(codes.shape[1], device=packed.device) // group
-    return ((codes - zz[:, g]) * scale.float()[:, g]).to(torch.bfloat16).to(dtype)
+    return ((codes - zz[:, g]) * scale.float()[:, g]).to(dtype or torch.float32)
 
 
-def kernel_dequantize(lin: IntLinear | Fp8Linear, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """``lin`` as the kernel computes with it (scales rounded to bf16, then one rounding per weight);
-    FP8 layers through ``kernel_dequantize_fp8``."""
+def kernel_dequantize(lin: IntLinear | Fp8Linear, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``lin`` as the kernel computes with it: integer weights with their scales rounded to bf16, each
+    weight exact in fp32 (``dtype`` rounds them once); FP8 layers through ``kernel_dequantize_fp8``, in
+    bf16 (the kernel rounds each FP8 weight once). ``dtype`` None: the kernel's own (fp32 / bf16)."""
     if isinstance(lin, Fp8Linear):
-        return kernel_dequantize_fp8(lin, dtype)
+        return kernel_dequantize_fp8(lin, dtype or torch.bfloat16)
     g = lin.group_of_input()
     diff = (lin.codes() - lin.zero_codes()[:, g]).float()
-    return (diff * lin.scales.to(torch.bfloat16).float()[:, g]).to(torch.bfloat16).to(dtype)
+    return (diff * lin.scales.to(torch.bfloat16).float()[:, g]).to(dtype or torch.float32)
 
 
 def scale_rounding_error(lin: IntLinear) -> float:
@@ -422,13 +427,17 @@ def pack_for(spec, lin: IntLinear | Fp8Linear) -> tuple[torch.Tensor, torch.Tens
     return pack(lin, spec.weight_group, tile)
 
 
-def kernel_weights(spec, weights: dict, packed_dense: bool = False) -> tuple[dict[str, torch.Tensor], dict]:
+def kernel_weights(spec, weights: dict, packed_dense: bool = False,
+                   dense_dtype: torch.dtype | None = None) -> tuple[dict[str, torch.Tensor], dict]:
     """(what the megakernel binds, what the reference / prefill computes with) from a checkpoint's
     weights (``quant.loader.load_quantized``: IntLinear or Fp8Linear for quantized layers, tensors for
-    the rest). The second dict holds every weight as the kernel computes with it (``kernel_dequantize``),
-    in bf16; a quantized LM head is dequantized for both (the kernel streams it in bf16).
+    the rest). The second dict holds every weight as the kernel computes with it (``kernel_dequantize``):
+    4-bit layer linears in fp32 (exact), FP8 ones and the rest in bf16; a quantized LM head is dequantized
+    to bf16 for both (the kernel streams it in bf16).
     ``packed_dense``: the second dict holds each packed layer linear as a ``PackedW4Linear`` (4-bit) or
-    ``PackedFp8Linear`` (FP8) over the bound tensors instead (no bf16 copy; it dequantizes when applied)."""
+    ``PackedFp8Linear`` (FP8) over the bound tensors instead (no bf16 copy; it dequantizes when applied).
+    ``dense_dtype``: the quantized layer linears of the second dict rounded once to it (a bf16 baseline's
+    weights, without an fp32 copy of every layer)."""
     from .packed_linear import packed_linear
     bind, dense = {}, {}
     for name, shape in spec.expected_tensors().items():
@@ -437,9 +446,9 @@ def kernel_weights(spec, weights: dict, packed_dense: bool = False) -> tuple[dic
             if spec.quantized and is_layer_linear(name, shape):
                 p, sz = pack_for(spec, v)
                 bind[name], bind[name + SCALE_SUFFIX] = p, sz
-                dense[name] = None if packed_dense else kernel_dequantize(v)
+                dense[name] = None if packed_dense else kernel_dequantize(v, dense_dtype)
             else:
-                bind[name] = dense[name] = kernel_dequantize(v)
+                bind[name] = dense[name] = kernel_dequantize(v, torch.bfloat16)   # streamed in bf16
         else:
             if spec.quantized and is_layer_linear(name, shape):
                 raise ValueError(f"{name} is not quantized, but the {spec.weight_bits}-bit kernel streams every "

@@ -50,8 +50,9 @@ class PackedW4Linear(nn.Module):
         from ..model.decoder_block import concat_rows
         return cls(concat_rows([p.packed for p in parts]), torch.cat([p.sz for p in parts]), parts[0].group)
 
-    def weight(self, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-        """``W [out, in]`` as the kernel computes with it: ``bf16(scale * ((128 + code) - (128 + zero)))``."""
+    def weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """``W [out, in]`` as the kernel computes with it: ``scale * ((128 + code) - (128 + zero))``, exact in
+        fp32, rounded once to ``dtype``."""
         nblk, ntile, rows, half = self.packed.shape
         # nibble sequence of each tile row: byte b holds positions 2b (low nibble) and 2b + 1 (high)
         p = self.packed

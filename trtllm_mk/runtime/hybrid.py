@@ -113,9 +113,10 @@ def _load_engine_weights(spec, weights: str | Path | dict, device: str, seed: in
     """(dense, bound): what prefill and the CPU executor compute with, and what the megakernel binds.
     A bf16 engine binds the dense dict itself. A quantized engine (``spec.quantized``: 4-bit or FP8)
     binds each layer linear in the kernel layout (``quant.kernel_layout.kernel_tensors``), and the
-    dense dict holds the very bf16 weights the kernel computes with from it, so prefill and decode run
-    one model; on the GPU as ``PackedW4Linear`` / ``PackedFp8Linear`` modules over the bound tensors,
-    which dequantize one layer at a time (no bf16 copy of the layer weights beside the packed ones)."""
+    dense dict holds the very weights the kernel computes with from it (4-bit: exact in fp32; FP8: bf16),
+    so prefill and decode run one model; on the GPU as ``PackedW4Linear`` / ``PackedFp8Linear`` modules
+    over the bound tensors, which dequantize one layer at a time to the prefill's dtype (no dense copy of
+    the layer weights beside the packed ones)."""
     if not spec.quantized:
         w = _load_bf16(spec, weights, device, seed)
         return w, w
@@ -157,7 +158,7 @@ def _load_quantized(spec, path: str | Path, device: str) -> dict:
 
 
 def _dense_from_bound(spec, bound: dict, packed: bool = False) -> dict:
-    """The bf16 weights of a dict already in the kernel layout (codes under the weight's name, scale
+    """The kernel's weights of a dict already in the kernel layout (codes under the weight's name, scale
     words under ``name + SCALE_SUFFIX``); ``packed``: as ``PackedW4Linear`` / ``PackedFp8Linear`` modules
     over them."""
     from ..quant.kernel_layout import dequantize
