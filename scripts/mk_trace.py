@@ -46,7 +46,7 @@ def parse_sets(items: list[str]) -> dict:
 def make_schedule(spec, batch: int, context: int, gpu, sets: dict) -> Schedule:
     if not sets:
         return schedule_for(spec, batch, context, gpu)
-    check_fields(sets)
+    check_fields(sets)   # before the search, which an unknown field would only end after
     return planned_variant(spec, batch, context, gpu, schedule_for(spec, batch, context, gpu).plan, sets)
 
 
