@@ -110,5 +110,5 @@ def test_families_compose_the_step(family):
 def test_device_files_follow_the_step_and_what_it_needs():
     from trtllm_mk.kinds import device_files
     names = [p.name for p in device_files({"OPROJ", "EGATEUP"})]
-    assert names == ["combine.cuh", "oproj.cuh", "gateup.cuh", "egateup.cuh"]   # registry order, needs added
+    assert names == ["combine.cuh", "oproj.cuh", "gateup.cuh", "route.cuh", "egateup.cuh"]   # registry order, needs added
     assert len(device_files()) == len(KIND_DEFS)

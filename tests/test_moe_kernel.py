@@ -55,8 +55,10 @@ def test_a_moe_step_has_min_e_bk_expert_slots(batch, slots):
     ed = [t for t in g.layer if t.kind == Kind.EDOWN]
     assert sorted({t.slot for t in eg}) == sorted({t.slot for t in ed}) == list(range(slots))
     assert len(eg) == slots * (spec.moe_intermediate_size // 32)
-    # the loaders of the expert kinds wait only for their first event: it must be the routing
-    assert all(t.waits[0].event == "route_done" for t in eg + ed)
+    # the loaders of the expert kinds wait only for their first event: the router's logits, which they
+    # route themselves; EGATEUP waits for nothing else, EDOWN also for ROUTE's routing weights
+    assert all(t.waits[0].event == "router_done" for t in eg + ed)
+    assert all(len(t.waits) == 1 for t in eg) and all(EventRef("route_done", 0, 0) in t.waits for t in ed)
     # EDOWN of a slot waits for that slot's EGATEUP tiles only: no EGATEUP task reads x (they stage the
     # normed rows the ROUTER tasks publish, which partition the columns between them)
     assert all([w for w in t.waits if w.event == "egateup_done"] == [EventRef("egateup_done", 0, t.slot)] for t in ed)

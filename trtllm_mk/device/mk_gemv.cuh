@@ -120,7 +120,9 @@ __device__ __forceinline__ const LayerScales& layer_scales(const Params& p, int 
 // A GEMV kind's device file specializes GemvKind<KIND> with:
 //   KT, PAIR                      the K range of one task; weight matrices interleaved per slot (2: gate+up)
 //   WBITS                         16 (bf16 weights) or 4 (cfg::WBITS of a quantized kernel's layer kinds)
-//   weight_ref(p, a, grp, j)      source of weight row j (0 <= j < RS) of slot group grp of a task
+//   weight_ref(src, a, grp, j)    source of weight row j (0 <= j < RS) of slot group grp of a task;
+//                                 src is WeightSource<KIND>::of(c, a) (the Params, or what the kind's
+//                                 device file specializes it to)
 //   stage(c, a)                   the activation staging into act[] (stage_normed / stage_rows below)
 //   epilogue(p, a, r, b, v, v_up) stores one finished output value (row r, batch row b)
 //   Tally, tally_begin(c, a), tally(t, r, b, v), tally_reduce(c, a, t), tally_publish(c, a, t)
@@ -128,6 +130,13 @@ __device__ __forceinline__ const LayerScales& layer_scales(const Params& p, int 
 //                                 argmax and log-sum-exp); NoTally is the empty one. tally_reduce may
 //                                 use red()'s buffer of parity (groups & 1), which no thread reads then
 template <int KIND> struct GemvKind;
+
+// What a kind's weight_ref reads, resolved once per task on the loader's path: the kernel's Params,
+// unless the kind's device file specializes WeightSource (the experts: their slot's expert is known
+// only at run time, and a lookup per ring slot would put a memory round trip before each slot's copies).
+template <int KIND> struct WeightSource {
+  static __device__ __forceinline__ const Params& of(Ctx& c, const TaskArgs&) { return *c.p; }
+};
 template <int KIND> using GemvGeometry = Geometry<GemvKind<KIND>::KT, GemvKind<KIND>::PAIR, GemvKind<KIND>::WBITS>;
 
 // Global addresses of a slot's pieces: bf16 row j's KC columns of piece kc; for 4-bit weights, tile m
@@ -184,16 +193,10 @@ __device__ __forceinline__ void loader_wait_first(Ctx& c, const TaskArgs& a) {
   __syncwarp();
 }
 
-// The expert of slot a.tile (read after route_done); an idle slot (-1) streams expert 0, whose
-// routing weight is 0 in every row. A prefetch of the next step reads last step's slots: in range too.
-__device__ __forceinline__ int slot_expert(const Params& p, const TaskArgs& a) {
-  const int e = ld_act(p.moe_slot + a.tile);
-  return (unsigned)e < (unsigned)cfg::E ? e : 0;
-}
-
 template <int KIND>
 __device__ void gemv_load(Ctx& c, const TaskArgs& a) {
-  if constexpr (LOADER_WAITS[KIND]) loader_wait_first(c, a);
+  // a LOADER_WAITS kind's WeightSource waits for the task's first event (loader_wait_first) itself
+  const auto& src = WeightSource<KIND>::of(c, a);
   using G = GemvGeometry<KIND>;
   constexpr bool QW = GemvKind<KIND>::WBITS != 16;   // quantized: tiles and scale words
   const int groups = (a.r1 - a.r0 + G::OUT_ROWS - 1) / G::OUT_ROWS;
@@ -218,7 +221,7 @@ __device__ void gemv_load(Ctx& c, const TaskArgs& a) {
         for (int i = c.lane(); i < G::NB * ITEMS; i += 32) {
           const int b = i / ITEMS, m = i % ITEMS;
           if ((16 * b) % G::OUT_ROWS < valid) {
-            const WeightRef r = GemvKind<KIND>::weight_ref(*c.p, a, grp, 16 * b);
+            const WeightRef r = GemvKind<KIND>::weight_ref(src, a, grp, 16 * b);
             if (m < G::TPR)
               bulk_copy_g2s(dst + b * G::BLOCK_BYTES + m * G::TILE_BYTES, tile_src<KIND>(r, kc, m), G::TILE_BYTES,
                             &c.full()[slot], evict_first);
@@ -233,7 +236,7 @@ __device__ void gemv_load(Ctx& c, const TaskArgs& a) {
         __syncwarp();
         for (int j = c.lane(); j < G::RS; j += 32) {
           if (j % G::OUT_ROWS < valid)
-            bulk_copy_g2s(dst + j * G::ROW_STRIDE, row_src<KIND>(GemvKind<KIND>::weight_ref(*c.p, a, grp, j), kc),
+            bulk_copy_g2s(dst + j * G::ROW_STRIDE, row_src<KIND>(GemvKind<KIND>::weight_ref(src, a, grp, j), kc),
                           G::KC * 2, &c.full()[slot], evict_first);
         }
       }
@@ -241,13 +244,13 @@ __device__ void gemv_load(Ctx& c, const TaskArgs& a) {
       if constexpr (QW) {
         for (int b = 0; b < G::NB; ++b) {
           if ((16 * b) % G::OUT_ROWS >= valid) continue;
-          const WeightRef r = GemvKind<KIND>::weight_ref(*c.p, a, grp, 16 * b);
+          const WeightRef r = GemvKind<KIND>::weight_ref(src, a, grp, 16 * b);
           // the loader warps take every LOADER_WARPS-th 16-byte piece
           const int v0 = c.lane() + 32 * c.loader_index();
           for (int m = 0; m < G::TPR; ++m) {
-            const uint4* src = reinterpret_cast<const uint4*>(tile_src<KIND>(r, kc, m));
+            const uint4* from = reinterpret_cast<const uint4*>(tile_src<KIND>(r, kc, m));
             uint4* d = reinterpret_cast<uint4*>(dst + b * G::BLOCK_BYTES + m * G::TILE_BYTES);
-            for (int v = v0; v < G::TILE_BYTES / 16; v += 32 * cfg::LOADER_WARPS) cp_async16(d + v, src + v, evict_first);
+            for (int v = v0; v < G::TILE_BYTES / 16; v += 32 * cfg::LOADER_WARPS) cp_async16(d + v, from + v, evict_first);
           }
           const uint4* ssrc = reinterpret_cast<const uint4*>(scale_src<KIND>(r, kc));
           uint4* sd = reinterpret_cast<uint4*>(dst + G::SZ_AT + b * G::SZ_BLOCK);
@@ -256,9 +259,9 @@ __device__ void gemv_load(Ctx& c, const TaskArgs& a) {
       } else {
         for (int j = c.loader_index(); j < G::RS; j += cfg::LOADER_WARPS) {   // the loader warps take rows in turn
           if (j % G::OUT_ROWS >= valid) continue;
-          const bf16x8* src = reinterpret_cast<const bf16x8*>(row_src<KIND>(GemvKind<KIND>::weight_ref(*c.p, a, grp, j), kc));
+          const bf16x8* from = reinterpret_cast<const bf16x8*>(row_src<KIND>(GemvKind<KIND>::weight_ref(src, a, grp, j), kc));
           bf16x8* d = reinterpret_cast<bf16x8*>(dst + j * G::ROW_STRIDE);
-          for (int v = c.lane(); v < G::KC / 8; v += 32) cp_async16(d + v, src + v, evict_first);
+          for (int v = c.lane(); v < G::KC / 8; v += 32) cp_async16(d + v, from + v, evict_first);
         }
       }
       cp_async_arrive(&c.full()[slot]);
@@ -276,7 +279,9 @@ __device__ void gemv_load(Ctx& c, const TaskArgs& a) {
 template <int KIND>
 __device__ __noinline__ Ctx prefetch_next_step(Ctx c, TaskArgs a) {
   using G = GemvGeometry<KIND>;
+  if constexpr (LOADER_WAITS[KIND]) return c;   // an expert's weights are known only once the next step routes
   if (diag::PREFETCH_NEXT && c.warp() == 0) {
+    const auto& src = WeightSource<KIND>::of(c, a);
     const int groups = (a.r1 - a.r0 + G::OUT_ROWS - 1) / G::OUT_ROWS;
     for (int grp = 0, n = 0; grp < groups; ++grp) {
       const int valid = min_i(G::OUT_ROWS, a.r1 - a.r0 - grp * G::OUT_ROWS);
@@ -284,12 +289,12 @@ __device__ __noinline__ Ctx prefetch_next_step(Ctx c, TaskArgs a) {
         if constexpr (GemvKind<KIND>::WBITS != 16) {
           for (int i = c.lane(); i < G::NB * G::TPR; i += 32)
             if ((16 * (i / G::TPR)) % G::OUT_ROWS < valid)
-              prefetch_l2(tile_src<KIND>(GemvKind<KIND>::weight_ref(*c.p, a, grp, 16 * (i / G::TPR)), kc, i % G::TPR),
+              prefetch_l2(tile_src<KIND>(GemvKind<KIND>::weight_ref(src, a, grp, 16 * (i / G::TPR)), kc, i % G::TPR),
                           G::TILE_BYTES);
         } else {
           for (int j = c.lane(); j < G::RS; j += 32)
             if (j % G::OUT_ROWS < valid)
-              prefetch_l2(row_src<KIND>(GemvKind<KIND>::weight_ref(*c.p, a, grp, j), kc), G::KC * 2);
+              prefetch_l2(row_src<KIND>(GemvKind<KIND>::weight_ref(src, a, grp, j), kc), G::KC * 2);
         }
       }
     }
@@ -405,6 +410,16 @@ __device__ void stage_normed(Ctx& c, const bf16* nw) {
     }
   }
   consumer_sync(CTHREADS);   // act complete; scratch free again
+}
+
+// A per-task scale of batch row b, kept in the skew after the row's staged activation (ACT_PAD
+// elements that no GEMV reads; they stay with the activation when the next task reuses it): EDOWN's
+// routing weights.
+template <int KIND>
+__device__ __forceinline__ float& act_row_scale(int b) {
+  constexpr int KT = GemvKind<KIND>::KT, AS = KT + ACT_PAD;
+  static_assert(KT % 2 == 0 && ACT_PAD * 2 >= 4, "a float fits the row's skew, aligned");
+  return *reinterpret_cast<float*>(reinterpret_cast<bf16*>(smem + SMEM_ACT_AT) + b * AS + KT);
 }
 
 // A K slice [k0, k0 + KT) of the fp32 rows of src (ROW floats apart), staged as bf16 (OPROJ, DOWN).

@@ -19,9 +19,9 @@ Event granularity per edge follows producer and consumer partitions:
   gateup_staged [L, 1]  every GATEUP tile has staged x: a staged signal guarding x, cross-rank.
   lm_done     [1, 1]    ARGMAX reduces every LM-head tile.
 Mixture-of-experts layers (model.families MOE_STEP) replace GATEUP / DOWN:
-  router_done [L, 1]    ROUTE reads every router logit.
-  route_done  [L, 1]    the expert slots are chosen (and the normed rows moe_xn published): EGATEUP's
-                        loader and consumers wait for it.
+  router_done [L, 1]    every router logit and the normed rows moe_xn are published: ROUTE, EGATEUP
+                        and the loaders of EGATEUP / EDOWN (which route the rows themselves) wait for it.
+  route_done  [L, 1]    ROUTE has written the slots' routing weights, which EDOWN scales by.
   egateup_done[L, NSLOT] per expert slot: EDOWN of slot s reads slot s's activation; no EGATEUP task
                         reads x (they stage moe_xn), so EDOWN's adds need not wait for the other slots.
 

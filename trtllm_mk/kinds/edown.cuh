@@ -1,7 +1,8 @@
 // EDOWN's device part: a K chunk of slot a.tile's activation times its expert's down rows, scaled per
-// batch row by the slot's routing weight and added into the residual (fixed point: any order). Its
-// loader waits for route_done (the task's first event) before it streams the expert's weights
-// (LOADER_WAITS, mk_gemv.cuh gemv_load). Inlined by codegen after the shared device headers.
+// batch row by the slot's routing weight (ROUTE's) and added into the residual (fixed point: any
+// order). Its loader waits for router_done (the task's first event), routes the rows itself (route.cuh
+// ExpertSource) and streams the expert's weights (LOADER_WAITS, mk_gemv.cuh gemv_load). Inlined by
+// codegen after the shared device headers.
 #pragma once
 
 namespace mk {
@@ -13,20 +14,26 @@ struct GemvKind<EDOWN> : NoTally {
   static constexpr int WBITS = cfg::WBITS;
   using G = Geometry<KT, PAIR, WBITS>;
 
-  static __device__ __forceinline__ WeightRef weight_ref(const Params& p, const TaskArgs& a, int grp, int j) {
-    const ExpertWeights& w = p.experts[(size_t)a.layer * cfg::E + slot_expert(p, a)];
+  static __device__ __forceinline__ WeightRef weight_ref(const ExpertWeights& w, const TaskArgs& a, int grp, int j) {
     return weight_at(w.down, nullptr, a.r0 + grp * G::OUT_ROWS + j, cfg::I, a.k0);
   }
 
+  // The slot's routing weights are read once per task, beside the activation (the epilogue would wait
+  // for a memory round trip in every output group); the epilogue reads them after its group's
+  // reduction barrier.
   static __device__ __forceinline__ void stage(Ctx& c, const TaskArgs& a) {
+    static_assert(cfg::B <= CTHREADS, "a consumer thread per batch row");
+    const float w = threadIdx.x < cfg::B ? ld_act(c.p->moe_w + a.tile * cfg::B + threadIdx.x) : 0.f;
     stage_rows<EDOWN, cfg::I>(c, a, c.p->moe_act + (size_t)a.tile * cfg::B * cfg::I);
+    if (threadIdx.x < cfg::B) act_row_scale<EDOWN>(threadIdx.x) = w;
   }
 
-  static __device__ __forceinline__ void epilogue(const Params& p, const TaskArgs& a, int r, int b, float v, float) {
-    add_resid(p.x + (size_t)b * cfg::H + r, ld_act(p.moe_w + a.tile * cfg::B + b) * v);
+  static __device__ __forceinline__ void epilogue(const Params& p, const TaskArgs&, int r, int b, float v, float) {
+    add_resid(p.x + (size_t)b * cfg::H + r, act_row_scale<EDOWN>(b) * v);
   }
 };
 
+template <> struct WeightSource<EDOWN> : ExpertSource {};
 template <> struct KindBody<EDOWN> : GemvBody<EDOWN> {};
 
 }  // namespace mk

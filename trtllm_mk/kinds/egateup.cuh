@@ -1,8 +1,8 @@
 // EGATEUP's device part: GATEUP for the expert in slot a.tile (kinds/route.py) on the normed rows the
 // layer's ROUTER tasks published (moe_xn), into the slot's activation. The expert is known only once
-// this layer's ROUTE has run, so the loader waits for the task's first event (route_done) before it
-// streams the weights (LOADER_WAITS, mk_gemv.cuh gemv_load). Inlined by codegen after the shared
-// device headers.
+// the router's logits land, so the loader waits for the task's first event (router_done), routes the
+// rows itself (route.cuh ExpertSource) and then streams the expert's weights (LOADER_WAITS,
+// mk_gemv.cuh gemv_load). Inlined by codegen after the shared device headers.
 #pragma once
 
 namespace mk {
@@ -14,8 +14,7 @@ struct GemvKind<EGATEUP> : NoTally {
   static constexpr int WBITS = cfg::WBITS;
   using G = Geometry<KT, PAIR, WBITS>;
 
-  static __device__ __forceinline__ WeightRef weight_ref(const Params& p, const TaskArgs& a, int grp, int j) {
-    const ExpertWeights& w = p.experts[(size_t)a.layer * cfg::E + slot_expert(p, a)];
+  static __device__ __forceinline__ WeightRef weight_ref(const ExpertWeights& w, const TaskArgs& a, int grp, int j) {
     const int half = G::OUT_ROWS, r = a.r0 + grp * half + (j % half);
     return j < half ? weight_at(w.gate, nullptr, r, cfg::H, 0) : weight_at(w.up, nullptr, r, cfg::H, 0);
   }
@@ -29,6 +28,7 @@ struct GemvKind<EGATEUP> : NoTally {
   }
 };
 
+template <> struct WeightSource<EGATEUP> : ExpertSource {};
 template <> struct KindBody<EGATEUP> : GemvBody<EGATEUP> {};
 
 }  // namespace mk

@@ -1,28 +1,31 @@
 """EGATEUP: GATEUP for the expert of one slot (kinds/route.py): silu(gate) * up of a row range of that
 expert, on the normed rows the layer's ROUTER tasks published (moe_xn), into the slot's activation.
-Its weights are chosen at run time, so its loader waits for ROUTE before streaming them. It does not
-read x: the EDOWN tasks of a slot add into x as soon as that slot's EGATEUP tiles are done
-(egateup_done has a slot per expert slot), while other slots' tiles still run."""
+Its weights are chosen at run time: its loader waits for the router's logits, routes the rows itself
+and then streams them. It does not read x: the EDOWN tasks of a slot add into x as soon as that
+slot's EGATEUP tiles are done (egateup_done has a slot per expert slot), while other slots' tiles
+still run."""
 from __future__ import annotations
 
 from . import KindDef
 from .gemv import no_staging_extra
 
 DEF = KindDef("EGATEUP", streams_weights=True, args=("layer", "r0", "r1", "tile", "stage"), device_file="egateup.cuh",
-              device_needs=("GATEUP",))
+              device_needs=("GATEUP", "ROUTE"))
 
 
 def execute(ex, t, layer: int) -> None:
     """CPU-executor semantics (trtllm_mk.executor.CpuExecutor ``ex``): see graph.tasks. ``t.slot`` is
-    the slot; an idle slot (-1) computes expert 0, whose rows then add with weight 0 (as on the GPU)."""
+    the slot, whose expert the task routes from the logits itself (as its loader does on the GPU); an
+    idle slot computes expert 0, whose rows then add with weight 0."""
     import torch
-    e = max(int(ex.moe_slot[t.slot]), 0)
+    from .route import slot_expert
+    e = slot_expert(ex, t.slot)
     ew = ex.experts[layer][e]
     xn = ex.moe_xn
     gate, up = xn @ ew["gate"][t.r0:t.r1].T, xn @ ew["up"][t.r0:t.r1].T
     ex.moe_act[t.slot, :, t.r0:t.r1] = torch.nn.functional.silu(gate) * up
 
-# its loader waits for the task's first event (route_done) before it streams (mk_gemv.cuh gemv_load)
+# its loader waits for the task's first event (router_done) and routes before it streams (mk_gemv.cuh gemv_load)
 LOADER_WAITS = True
 
 # GEMV cost and ring hooks (kinds/gemv.py)
@@ -42,9 +45,9 @@ def lower(c) -> list[dict]:
     """For each slot, row tiles of the expert's intermediate width; each row streams gate and up."""
     from ..graph.tasks import Access, EventRef
     B, H = c.B, c.H
-    return [dict(r0=a, r1=b, k0=0, k1=H, slot=s, waits=(EventRef("route_done", 0, 0),),
+    return [dict(r0=a, r1=b, k0=0, k1=H, slot=s, waits=(EventRef("router_done", 0, 0),),
                  signals=(EventRef("egateup_done", 0, s),),
-                 reads=(Access("moe_xn", 0, H), Access("moe_slots", s, s + 1)),
+                 reads=(Access("moe_xn", 0, H), Access("router_logits", 0, c.E)),
                  writes=(Access(f"moe_act{s}", a, b),),
                  weight_bytes=2 * c.linear_bytes(b - a, H), act_bytes=B * (H * 4 + (b - a) * 4), flops=4 * B * (b - a) * H)
             for s in range(c.NSLOT) for a, b in c.tiles(c.I, c.plan.gateup_rows)]

@@ -1,90 +1,141 @@
-// ROUTE's device body (kinds/route.py): per batch row, one warp takes the softmax of the E router
-// logits and the k most probable experts (k rounds of a warp argmax: the highest probability, the lowest
-// expert index on ties, as model/moe.py route; each round two warp reductions, redux.sync, of the
-// probability's bits and then of the index), then warp 0 lays the rows' choices out as the step's
-// expert slots: the union of the selected experts in ascending order, then idle slots (-1), and each
-// slot's routing weight per row (0 where the row did not select it). Inlined by codegen after the
-// shared device headers.
+// ROUTE's device part (kinds/route.py) and the routing it shares with the experts' loaders.
+// route_row: one batch row's softmax of the E router logits and its k most probable experts (k rounds
+// of a warp argmax: the highest probability, the lowest expert index on ties, as model/moe.py route;
+// each round two warp reductions, redux.sync, of the probability's bits and then of the index).
+// The step's expert slots are the union of the rows' choices in ascending expert order, then idle
+// slots. ROUTE writes them with each slot's routing weight per row (EDOWN's scale); the loaders of
+// EGATEUP / EDOWN find their own slot's expert with the same functions as soon as the logits land
+// (ExpertSource), so the expert streams do not wait for ROUTE. Inlined by codegen after the shared
+// device headers.
 #pragma once
 
 namespace mk {
 
+constexpr int ROUTE_EPL = cfg::E > 32 ? (cfg::E + 31) / 32 : 1;   // logits per lane: expert lane + 32 i
+constexpr int ROUTE_K = cfg::TOPK > 0 ? cfg::TOPK : 1;
+
+// One row's routing by one warp. Returns this lane's chosen experts as bits (bit i: expert lane + 32 i).
+// With sel != nullptr lane 0 writes the choices in rank order: sel[j] the expert, wsel[j] its weight
+// (renormalised over the k when the family says so).
+__device__ __forceinline__ uint32_t route_row(const float* logits, int lane, int* sel, float* wsel) {
+  float v[ROUTE_EPL];
+  float m = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < ROUTE_EPL; ++i) {
+    const int e = lane + 32 * i;
+    v[i] = e < cfg::E ? ld_act(logits + e) : -INFINITY;
+    m = fmaxf(m, v[i]);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < ROUTE_EPL; ++i) {
+    v[i] = lane + 32 * i < cfg::E ? expf(v[i] - m) : 0.f;
+    s += v[i];
+  }
+  s = warp_sum(s);
+  // ranking keys: a probability's bits + 1 (a non-negative float's bits order as it does), 0 for no
+  // expert or one already taken, so a probability of 0 still outranks them
+  uint32_t key[ROUTE_EPL];
+#pragma unroll
+  for (int i = 0; i < ROUTE_EPL; ++i) key[i] = lane + 32 * i < cfg::E ? __float_as_uint(v[i] / s) + 1u : 0u;
+  uint32_t mine = 0u;
+  float total = 0.f;
+#pragma unroll 1
+  for (int j = 0; j < cfg::TOPK; ++j) {   // descending probability, the lowest index on ties
+    uint32_t lk = 0u, le = 0xffffffffu;    // this lane's best: the first of its highest keys
+#pragma unroll
+    for (int i = 0; i < ROUTE_EPL; ++i)
+      if (key[i] > lk) { lk = key[i]; le = lane + 32 * i; }
+    const uint32_t kmax = __reduce_max_sync(0xffffffffu, lk);
+    const uint32_t bi = __reduce_min_sync(0xffffffffu, lk == kmax ? le : 0xffffffffu);
+    if (bi % 32 == (uint32_t)lane) {   // the winner leaves the race
+#pragma unroll
+      for (int i = 0; i < ROUTE_EPL; ++i)
+        if (bi / 32 == (uint32_t)i) { key[i] = 0u; mine |= 1u << i; }
+    }
+    const float best = __uint_as_float(kmax - 1u);
+    total += best;   // in rank order, as the reference sums the top-k weights
+    if (sel != nullptr && lane == 0) { sel[j] = (int)bi; wsel[j] = best; }
+  }
+  if (cfg::NORM_TOPK && sel != nullptr && lane == 0)
+    for (int j = 0; j < cfg::TOPK; ++j) wsel[j] /= total;
+  return mine;
+}
+
+// The expert of slot `slot` given every lane's union bits over the rows: the slot-th chosen expert in
+// ascending order, -1 for an idle slot (fewer distinct experts than slots).
+__device__ __forceinline__ int slot_expert_of(uint32_t chosen, int slot) {
+  int n = 0;
+#pragma unroll
+  for (int i = 0; i < ROUTE_EPL; ++i) {
+    const uint32_t mask = __ballot_sync(0xffffffffu, (chosen >> i) & 1u);
+    const int cnt = __popc(mask);
+    if (slot < n + cnt) return 32 * i + (int)__fns(mask, 0, slot - n + 1);
+    n += cnt;
+  }
+  return -1;
+}
+
+// The weight source of an expert kind's loader (mk_gemv.cuh WeightSource), once per task: each lane
+// reads the weight pointers of its experts (lane + 32 i) while the task waits for its first event
+// (router_done), then the warp routes every row itself and takes its slot's expert's pointers from the
+// lane that holds them (an idle slot streams expert 0, whose routing weight is 0 in every row).
+struct ExpertSource {
+  static __device__ __forceinline__ ExpertWeights of(Ctx& c, const TaskArgs& a) {
+    const ExpertWeights* layer = c.p->experts + (size_t)a.layer * cfg::E;
+    ExpertWeights mine[ROUTE_EPL];
+#pragma unroll
+    for (int i = 0; i < ROUTE_EPL; ++i) mine[i] = layer[min_i(c.lane() + 32 * i, cfg::E - 1)];
+    loader_wait_first(c, a);
+    uint32_t chosen = 0u;
+    for (int b = 0; b < cfg::B; ++b) chosen |= route_row(c.p->router_logits + (size_t)b * cfg::E, c.lane(), nullptr, nullptr);
+    const int e = max_i(slot_expert_of(chosen, a.tile), 0);   // the same in every lane
+    ExpertWeights w = mine[0];
+#pragma unroll
+    for (int i = 0; i < ROUTE_EPL; ++i)
+      if (e / 32 == i) w = shfl_expert(mine[i], e % 32);
+    return w;
+  }
+  // every lane gets lane `from`'s pointers
+  static __device__ __forceinline__ ExpertWeights shfl_expert(const ExpertWeights& v, int from) {
+    ExpertWeights w;
+    const bf16* const* src = &v.gate;
+    const bf16** dst = &w.gate;
+    static_assert(sizeof(ExpertWeights) == 3 * sizeof(const bf16*), "ExpertWeights: gate, up, down");
+#pragma unroll
+    for (int f = 0; f < 3; ++f)
+      dst[f] = reinterpret_cast<const bf16*>(__shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(src[f]), from));
+    return w;
+  }
+};
+
 template <>
 struct KindBody<ROUTE> : NoLoad, NoPrologue {
-  static constexpr int EPL = cfg::E > 32 ? (cfg::E + 31) / 32 : 1;   // logits per lane
-  static constexpr int K = cfg::TOPK > 0 ? cfg::TOPK : 1;
-
   static __device__ __forceinline__ void compute(Ctx& c, const TaskArgs& a, Pre&) {
     const Params& p = *c.p;
-    // the rows' choices, in the activation region (free between GEMVs): experts, then their weights
+    // the rows' choices, in the activation region (free between GEMVs): experts, then their weights;
+    // then each warp's union bits
     int* sel = reinterpret_cast<int*>(c.act());
-    float* wsel = reinterpret_cast<float*>(sel + cfg::B * K);
-    for (int b = c.warp(); b < cfg::B; b += cfg::CWARPS) {
-      float v[EPL];
-      float m = -INFINITY;
-#pragma unroll
-      for (int i = 0; i < EPL; ++i) {
-        const int e = c.lane() + 32 * i;
-        v[i] = e < cfg::E ? ld_act(p.router_logits + (size_t)b * cfg::E + e) : -INFINITY;
-        m = fmaxf(m, v[i]);
-      }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-      float s = 0.f;
-#pragma unroll
-      for (int i = 0; i < EPL; ++i) {
-        v[i] = c.lane() + 32 * i < cfg::E ? expf(v[i] - m) : 0.f;
-        s += v[i];
-      }
-      s = warp_sum(s);
-      // ranking keys: a probability's bits + 1 (a non-negative float's bits order as it does), 0 for
-      // no expert or one already taken, so a probability of 0 still outranks them
-      uint32_t key[EPL];
-#pragma unroll
-      for (int i = 0; i < EPL; ++i) key[i] = c.lane() + 32 * i < cfg::E ? __float_as_uint(v[i] / s) + 1u : 0u;
-      float total = 0.f;
-      for (int j = 0; j < cfg::TOPK; ++j) {   // descending probability, the lowest index on ties
-        uint32_t lk = 0u, le = 0xffffffffu;    // this lane's best: the first of its highest keys
-#pragma unroll
-        for (int i = 0; i < EPL; ++i)
-          if (key[i] > lk) { lk = key[i]; le = c.lane() + 32 * i; }
-        const uint32_t kmax = __reduce_max_sync(0xffffffffu, lk);
-        const uint32_t bi = __reduce_min_sync(0xffffffffu, lk == kmax ? le : 0xffffffffu);
-        if (bi % 32 == (uint32_t)c.lane()) {   // the winner leaves the race
-#pragma unroll
-          for (int i = 0; i < EPL; ++i)
-            if (bi / 32 == (uint32_t)i) key[i] = 0u;
-        }
-        const float best = __uint_as_float(kmax - 1u);
-        total += best;   // in rank order, as the reference sums the top-k weights
-        if (c.lane() == 0) { sel[b * K + j] = (int)bi; wsel[b * K + j] = best; }
-      }
-      if (cfg::NORM_TOPK && c.lane() == 0)
-        for (int j = 0; j < cfg::TOPK; ++j) wsel[b * K + j] /= total;
-    }
+    float* wsel = reinterpret_cast<float*>(sel + cfg::B * ROUTE_K);
+    uint32_t* bits = reinterpret_cast<uint32_t*>(wsel + cfg::B * ROUTE_K);
+    uint32_t chosen = 0u;
+    for (int b = c.warp(); b < cfg::B; b += cfg::CWARPS)
+      chosen |= route_row(p.router_logits + (size_t)b * cfg::E, c.lane(), sel + b * ROUTE_K, wsel + b * ROUTE_K);
+    bits[c.warp() * 32 + c.lane()] = chosen;
     consumer_sync(CTHREADS);
     if (c.warp() == 0) {
-      int n = 0;   // slots filled so far (the experts below this chunk that some row selected)
-      for (int i = 0; i < EPL; ++i) {
-        const int e = c.lane() + 32 * i;
-        bool chosen = false;
-        for (int q = 0; q < cfg::B * cfg::TOPK; ++q) chosen |= e < cfg::E && sel[q] == e;
-        const uint32_t mask = __ballot_sync(0xffffffffu, chosen);
-        if (chosen) {
-          const int s = n + __popc(mask & ((1u << c.lane()) - 1u));
-          p.moe_slot[s] = e;
-          for (int b = 0; b < cfg::B; ++b) {
-            float w = 0.f;
-            for (int j = 0; j < cfg::TOPK; ++j)
-              if (sel[b * K + j] == e) w = wsel[b * K + j];
-            p.moe_w[s * cfg::B + b] = w;
-          }
+      for (int w = 1; w < cfg::CWARPS; ++w) chosen |= bits[w * 32 + c.lane()];
+      for (int s = 0; s < cfg::NSLOT; ++s) {
+        const int e = slot_expert_of(chosen, s);
+        for (int b = c.lane(); b < cfg::B; b += 32) {
+          float w = 0.f;
+          for (int j = 0; j < cfg::TOPK; ++j)
+            if (e >= 0 && sel[b * ROUTE_K + j] == e) w = wsel[b * ROUTE_K + j];
+          p.moe_w[s * cfg::B + b] = w;
         }
-        n += __popc(mask);
-      }
-      for (int s = n + c.lane(); s < cfg::NSLOT; s += 32) {   // idle slots: expert 0 at weight 0
-        p.moe_slot[s] = -1;
-        for (int b = 0; b < cfg::B; ++b) p.moe_w[s * cfg::B + b] = 0.f;
+        if (c.lane() == 0) p.moe_slot[s] = e;
       }
     }
     consumer_sync(CTHREADS);

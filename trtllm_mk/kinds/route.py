@@ -2,9 +2,12 @@
 the lowest index winning ties, renormalised when the family says so) and the step's expert slots.
 
 The decode step has ``NSLOT = min(E, B * k)`` expert slots, the most distinct experts its B rows can
-select; the schedule is static, so an expert's GEMV tasks are "slot s", and ROUTE fills the slots at
-run time: the union of the rows' selected experts in ascending order, then -1 (an idle slot), and
-for each slot the routing weight of its expert in each row (0 where the row did not select it)."""
+select; the schedule is static, so an expert's GEMV tasks are "slot s", and the slots are filled at
+run time: the union of the rows' selected experts in ascending order, then -1 (an idle slot). ROUTE
+writes them, and for each slot the routing weight of its expert in each row (0 where the row did not
+select it), which EDOWN scales its sums by. The loaders of EGATEUP and EDOWN do not wait for ROUTE:
+each routes the rows itself as soon as the router's logits land (route.cuh ExpertSource, the same
+device functions), so the expert streams start one event earlier."""
 from __future__ import annotations
 
 from . import KindDef
@@ -26,11 +29,22 @@ def slots_of(weights, experts, num_slots: int):
     return slot, w
 
 
-def execute(ex, t, layer: int) -> None:
-    """CPU-executor semantics (trtllm_mk.executor.CpuExecutor ``ex``): see graph.tasks."""
+def route_slots(ex):
+    """The step's (slot experts, slot weights) from the CPU executor's router logits."""
     from ..model.moe import route
     weights, experts = route(ex.router_logits, ex.spec.num_experts_per_tok, ex.spec.norm_topk_prob)
-    ex.moe_slot, ex.moe_w = slots_of(weights, experts, ex.moe_slot.numel())
+    return slots_of(weights, experts, ex.moe_slot.numel())
+
+
+def slot_expert(ex, slot: int) -> int:
+    """The expert an EGATEUP / EDOWN loader streams for ``slot``, routed from the logits as the
+    device's loaders do: an idle slot streams expert 0 (its routing weight is 0 in every row)."""
+    return max(int(route_slots(ex)[0][slot]), 0)
+
+
+def execute(ex, t, layer: int) -> None:
+    """CPU-executor semantics (trtllm_mk.executor.CpuExecutor ``ex``): see graph.tasks."""
+    ex.moe_slot, ex.moe_w = route_slots(ex)
 
 
 def duration_us(task, graph, rates, cal) -> float:
