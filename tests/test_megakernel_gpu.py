@@ -89,16 +89,17 @@ def _gpu():
     return detect_gpu()
 
 
-def _decoder(spec, batch, weights, schedule=None, budget_s=5.0, use_bulk_copy=None):
+def _decoder(spec, batch, weights, schedule=None, budget_s=5.0, use_bulk_copy=None, diagnostics=None):
     """(decoder, cache): ``weights`` as the kernel binds them (bf16 tensors, or a quantized spec's
-    packed codes and scale words). ``use_bulk_copy``: the weight ring (default: the GPU's own)."""
+    packed codes and scale words). ``use_bulk_copy``: the weight ring (default: the GPU's own);
+    ``diagnostics``: the kernel's diagnostic switches (codegen.Diagnostics; default: production)."""
     from trtllm_mk.runtime.megakernel import build_decoder
     gpu = _gpu()
     if schedule is None:
         schedule, _ = search(spec, batch, gpu, context_len=256, budget_s=budget_s, seed=0)
     cache = PagedKVCache.allocate(spec, batch, MAX_SEQ, TPB, device="cuda", fill=1e4, seed=3)
     bulk = gpu.has_tma if use_bulk_copy is None else use_bulk_copy
-    return build_decoder(schedule, weights, cache, gpu.nvcc_arch, bulk), cache
+    return build_decoder(schedule, weights, cache, gpu.nvcc_arch, bulk, diagnostics=diagnostics), cache
 
 
 def _prompts(spec, batch, gen, first_len=17):

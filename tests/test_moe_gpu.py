@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from test_megakernel_gpu import EXACT, _weights, run_and_compare
+from test_megakernel_gpu import EXACT, _decoder, _weights, run_and_compare
 from trtllm_mk.model.registry import resolve_model
 from trtllm_mk.model.spec import spec_from_hf_config
 from trtllm_mk.model.tiny import tiny_config
@@ -18,6 +18,14 @@ pytestmark = pytest.mark.gpu
 
 # decode steps of the tiny tests (compute-sanitizer runs them with fewer: scripts/gpu_check.sh moe)
 STEPS = int(os.environ.get("MK_MOE_TEST_STEPS", 128))
+# MK_MOE_ALL_LANES_RELEASE=1: the tiny tests run the kernel whose every lane releases its ring reads, the
+# variant compute-sanitizer's racecheck can follow (EMPTY_ARRIVALS in mk_kernel.cuh; gpu_check.sh moe)
+ALL_LANES_RELEASE = os.environ.get("MK_MOE_ALL_LANES_RELEASE") == "1"
+
+
+def diagnostics():
+    from trtllm_mk.codegen import Diagnostics
+    return Diagnostics(all_lanes_release=1) if ALL_LANES_RELEASE else None
 
 
 def check_moe(res, max_err):
@@ -50,7 +58,8 @@ def moe_weights(spec):
 @pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
 def test_tiny_moe_models_match_reference(family, batch):
     spec = tiny_moe(family)
-    check_moe(run_and_compare(spec, batch, moe_weights(spec), steps=STEPS), 3e-2)
+    w = moe_weights(spec)
+    check_moe(run_and_compare(spec, batch, w, steps=STEPS, decoder=_decoder(spec, batch, w, diagnostics=diagnostics())), 3e-2)
 
 
 @pytest.mark.parametrize("batch", [1, 4])
@@ -67,17 +76,19 @@ def _prebuild() -> None:
     import os
 
     from test_megakernel_gpu import MAX_SEQ, TPB
-    from trtllm_mk.codegen import compile_cubin, generate_source
+    from trtllm_mk.codegen import Diagnostics, compile_cubin, generate_source
     from trtllm_mk.gpus import get_gpu
     from trtllm_mk.search import search
     gpu = get_gpu(os.environ.get("TRTLLM_MK_TEST_GPU", "H100-SXM"))
-    cases = [(tiny_moe(f), b, 5.0) for f in ("qwen3_moe", "mixtral") for b in (1, 4)]
-    cases += [(dataclasses.replace(resolve_model("qwen3-30b-a3b").spec, num_layers=4), b, 10.0) for b in (1, 4)]
-    for spec, batch, budget in cases:
+    tiny = [(tiny_moe(f), b, 5.0) for f in ("qwen3_moe", "mixtral") for b in (1, 4)]
+    real = [(dataclasses.replace(resolve_model("qwen3-30b-a3b").spec, num_layers=4), b, 10.0) for b in (1, 4)]
+    for spec, batch, budget in tiny + real:
         sch, _ = search(spec, batch, gpu, context_len=256, budget_s=budget, seed=0)
-        src, _ = generate_source(sch, TPB, MAX_SEQ, use_bulk_copy=gpu.has_tma)
-        path, _ = compile_cubin(src, gpu.nvcc_arch)
-        print(spec.name, batch, path, flush=True)
+        # the tiny kernels also as racecheck runs them (MK_MOE_ALL_LANES_RELEASE)
+        for diag in (Diagnostics(), Diagnostics(all_lanes_release=1))[: 2 if (spec, batch, budget) in tiny else 1]:
+            src, _ = generate_source(sch, TPB, MAX_SEQ, use_bulk_copy=gpu.has_tma, diagnostics=diag)
+            path, _ = compile_cubin(src, gpu.nvcc_arch)
+            print(spec.name, batch, path, flush=True)
 
 
 if __name__ == "__main__":
