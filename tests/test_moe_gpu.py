@@ -80,12 +80,14 @@ def _prebuild() -> None:
     from trtllm_mk.gpus import get_gpu
     from trtllm_mk.search import search
     gpu = get_gpu(os.environ.get("TRTLLM_MK_TEST_GPU", "H100-SXM"))
-    tiny = [(tiny_moe(f), b, 5.0) for f in ("qwen3_moe", "mixtral") for b in (1, 4)]
-    real = [(dataclasses.replace(resolve_model("qwen3-30b-a3b").spec, num_layers=4), b, 10.0) for b in (1, 4)]
-    for spec, batch, budget in tiny + real:
+    # the tiny kernels also as racecheck runs them (MK_MOE_ALL_LANES_RELEASE)
+    both = (Diagnostics(), Diagnostics(all_lanes_release=1))
+    cases = [(tiny_moe(f), b, 5.0, both) for f in ("qwen3_moe", "mixtral") for b in (1, 4)]
+    cases += [(dataclasses.replace(resolve_model("qwen3-30b-a3b").spec, num_layers=4), b, 10.0, both[:1])
+              for b in (1, 4)]
+    for spec, batch, budget, diags in cases:
         sch, _ = search(spec, batch, gpu, context_len=256, budget_s=budget, seed=0)
-        # the tiny kernels also as racecheck runs them (MK_MOE_ALL_LANES_RELEASE)
-        for diag in (Diagnostics(), Diagnostics(all_lanes_release=1))[: 2 if (spec, batch, budget) in tiny else 1]:
+        for diag in diags:
             src, _ = generate_source(sch, TPB, MAX_SEQ, use_bulk_copy=gpu.has_tma, diagnostics=diag)
             path, _ = compile_cubin(src, gpu.nvcc_arch)
             print(spec.name, batch, path, flush=True)

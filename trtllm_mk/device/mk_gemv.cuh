@@ -279,22 +279,24 @@ __device__ void gemv_load(Ctx& c, const TaskArgs& a) {
 template <int KIND>
 __device__ __noinline__ Ctx prefetch_next_step(Ctx c, TaskArgs a) {
   using G = GemvGeometry<KIND>;
-  if constexpr (LOADER_WAITS[KIND]) return c;   // an expert's weights are known only once the next step routes
-  if (diag::PREFETCH_NEXT && c.warp() == 0) {
-    const auto& src = WeightSource<KIND>::of(c, a);
-    const int groups = (a.r1 - a.r0 + G::OUT_ROWS - 1) / G::OUT_ROWS;
-    for (int grp = 0, n = 0; grp < groups; ++grp) {
-      const int valid = min_i(G::OUT_ROWS, a.r1 - a.r0 - grp * G::OUT_ROWS);
-      for (int kc = 0; kc < G::NKC && n < cfg::STAGES; ++kc, ++n) {
-        if constexpr (GemvKind<KIND>::WBITS != 16) {
-          for (int i = c.lane(); i < G::NB * G::TPR; i += 32)
-            if ((16 * (i / G::TPR)) % G::OUT_ROWS < valid)
-              prefetch_l2(tile_src<KIND>(GemvKind<KIND>::weight_ref(src, a, grp, 16 * (i / G::TPR)), kc, i % G::TPR),
-                          G::TILE_BYTES);
-        } else {
-          for (int j = c.lane(); j < G::RS; j += 32)
-            if (j % G::OUT_ROWS < valid)
-              prefetch_l2(row_src<KIND>(GemvKind<KIND>::weight_ref(src, a, grp, j), kc), G::KC * 2);
+  // an expert's weights are known only once the next step routes: nothing to prefetch
+  if constexpr (!LOADER_WAITS[KIND]) {
+    if (diag::PREFETCH_NEXT && c.warp() == 0) {
+      const auto& src = WeightSource<KIND>::of(c, a);
+      const int groups = (a.r1 - a.r0 + G::OUT_ROWS - 1) / G::OUT_ROWS;
+      for (int grp = 0, n = 0; grp < groups; ++grp) {
+        const int valid = min_i(G::OUT_ROWS, a.r1 - a.r0 - grp * G::OUT_ROWS);
+        for (int kc = 0; kc < G::NKC && n < cfg::STAGES; ++kc, ++n) {
+          if constexpr (GemvKind<KIND>::WBITS != 16) {
+            for (int i = c.lane(); i < G::NB * G::TPR; i += 32)
+              if ((16 * (i / G::TPR)) % G::OUT_ROWS < valid)
+                prefetch_l2(tile_src<KIND>(GemvKind<KIND>::weight_ref(src, a, grp, 16 * (i / G::TPR)), kc, i % G::TPR),
+                            G::TILE_BYTES);
+          } else {
+            for (int j = c.lane(); j < G::RS; j += 32)
+              if (j % G::OUT_ROWS < valid)
+                prefetch_l2(row_src<KIND>(GemvKind<KIND>::weight_ref(src, a, grp, j), kc), G::KC * 2);
+          }
         }
       }
     }

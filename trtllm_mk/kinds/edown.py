@@ -12,8 +12,8 @@ DEF = KindDef("EDOWN", streams_weights=True, args=("layer", "r0", "r1", "k0", "k
 def execute(ex, t, layer: int) -> None:
     """CPU-executor semantics (trtllm_mk.executor.CpuExecutor ``ex``): see graph.tasks."""
     from ..residual import to_fixed
-    from .route import slot_expert
-    w = ex.experts[layer][slot_expert(ex, t.slot)]["down"][t.r0:t.r1, t.k0:t.k1]
+    # the task waits for route_done: ROUTE's slots are the ones its loader routes to on the GPU
+    w = ex.experts[layer][max(int(ex.moe_slot[t.slot]), 0)]["down"][t.r0:t.r1, t.k0:t.k1]
     y = ex.stage_round(ex.moe_act[t.slot, :, t.k0:t.k1]) @ w.T
     ex.x[:, t.r0:t.r1] += to_fixed(y * ex.moe_w[t.slot][:, None])
 

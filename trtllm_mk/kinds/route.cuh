@@ -99,15 +99,12 @@ struct ExpertSource {
     return w;
   }
   // every lane gets lane `from`'s pointers
+  static __device__ __forceinline__ const bf16* shfl_ptr(const bf16* v, int from) {
+    return reinterpret_cast<const bf16*>(__shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(v), from));
+  }
   static __device__ __forceinline__ ExpertWeights shfl_expert(const ExpertWeights& v, int from) {
-    ExpertWeights w;
-    const bf16* const* src = &v.gate;
-    const bf16** dst = &w.gate;
     static_assert(sizeof(ExpertWeights) == 3 * sizeof(const bf16*), "ExpertWeights: gate, up, down");
-#pragma unroll
-    for (int f = 0; f < 3; ++f)
-      dst[f] = reinterpret_cast<const bf16*>(__shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(src[f]), from));
-    return w;
+    return {shfl_ptr(v.gate, from), shfl_ptr(v.up, from), shfl_ptr(v.down, from)};
   }
 };
 

@@ -37,8 +37,9 @@ def route_slots(ex):
 
 
 def slot_expert(ex, slot: int) -> int:
-    """The expert an EGATEUP / EDOWN loader streams for ``slot``, routed from the logits as the
-    device's loaders do: an idle slot streams expert 0 (its routing weight is 0 in every row)."""
+    """The expert an EGATEUP loader streams for ``slot``, routed from the logits as the device's loaders
+    do (EGATEUP does not wait for ROUTE): an idle slot streams expert 0 (its routing weight is 0 in
+    every row)."""
     return max(int(route_slots(ex)[0][slot]), 0)
 
 
