@@ -67,7 +67,8 @@ def test_a_moe_step_has_min_e_bk_expert_slots(batch, slots):
     shares = sorted((a.lo, a.hi) for t in g.layer if t.kind == Kind.ROUTER for a in t.writes if a.buf == "moe_xn")
     assert shares[0][0] == 0 and shares[-1][1] == spec.hidden_size
     assert all(a[1] == b[0] for a, b in zip(shares, shares[1:]))
-    # streamed bytes: every slot's expert (the worst case the static schedule reads)
+    # streamed bytes: every slot's expert (the worst case the static schedule allows: an idle slot streams
+    # nothing, but the SMs of the busy slots set the step's time)
     per_expert = 3 * spec.moe_intermediate_size * spec.hidden_size * 2
     assert sum(t.weight_bytes for t in eg + ed) == slots * per_expert
 

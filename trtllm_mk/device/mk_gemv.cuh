@@ -134,6 +134,9 @@ template <int KIND> struct GemvKind;
 // What a kind's weight_ref reads, resolved once per task on the loader's path: the kernel's Params,
 // unless the kind's device file specializes WeightSource (the experts: their slot's expert is known
 // only at run time, and a lookup per ring slot would put a memory round trip before each slot's copies).
+// An expert kind's source also says whether the task's slot is idle (fewer distinct experts than
+// slots): its loader then streams nothing, and its consumers, which find the same from their staging
+// (GemvKind<KIND>::idle), skip the task's ring slots too.
 template <int KIND> struct WeightSource {
   static __device__ __forceinline__ const Params& of(Ctx& c, const TaskArgs&) { return *c.p; }
 };
@@ -197,6 +200,8 @@ template <int KIND>
 __device__ void gemv_load(Ctx& c, const TaskArgs& a) {
   // a LOADER_WAITS kind's WeightSource waits for the task's first event (loader_wait_first) itself
   const auto& src = WeightSource<KIND>::of(c, a);
+  if constexpr (LOADER_WAITS[KIND])
+    if (WeightSource<KIND>::idle(src)) return;
   using G = GemvGeometry<KIND>;
   constexpr bool QW = GemvKind<KIND>::WBITS != 16;   // quantized: tiles and scale words
   const int groups = (a.r1 - a.r0 + G::OUT_ROWS - 1) / G::OUT_ROWS;
@@ -414,15 +419,17 @@ __device__ void stage_normed(Ctx& c, const bf16* nw) {
   consumer_sync(CTHREADS);   // act complete; scratch free again
 }
 
-// A per-task scale of batch row b, kept in the skew after the row's staged activation (ACT_PAD
-// elements that no GEMV reads; they stay with the activation when the next task reuses it): EDOWN's
-// routing weights.
+// Per-task values kept in the skew after batch row b's staged activation (ACT_PAD elements that no
+// GEMV reads; they stay with the activation when the next task reuses it): float i of row b. EDOWN's
+// routing weights (act_row_scale) and the expert kinds' idle-slot state.
 template <int KIND>
-__device__ __forceinline__ float& act_row_scale(int b) {
+__device__ __forceinline__ float& act_skew(int b, int i) {
   constexpr int KT = GemvKind<KIND>::KT, AS = KT + ACT_PAD;
-  static_assert(KT % 2 == 0 && ACT_PAD * 2 >= 4, "a float fits the row's skew, aligned");
-  return *reinterpret_cast<float*>(reinterpret_cast<bf16*>(smem + SMEM_ACT_AT) + b * AS + KT);
+  static_assert(KT % 2 == 0 && ACT_PAD * 2 >= 2 * 4, "two floats fit the row's skew, aligned");
+  return *(reinterpret_cast<float*>(reinterpret_cast<bf16*>(smem + SMEM_ACT_AT) + b * AS + KT) + i);
 }
+template <int KIND>
+__device__ __forceinline__ float& act_row_scale(int b) { return act_skew<KIND>(b, 0); }
 
 // A K slice [k0, k0 + KT) of the fp32 rows of src (ROW floats apart), staged as bf16 (OPROJ, DOWN).
 template <int KIND, int ROW>
@@ -637,8 +644,11 @@ __device__ void gemv_compute(Ctx& c, const TaskArgs& a) {
   const uint32_t ring0 = smem_addr(c.ring());
   const int groups = (a.r1 - a.r0 + G::OUT_ROWS - 1) / G::OUT_ROWS;
   typename GemvKind<KIND>::Tally tally = GemvKind<KIND>::tally_begin(c, a);
+  bool idle = false;   // an idle expert slot: its loader streams nothing (gemv_load)
+  if constexpr (LOADER_WAITS[KIND]) idle = GemvKind<KIND>::idle(a);
+  if (idle) c.mark_computed();
 
-  for (int grp = 0; grp < groups; ++grp) {
+  for (int grp = 0; grp < (idle ? 0 : groups); ++grp) {
     // NACC independent accumulators: a warp's k-steps of a slot go round-robin over them, loads first,
     // so NACC mma run in flight instead of one dependent chain (the consumer was mma-latency bound at
     // ~65 GB/s per SM with one accumulator; benchmarks/micro/ring_stream.cu)

@@ -1,5 +1,7 @@
 """EDOWN: DOWN for the expert of one slot: a K chunk of the slot's activation times that expert's down
-rows, scaled per batch row by the slot's routing weight and added into x (fixed point: any order)."""
+rows, scaled per batch row by the slot's routing weight and added into x (fixed point: any order), in
+the rows that chose the expert. An idle slot (beyond the step's distinct experts) streams and adds
+nothing."""
 from __future__ import annotations
 
 from . import KindDef
@@ -12,10 +14,15 @@ DEF = KindDef("EDOWN", streams_weights=True, args=("layer", "r0", "r1", "k0", "k
 def execute(ex, t, layer: int) -> None:
     """CPU-executor semantics (trtllm_mk.executor.CpuExecutor ``ex``): see graph.tasks."""
     from ..residual import to_fixed
-    # the task waits for route_done: ROUTE's slots are the ones its loader routes to on the GPU
-    w = ex.experts[layer][max(int(ex.moe_slot[t.slot]), 0)]["down"][t.r0:t.r1, t.k0:t.k1]
+    # the task waits for route_done: ROUTE's slots are the ones its loader routes to on the GPU; an
+    # idle slot computes nothing, and a row that did not choose the slot's expert adds nothing
+    e = int(ex.moe_slot[t.slot])
+    if e < 0:
+        return
+    w = ex.experts[layer][e]["down"][t.r0:t.r1, t.k0:t.k1]
     y = ex.stage_round(ex.moe_act[t.slot, :, t.k0:t.k1]) @ w.T
-    ex.x[:, t.r0:t.r1] += to_fixed(y * ex.moe_w[t.slot][:, None])
+    rows = ex.moe_w[t.slot] != 0
+    ex.x[rows, t.r0:t.r1] += to_fixed(y[rows] * ex.moe_w[t.slot][rows, None])
 
 # its staged input is the slot's own activation: a task of another slot stages again
 INPUT_PER_SLOT = True

@@ -2,7 +2,8 @@
 // layer's ROUTER tasks published (moe_xn), into the slot's activation. The expert is known only once
 // the router's logits land, so the loader waits for the task's first event (router_done), routes the
 // rows itself (route.cuh ExpertSource) and then streams the expert's weights (LOADER_WAITS,
-// mk_gemv.cuh gemv_load). Inlined by codegen after the shared device headers.
+// mk_gemv.cuh gemv_load); for an idle slot it streams nothing, and the consumers, who route the rows
+// too, skip the task. Inlined by codegen after the shared device headers.
 #pragma once
 
 namespace mk {
@@ -19,9 +20,20 @@ struct GemvKind<EGATEUP> : NoTally {
     return j < half ? weight_at(w.gate, nullptr, r, cfg::H, 0) : weight_at(w.up, nullptr, r, cfg::H, 0);
   }
 
+  // Also routes the rows (route_union, while the loader does the same) for the count of distinct
+  // experts, kept in the skew of the staged rows: the layer's later EGATEUP tasks on this SM reuse
+  // both.
   static __device__ __forceinline__ void stage(Ctx& c, const TaskArgs& a) {
-    stage_rows<EGATEUP, cfg::H>(c, a, c.p->moe_xn);
+    static_assert(cfg::B * ROUTE_EPL * 4 <= SMEM_SCRATCH, "the rows' expert masks fit the scratch");
+    uint32_t* masks = reinterpret_cast<uint32_t*>(c.scratch());
+    route_union(c, masks);
+    stage_rows<EGATEUP, cfg::H>(c, a, c.p->moe_xn);   // its barrier publishes the masks
+    if (threadIdx.x == 0) act_skew<EGATEUP>(0, 1) = (float)union_count(masks);
+    consumer_sync(CTHREADS);
   }
+
+  // slots at and beyond the count of distinct experts are idle
+  static __device__ __forceinline__ bool idle(const TaskArgs& a) { return a.tile >= (int)act_skew<EGATEUP>(0, 1); }
 
   static __device__ __forceinline__ void epilogue(const Params& p, const TaskArgs& a, int r, int b, float v, float v_up) {
     p.moe_act[((size_t)a.tile * cfg::B + b) * cfg::I + r] = silu(v) * v_up;

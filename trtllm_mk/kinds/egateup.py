@@ -1,7 +1,8 @@
 """EGATEUP: GATEUP for the expert of one slot (kinds/route.py): silu(gate) * up of a row range of that
 expert, on the normed rows the layer's ROUTER tasks published (moe_xn), into the slot's activation.
 Its weights are chosen at run time: its loader waits for the router's logits, routes the rows itself
-and then streams them. It does not read x: the EDOWN tasks of a slot add into x as soon as that
+and then streams them; a slot beyond the step's distinct experts is idle, streams nothing and computes
+nothing (its consumers route the rows too). It does not read x: the EDOWN tasks of a slot add into x as soon as that
 slot's EGATEUP tiles are done (egateup_done has a slot per expert slot), while other slots' tiles
 still run."""
 from __future__ import annotations
@@ -15,11 +16,13 @@ DEF = KindDef("EGATEUP", streams_weights=True, args=("layer", "r0", "r1", "tile"
 
 def execute(ex, t, layer: int) -> None:
     """CPU-executor semantics (trtllm_mk.executor.CpuExecutor ``ex``): see graph.tasks. ``t.slot`` is
-    the slot, whose expert the task routes from the logits itself (as its loader does on the GPU); an
-    idle slot computes expert 0, whose rows then add with weight 0."""
+    the slot, whose expert the task routes from the logits itself (as its loader and consumers do on
+    the GPU); an idle slot computes nothing."""
     import torch
     from .route import slot_expert
     e = slot_expert(ex, t.slot)
+    if e < 0:
+        return
     ew = ex.experts[layer][e]
     xn = ex.moe_xn
     gate, up = xn @ ew["gate"][t.r0:t.r1].T, xn @ ew["up"][t.r0:t.r1].T

@@ -78,10 +78,35 @@ __device__ __forceinline__ int slot_expert_of(uint32_t chosen, int slot) {
   return -1;
 }
 
+// Consumer side of the expert kinds: how many distinct experts the step's rows chose; slots from
+// there on are idle (their loaders stream nothing). Warp w routes rows w, w + CWARPS, ... and leaves
+// its rows' union as E bits in masks[w][]; union_count, after a consumer barrier, counts them.
+__device__ __forceinline__ void route_union(const Ctx& c, uint32_t* masks) {
+  uint32_t chosen = 0u;
+  for (int b = c.warp(); b < cfg::B; b += cfg::CWARPS)
+    chosen |= route_row(c.p->router_logits + (size_t)b * cfg::E, c.lane(), nullptr, nullptr);
+#pragma unroll
+  for (int i = 0; i < ROUTE_EPL; ++i) {
+    const uint32_t m = __ballot_sync(0xffffffffu, (chosen >> i) & 1u);
+    if (c.warp() < cfg::B && c.lane() == 0) masks[c.warp() * ROUTE_EPL + i] = m;
+  }
+}
+__device__ __forceinline__ int union_count(const uint32_t* masks) {
+  constexpr int W = cfg::B < cfg::CWARPS ? cfg::B : cfg::CWARPS;   // warps that routed a row
+  int n = 0;
+#pragma unroll
+  for (int i = 0; i < ROUTE_EPL; ++i) {
+    uint32_t m = 0u;
+    for (int w = 0; w < W; ++w) m |= masks[w * ROUTE_EPL + i];
+    n += __popc(m);
+  }
+  return n;
+}
+
 // The weight source of an expert kind's loader (mk_gemv.cuh WeightSource), once per task: each lane
 // reads the weight pointers of its experts (lane + 32 i) while the task waits for its first event
 // (router_done), then the warp routes every row itself and takes its slot's expert's pointers from the
-// lane that holds them (an idle slot streams expert 0, whose routing weight is 0 in every row).
+// lane that holds them. An idle slot gets null pointers: its loader streams nothing (idle).
 struct ExpertSource {
   static __device__ __forceinline__ ExpertWeights of(Ctx& c, const TaskArgs& a) {
     const ExpertWeights* layer = c.p->experts + (size_t)a.layer * cfg::E;
@@ -91,13 +116,15 @@ struct ExpertSource {
     loader_wait_first(c, a);
     uint32_t chosen = 0u;
     for (int b = 0; b < cfg::B; ++b) chosen |= route_row(c.p->router_logits + (size_t)b * cfg::E, c.lane(), nullptr, nullptr);
-    const int e = max_i(slot_expert_of(chosen, a.tile), 0);   // the same in every lane
+    const int e = slot_expert_of(chosen, a.tile);   // the same in every lane
+    if (e < 0) return {nullptr, nullptr, nullptr};
     ExpertWeights w = mine[0];
 #pragma unroll
     for (int i = 0; i < ROUTE_EPL; ++i)
       if (e / 32 == i) w = shfl_expert(mine[i], e % 32);
     return w;
   }
+  static __device__ __forceinline__ bool idle(const ExpertWeights& w) { return w.down == nullptr; }
   // every lane gets lane `from`'s pointers
   static __device__ __forceinline__ const bf16* shfl_ptr(const bf16* v, int from) {
     return reinterpret_cast<const bf16*>(__shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(v), from));

@@ -5,7 +5,9 @@ The decode step has ``NSLOT = min(E, B * k)`` expert slots, the most distinct ex
 select; the schedule is static, so an expert's GEMV tasks are "slot s", and the slots are filled at
 run time: the union of the rows' selected experts in ascending order, then -1 (an idle slot). ROUTE
 writes them, and for each slot the routing weight of its expert in each row (0 where the row did not
-select it), which EDOWN scales its sums by. The loaders of EGATEUP and EDOWN do not wait for ROUTE:
+select it), which EDOWN scales its sums by. An idle slot's EGATEUP and EDOWN tasks stream and compute
+nothing; the cost model prices every slot as busy: the static schedule gives each SM its own slots'
+tiles, so the step waits for the SMs whose slots are busy whatever the others skip. The loaders of EGATEUP and EDOWN do not wait for ROUTE:
 each routes the rows itself as soon as the router's logits land (route.cuh ExpertSource, the same
 device functions), so the expert streams start one event earlier."""
 from __future__ import annotations
@@ -37,10 +39,9 @@ def route_slots(ex):
 
 
 def slot_expert(ex, slot: int) -> int:
-    """The expert an EGATEUP loader streams for ``slot``, routed from the logits as the device's loaders
-    do (EGATEUP does not wait for ROUTE): an idle slot streams expert 0 (its routing weight is 0 in
-    every row)."""
-    return max(int(route_slots(ex)[0][slot]), 0)
+    """The expert an EGATEUP task computes for ``slot``, routed from the logits as the device's loaders
+    and consumers do (EGATEUP does not wait for ROUTE); -1 for an idle slot."""
+    return int(route_slots(ex)[0][slot])
 
 
 def execute(ex, t, layer: int) -> None:
