@@ -17,15 +17,18 @@ constexpr int ROUTE_K = cfg::TOPK > 0 ? cfg::TOPK : 1;
 // One row's routing by one warp. Returns this lane's chosen experts as bits (bit i: expert lane + 32 i).
 // With sel != nullptr lane 0 writes the choices in rank order: sel[j] the expert, wsel[j] its weight
 // (renormalised over the k when the family says so).
-__device__ __forceinline__ uint32_t route_row(const float* logits, int lane, int* sel, float* wsel) {
-  float v[ROUTE_EPL];
-  float m = -INFINITY;
+// route_load: this lane's logits of one row; route_logits: the routing from them.
+__device__ __forceinline__ void route_load(const float* logits, int lane, float (&v)[ROUTE_EPL]) {
 #pragma unroll
   for (int i = 0; i < ROUTE_EPL; ++i) {
     const int e = lane + 32 * i;
     v[i] = e < cfg::E ? ld_act(logits + e) : -INFINITY;
-    m = fmaxf(m, v[i]);
   }
+}
+__device__ __forceinline__ uint32_t route_logits(float (&v)[ROUTE_EPL], int lane, int* sel, float* wsel) {
+  float m = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < ROUTE_EPL; ++i) m = fmaxf(m, v[i]);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
   float s = 0.f;
@@ -62,6 +65,29 @@ __device__ __forceinline__ uint32_t route_row(const float* logits, int lane, int
   if (cfg::NORM_TOPK && sel != nullptr && lane == 0)
     for (int j = 0; j < cfg::TOPK; ++j) wsel[j] /= total;
   return mine;
+}
+__device__ __forceinline__ uint32_t route_row(const float* logits, int lane, int* sel, float* wsel) {
+  float v[ROUTE_EPL];
+  route_load(logits, lane, v);
+  return route_logits(v, lane, sel, wsel);
+}
+
+// Every row's choices by one warp, as this lane's union bits. The rows' logits load a chunk at a
+// time, all of a chunk's loads before its routing: one memory round trip per chunk, not per row (on a
+// loader's path, before its expert's first copy).
+__device__ __forceinline__ uint32_t route_all_rows(const float* logits, int lane) {
+  constexpr int CHUNK = cfg::B < 16 / ROUTE_EPL ? cfg::B : (16 / ROUTE_EPL > 0 ? 16 / ROUTE_EPL : 1);
+  uint32_t chosen = 0u;
+  for (int b0 = 0; b0 < cfg::B; b0 += CHUNK) {
+    float v[CHUNK][ROUTE_EPL];
+#pragma unroll
+    for (int j = 0; j < CHUNK; ++j)
+      if (b0 + j < cfg::B) route_load(logits + (size_t)(b0 + j) * cfg::E, lane, v[j]);
+#pragma unroll
+    for (int j = 0; j < CHUNK; ++j)
+      if (b0 + j < cfg::B) chosen |= route_logits(v[j], lane, nullptr, nullptr);
+  }
+  return chosen;
 }
 
 // The expert of slot `slot` given every lane's union bits over the rows: the slot-th chosen expert in
@@ -114,8 +140,7 @@ struct ExpertSource {
 #pragma unroll
     for (int i = 0; i < ROUTE_EPL; ++i) mine[i] = layer[min_i(c.lane() + 32 * i, cfg::E - 1)];
     loader_wait_first(c, a);
-    uint32_t chosen = 0u;
-    for (int b = 0; b < cfg::B; ++b) chosen |= route_row(c.p->router_logits + (size_t)b * cfg::E, c.lane(), nullptr, nullptr);
+    const uint32_t chosen = route_all_rows(c.p->router_logits, c.lane());
     const int e = slot_expert_of(chosen, a.tile);   // the same in every lane
     if (e < 0) return {nullptr, nullptr, nullptr};
     ExpertWeights w = mine[0];
