@@ -2,9 +2,9 @@
 expert, on the normed rows the layer's ROUTER tasks published (moe_xn), into the slot's activation.
 Its weights are chosen at run time: its loader waits for the router's logits, routes the rows itself
 and then streams them; a slot beyond the step's distinct experts is idle, streams nothing and computes
-nothing (its consumers route the rows too). It does not read x: the EDOWN tasks of a slot add into x as soon as that
-slot's EGATEUP tiles are done (egateup_done has a slot per expert slot), while other slots' tiles
-still run."""
+nothing (its consumers route the rows too). It does not read x: the EDOWN tasks of a slot add into x
+as soon as that slot's EGATEUP tiles are done (egateup_done has a slot per expert slot), while other
+slots' tiles still run."""
 from __future__ import annotations
 
 from . import KindDef

@@ -1,5 +1,5 @@
 // ROUTE's device part (kinds/route.py) and the routing it shares with the experts' loaders.
-// route_row: one batch row's softmax of the E router logits and its k most probable experts (k rounds
+// route_logits: one batch row's softmax of the E router logits and its k most probable experts (k rounds
 // of a warp argmax: the highest probability, the lowest expert index on ties, as model/moe.py route;
 // each round two warp reductions, redux.sync, of the probability's bits and then of the index).
 // The step's expert slots are the union of the rows' choices in ascending expert order, then idle
@@ -14,10 +14,7 @@ namespace mk {
 constexpr int ROUTE_EPL = cfg::E > 32 ? (cfg::E + 31) / 32 : 1;   // logits per lane: expert lane + 32 i
 constexpr int ROUTE_K = cfg::TOPK > 0 ? cfg::TOPK : 1;
 
-// One row's routing by one warp. Returns this lane's chosen experts as bits (bit i: expert lane + 32 i).
-// With sel != nullptr lane 0 writes the choices in rank order: sel[j] the expert, wsel[j] its weight
-// (renormalised over the k when the family says so).
-// route_load: this lane's logits of one row; route_logits: the routing from them.
+// This lane's logits of one row (expert lane + 32 i in v[i]).
 __device__ __forceinline__ void route_load(const float* logits, int lane, float (&v)[ROUTE_EPL]) {
 #pragma unroll
   for (int i = 0; i < ROUTE_EPL; ++i) {
@@ -25,6 +22,9 @@ __device__ __forceinline__ void route_load(const float* logits, int lane, float 
     v[i] = e < cfg::E ? ld_act(logits + e) : -INFINITY;
   }
 }
+// One row's routing by one warp, from its logits (route_load). Returns this lane's chosen experts as
+// bits (bit i: expert lane + 32 i). With sel != nullptr lane 0 writes the choices in rank order:
+// sel[j] the expert, wsel[j] its weight (renormalised over the k when the family says so).
 __device__ __forceinline__ uint32_t route_logits(float (&v)[ROUTE_EPL], int lane, int* sel, float* wsel) {
   float m = -INFINITY;
 #pragma unroll
@@ -76,7 +76,7 @@ __device__ __forceinline__ uint32_t route_row(const float* logits, int lane, int
 // time, all of a chunk's loads before its routing: one memory round trip per chunk, not per row (on a
 // loader's path, before its expert's first copy).
 __device__ __forceinline__ uint32_t route_all_rows(const float* logits, int lane) {
-  constexpr int CHUNK = cfg::B < 16 / ROUTE_EPL ? cfg::B : (16 / ROUTE_EPL > 0 ? 16 / ROUTE_EPL : 1);
+  constexpr int CHUNK = cfg::B < 16 / ROUTE_EPL ? cfg::B : 16 / ROUTE_EPL;   // rows: 16 logits a lane at most
   uint32_t chosen = 0u;
   for (int b0 = 0; b0 < cfg::B; b0 += CHUNK) {
     float v[CHUNK][ROUTE_EPL];
