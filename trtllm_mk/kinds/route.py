@@ -7,9 +7,10 @@ run time: the union of the rows' selected experts in ascending order, then -1 (a
 writes them, and for each slot the routing weight of its expert in each row (0 where the row did not
 select it), which EDOWN scales its sums by. An idle slot's EGATEUP and EDOWN tasks stream and compute
 nothing; the cost model prices every slot as busy: the static schedule gives each SM its own slots'
-tiles, so the step waits for the SMs whose slots are busy whatever the others skip. The loaders of EGATEUP and EDOWN do not wait for ROUTE:
-each routes the rows itself as soon as the router's logits land (route.cuh ExpertSource, the same
-device functions), so the expert streams start one event earlier."""
+tiles, so the step waits for the SMs whose slots are busy whatever the others skip. The loaders of
+EGATEUP and EDOWN do not wait for ROUTE: each routes the rows itself as soon as the router's logits
+land (route.cuh ExpertSource, the same device functions), so the expert streams start one event
+earlier."""
 from __future__ import annotations
 
 from . import KindDef
