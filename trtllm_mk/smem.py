@@ -43,8 +43,8 @@ ALIGN = 128
 
 SLOT_PAD = 1024       # bytes of row skew per slot: 16 bytes x up to MAX_BLOCKS x 16 rows
 ROW_PAD = 16
-ACT_PAD = 8           # bf16 elements of skew after each staged activation row (no GEMV reads them; the expert
-                      # kinds keep per-task floats there, EDOWN its row's routing weight: mk_gemv.cuh act_skew)
+ACT_PAD = 8           # bf16 elements of skew after each staged activation row (no GEMV reads them; EDOWN keeps
+                      # per-task floats there, its row's routing weight and its idle flag: mk_gemv.cuh act_skew)
 MMA_ROWS = 16         # rows of one tensor-core block (mma.m16n8k16)
 MAX_BLOCKS = 4
 SIG_SLOTS = 4         # signal queue entries between the consumer warps and the signaller warp

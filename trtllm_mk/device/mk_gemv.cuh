@@ -421,7 +421,7 @@ __device__ void stage_normed(Ctx& c, const bf16* nw) {
 
 // Per-task values kept in the skew after batch row b's staged activation (ACT_PAD elements that no
 // GEMV reads; they stay with the activation when the next task reuses it): float i of row b. EDOWN's
-// routing weights (act_row_scale) and the expert kinds' idle-slot state.
+// routing weights (act_row_scale) and whether its slot is idle.
 template <int KIND>
 __device__ __forceinline__ float& act_skew(int b, int i) {
   constexpr int KT = GemvKind<KIND>::KT, AS = KT + ACT_PAD;
@@ -645,7 +645,7 @@ __device__ void gemv_compute(Ctx& c, const TaskArgs& a) {
   const int groups = (a.r1 - a.r0 + G::OUT_ROWS - 1) / G::OUT_ROWS;
   typename GemvKind<KIND>::Tally tally = GemvKind<KIND>::tally_begin(c, a);
   bool idle = false;   // an idle expert slot: its loader streams nothing (gemv_load)
-  if constexpr (LOADER_WAITS[KIND]) idle = GemvKind<KIND>::idle(a);
+  if constexpr (LOADER_WAITS[KIND]) idle = GemvKind<KIND>::idle(c, a);
   if (idle) c.mark_computed();
 
   for (int grp = 0; grp < (idle ? 0 : groups); ++grp) {

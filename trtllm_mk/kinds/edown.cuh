@@ -31,7 +31,7 @@ struct GemvKind<EDOWN> : NoTally {
     consumer_sync(CTHREADS);
   }
 
-  static __device__ __forceinline__ bool idle(const TaskArgs&) { return act_skew<EDOWN>(0, 1) != 0.f; }
+  static __device__ __forceinline__ bool idle(const Ctx&, const TaskArgs&) { return act_skew<EDOWN>(0, 1) != 0.f; }
 
   // a row that did not choose the slot's expert adds nothing (at batch > 1 most rows of a slot)
   static __device__ __forceinline__ void epilogue(const Params& p, const TaskArgs&, int r, int b, float v, float) {

@@ -20,20 +20,18 @@ struct GemvKind<EGATEUP> : NoTally {
     return j < half ? weight_at(w.gate, nullptr, r, cfg::H, 0) : weight_at(w.up, nullptr, r, cfg::H, 0);
   }
 
-  // Also routes the rows (route_union, while the loader does the same) for the count of distinct
-  // experts, kept in the skew of the staged rows: the layer's later EGATEUP tasks on this SM reuse
-  // both.
+  // Also routes the rows (while the loader does the same) into union masks in the scratch; no task runs
+  // between this one and the layer's later EGATEUP tasks on this SM that reuse the staged rows, so
+  // they find the masks there too.
+  static __device__ __forceinline__ uint32_t* masks(const Ctx& c) { return reinterpret_cast<uint32_t*>(c.scratch()); }
   static __device__ __forceinline__ void stage(Ctx& c, const TaskArgs& a) {
-    static_assert(cfg::B * ROUTE_EPL * 4 <= SMEM_SCRATCH, "the rows' expert masks fit the scratch");
-    uint32_t* masks = reinterpret_cast<uint32_t*>(c.scratch());
-    route_union(c, masks);
+    static_assert(ROUTE_MASK_WORDS * 4 <= SMEM_SCRATCH, "the rows' expert masks fit the scratch");
+    route_rows_by_warp(c, masks(c), nullptr, nullptr);
     stage_rows<EGATEUP, cfg::H>(c, a, c.p->moe_xn);   // its barrier publishes the masks
-    if (threadIdx.x == 0) act_skew<EGATEUP>(0, 1) = (float)union_count(masks);
-    consumer_sync(CTHREADS);
   }
 
   // slots at and beyond the count of distinct experts are idle
-  static __device__ __forceinline__ bool idle(const TaskArgs& a) { return a.tile >= (int)act_skew<EGATEUP>(0, 1); }
+  static __device__ __forceinline__ bool idle(const Ctx& c, const TaskArgs& a) { return a.tile >= union_count(masks(c)); }
 
   static __device__ __forceinline__ void epilogue(const Params& p, const TaskArgs& a, int r, int b, float v, float v_up) {
     p.moe_act[((size_t)a.tile * cfg::B + b) * cfg::I + r] = silu(v) * v_up;

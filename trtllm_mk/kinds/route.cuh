@@ -104,28 +104,33 @@ __device__ __forceinline__ int slot_expert_of(uint32_t chosen, int slot) {
   return -1;
 }
 
-// Consumer side of the expert kinds: how many distinct experts the step's rows chose; slots from
-// there on are idle (their loaders stream nothing). Warp w routes rows w, w + CWARPS, ... and leaves
-// its rows' union as E bits in masks[w][]; union_count, after a consumer barrier, counts them.
-__device__ __forceinline__ void route_union(const Ctx& c, uint32_t* masks) {
+// The consumers' routing of the step's rows (ROUTE, and EGATEUP for its idle slots): warp w routes
+// rows w, w + CWARPS, ... (with sel != nullptr writing row b's choices at sel / wsel + b * ROUTE_K) and
+// leaves its rows' union as E bits in masks[w][] (ROUTE_MASK_WORDS words in all). After a consumer
+// barrier union_mask(masks, i) is word i of every row's union (bit l: expert 32 i + l).
+constexpr int ROUTE_WARPS = cfg::B < cfg::CWARPS ? cfg::B : cfg::CWARPS;   // warps that route a row
+constexpr int ROUTE_MASK_WORDS = ROUTE_WARPS * ROUTE_EPL;
+__device__ __forceinline__ void route_rows_by_warp(const Ctx& c, uint32_t* masks, int* sel, float* wsel) {
   uint32_t chosen = 0u;
   for (int b = c.warp(); b < cfg::B; b += cfg::CWARPS)
-    chosen |= route_row(c.p->router_logits + (size_t)b * cfg::E, c.lane(), nullptr, nullptr);
+    chosen |= route_row(c.p->router_logits + (size_t)b * cfg::E, c.lane(), sel ? sel + b * ROUTE_K : nullptr,
+                        wsel ? wsel + b * ROUTE_K : nullptr);
 #pragma unroll
   for (int i = 0; i < ROUTE_EPL; ++i) {
     const uint32_t m = __ballot_sync(0xffffffffu, (chosen >> i) & 1u);
-    if (c.warp() < cfg::B && c.lane() == 0) masks[c.warp() * ROUTE_EPL + i] = m;
+    if (c.warp() < ROUTE_WARPS && c.lane() == 0) masks[c.warp() * ROUTE_EPL + i] = m;
   }
 }
+__device__ __forceinline__ uint32_t union_mask(const uint32_t* masks, int i) {
+  uint32_t m = 0u;
+  for (int w = 0; w < ROUTE_WARPS; ++w) m |= masks[w * ROUTE_EPL + i];
+  return m;
+}
+// how many distinct experts the rows chose: slots from there on are idle
 __device__ __forceinline__ int union_count(const uint32_t* masks) {
-  constexpr int W = cfg::B < cfg::CWARPS ? cfg::B : cfg::CWARPS;   // warps that routed a row
   int n = 0;
 #pragma unroll
-  for (int i = 0; i < ROUTE_EPL; ++i) {
-    uint32_t m = 0u;
-    for (int w = 0; w < W; ++w) m |= masks[w * ROUTE_EPL + i];
-    n += __popc(m);
-  }
+  for (int i = 0; i < ROUTE_EPL; ++i) n += __popc(union_mask(masks, i));
   return n;
 }
 
@@ -165,17 +170,16 @@ struct KindBody<ROUTE> : NoLoad, NoPrologue {
   static __device__ __forceinline__ void compute(Ctx& c, const TaskArgs& a, Pre&) {
     const Params& p = *c.p;
     // the rows' choices, in the activation region (free between GEMVs): experts, then their weights;
-    // then each warp's union bits
+    // then the warps' union masks
     int* sel = reinterpret_cast<int*>(c.act());
     float* wsel = reinterpret_cast<float*>(sel + cfg::B * ROUTE_K);
-    uint32_t* bits = reinterpret_cast<uint32_t*>(wsel + cfg::B * ROUTE_K);
-    uint32_t chosen = 0u;
-    for (int b = c.warp(); b < cfg::B; b += cfg::CWARPS)
-      chosen |= route_row(p.router_logits + (size_t)b * cfg::E, c.lane(), sel + b * ROUTE_K, wsel + b * ROUTE_K);
-    bits[c.warp() * 32 + c.lane()] = chosen;
+    uint32_t* masks = reinterpret_cast<uint32_t*>(wsel + cfg::B * ROUTE_K);
+    route_rows_by_warp(c, masks, sel, wsel);
     consumer_sync(CTHREADS);
     if (c.warp() == 0) {
-      for (int w = 1; w < cfg::CWARPS; ++w) chosen |= bits[w * 32 + c.lane()];
+      uint32_t chosen = 0u;   // this lane's experts (lane + 32 i) of the union, as slot_expert_of takes them
+#pragma unroll
+      for (int i = 0; i < ROUTE_EPL; ++i) chosen |= ((union_mask(masks, i) >> c.lane()) & 1u) << i;
       for (int s = 0; s < cfg::NSLOT; ++s) {
         const int e = slot_expert_of(chosen, s);
         for (int b = c.lane(); b < cfg::B; b += 32) {
