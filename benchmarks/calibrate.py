@@ -44,7 +44,7 @@ FIT_FIELDS = ("sync_us", "task_overhead_us", "launch_us")
 TRACE_FIELDS = ("sync_us", "l2_latency_us", "attn_fixed_us", "combine_fixed_us", "merge_split_us", "publish_us",
                 "landing_us")
 # the kinds whose tasks stream long enough for their hand-off and landing to be read off a trace
-STREAMING_KINDS = ("GATEUP", "DOWN", "EGATEUP", "EDOWN")
+STREAMING_KINDS = ("GATEUP", "DOWN", "EGATEUP", "EDOWN", "EMLP")
 
 
 def constants_from_trace(summary: dict, gpu, cal: Calibration) -> dict:

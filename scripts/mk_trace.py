@@ -66,7 +66,7 @@ def planned_variant(spec, batch: int, context: int, gpu, plan: TilePlan, sets: d
     what = ",".join(f"{k}={v}" for k, v in sets.items())
     variant = replace(plan, **sets)
     try:
-        check_plan(spec, variant)
+        check_plan(spec, variant, batch)
         need = plan_smem(spec, batch, variant).peak
     except ValueError as e:
         sys.exit(f"error: {what}: {e}")

@@ -15,7 +15,7 @@ from test_verify import tiny_spec
 
 # The kinds that exist, in registry order: a new kind is appended after them.
 KNOWN = ("EMBED", "QKV", "ATTN", "COMBINE", "OPROJ", "GATEUP", "DOWN", "LMHEAD", "ARGMAX", "ROUTER", "ROUTE",
-         "EGATEUP", "EDOWN")
+         "EGATEUP", "EDOWN", "EMLP")
 
 
 def test_kind_numbers_are_the_schedule_format():
@@ -93,17 +93,25 @@ def test_tensor_parallel_guards_of_x_are_staged_signals(down_ksplit):
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_families_compose_the_step(family):
-    if FAMILIES[family].moe_block:   # every layer sparse: the layouts the expert kinds run
+    """A step's tasks are its family's kinds in template order, less those the plan does not choose
+    (``Kind.active``: a mixture-of-experts plan's expert_fused picks EMLP or ROUTE + EGATEUP + EDOWN)."""
+    moe = FAMILIES[family].moe_block is not None
+    if moe:   # every layer sparse: the layouts the expert kinds run
         from trtllm_mk.model.spec import spec_from_hf_config
         from trtllm_mk.model.tiny import tiny_config
         spec = dataclasses.replace(spec_from_hf_config(tiny_config(family), name=family), mlp_only_layers=())
     else:
         spec = tiny_spec(family=family)
-    g = build_step_graph(spec, 1, TilePlan(qkv_rows=64, lm_rows=128, attn_splits=2))
     step = dict(FAMILIES[family].step)
-    for phase, tasks in ((HEAD, g.head), (LAYER, g.layer), (TAIL, g.tail)):
-        kinds = list(dict.fromkeys(t.kind.name for t in tasks))
-        assert kinds == list(step[phase])
+    for fused in (False, True) if moe else (False,):
+        plan = TilePlan(qkv_rows=64, lm_rows=128, attn_splits=2, gateup_rows=32, expert_fused=fused)
+        g = build_step_graph(spec, 1, plan)
+        for phase, tasks in ((HEAD, g.head), (LAYER, g.layer), (TAIL, g.tail)):
+            kinds = list(dict.fromkeys(t.kind.name for t in tasks))
+            assert kinds == [k for k in step[phase] if Kind[k].active(spec, plan)]
+        layer = {t.kind.name for t in g.layer}
+        if moe:
+            assert ("EMLP" in layer) == fused and ({"ROUTE", "EGATEUP", "EDOWN"} <= layer) == (not fused)
     assert spec.qkv_bias == FAMILIES[family].qkv_bias and spec.qk_norm == FAMILIES[family].qk_norm
 
 

@@ -1,7 +1,9 @@
-"""The megakernel's expert kinds on the GPU (ROUTER, ROUTE, EGATEUP, EDOWN: data-dependent expert
-weights streamed after the in-kernel routing), against the reference decoder as for dense models
-(tests/test_megakernel_gpu.py ``run_and_compare``: free-running decode, then teacher-forced references
-over the kernel's own tokens and KV cache, noise-filled KV padding, 128 steps)."""
+"""The megakernel's expert kinds on the GPU (ROUTER, ROUTE, EGATEUP, EDOWN, and EMLP under
+TilePlan.expert_fused: data-dependent expert weights streamed after the in-kernel routing), against the
+reference decoder as for dense models (tests/test_megakernel_gpu.py ``run_and_compare``: free-running
+decode, then teacher-forced references over the kernel's own tokens and KV cache, noise-filled KV
+padding, 128 steps). Every case runs the searched plan with the split expert kinds and the same plan
+with fused expert tiles."""
 from __future__ import annotations
 
 import dataclasses
@@ -54,19 +56,36 @@ def moe_weights(spec):
     return w
 
 
+def moe_schedule(spec, batch, budget_s, fused, gpu=None):
+    """The searched schedule, or its plan with fused expert tiles (EMLP: tiles of whole 16-row k-steps)."""
+    from test_megakernel_gpu import _gpu
+    from trtllm_mk.search import schedule_plan, search
+    gpu = gpu or _gpu()
+    sch, _ = search(spec, batch, gpu, context_len=256, budget_s=budget_s, seed=0)
+    if fused == sch.plan.expert_fused:
+        return sch
+    rows = -(-sch.plan.gateup_rows // 16) * 16 if fused else sch.plan.gateup_rows
+    return schedule_plan(spec, batch, gpu, dataclasses.replace(sch.plan, expert_fused=fused, gateup_rows=rows),
+                         context_len=256)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["split", "fused"])
 @pytest.mark.parametrize("batch", [1, 4])
 @pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
-def test_tiny_moe_models_match_reference(family, batch):
+def test_tiny_moe_models_match_reference(family, batch, fused):
     spec = tiny_moe(family)
     w = moe_weights(spec)
-    check_moe(run_and_compare(spec, batch, w, steps=STEPS, decoder=_decoder(spec, batch, w, diagnostics=diagnostics())), 3e-2)
+    sch = moe_schedule(spec, batch, 5.0, fused)
+    check_moe(run_and_compare(spec, batch, w, steps=STEPS,
+                              decoder=_decoder(spec, batch, w, schedule=sch, diagnostics=diagnostics())), 3e-2)
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["split", "fused"])
 @pytest.mark.parametrize("batch", [1, 4])
-def test_qwen3_30b_a3b_widths_match_reference(batch):
+def test_qwen3_30b_a3b_widths_match_reference(batch, fused):
     """Real widths (128 experts of 768, 8 per token, hidden 2048), four layers."""
     spec = dataclasses.replace(resolve_model("qwen3-30b-a3b").spec, num_layers=4)
-    res = run_and_compare(spec, batch, moe_weights(spec), steps=64, budget_s=10.0)
+    res = run_and_compare(spec, batch, moe_weights(spec), steps=64, schedule=moe_schedule(spec, batch, 10.0, fused))
     assert res.max_p < 5e-2
     assert res.flips <= 0.12 * 64 * batch
 
@@ -78,7 +97,6 @@ def _prebuild() -> None:
     from test_megakernel_gpu import MAX_SEQ, TPB
     from trtllm_mk.codegen import Diagnostics, compile_cubin, generate_source
     from trtllm_mk.gpus import get_gpu
-    from trtllm_mk.search import search
     gpu = get_gpu(os.environ.get("TRTLLM_MK_TEST_GPU", "H100-SXM"))
     # the tiny kernels also as racecheck runs them (MK_MOE_ALL_LANES_RELEASE)
     both = (Diagnostics(), Diagnostics(all_lanes_release=1))
@@ -86,11 +104,12 @@ def _prebuild() -> None:
     cases += [(dataclasses.replace(resolve_model("qwen3-30b-a3b").spec, num_layers=4), b, 10.0, both[:1])
               for b in (1, 4)]
     for spec, batch, budget, diags in cases:
-        sch, _ = search(spec, batch, gpu, context_len=256, budget_s=budget, seed=0)
-        for diag in diags:
-            src, _ = generate_source(sch, TPB, MAX_SEQ, use_bulk_copy=gpu.has_tma, diagnostics=diag)
-            path, _ = compile_cubin(src, gpu.nvcc_arch)
-            print(spec.name, batch, path, flush=True)
+        for fused in (False, True):
+            sch = moe_schedule(spec, batch, budget, fused, gpu)
+            for diag in diags:
+                src, _ = generate_source(sch, TPB, MAX_SEQ, use_bulk_copy=gpu.has_tma, diagnostics=diag)
+                path, _ = compile_cubin(src, gpu.nvcc_arch)
+                print(spec.name, batch, "fused" if fused else "split", path, flush=True)
 
 
 if __name__ == "__main__":

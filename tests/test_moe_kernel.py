@@ -1,4 +1,4 @@
-"""The megakernel's expert kinds on the CPU (kinds/router.py, route.py, egateup.py, edown.py): the
+"""The megakernel's expert kinds on the CPU (kinds/router.py, route.py, egateup.py, edown.py, emlp.py): the
 task graph of a mixture-of-experts step (expert slots, the events that carry the routing), the CPU
 executor's decode against the reference decoder (model/moe.py, itself checked against transformers in
 tests/test_moe.py), an engine built and run with ``--simulate``, and the layouts it refuses.
@@ -97,19 +97,101 @@ def test_route_lays_the_rows_choices_out_as_slots():
     assert torch.allclose(w.sum(0), torch.ones(3))
 
 
+def _fused_schedule(spec, batch):
+    """The searched plan with fused expert tiles (EMLP), list-scheduled."""
+    from trtllm_mk.search import schedule_plan
+    plan = _schedule(spec, batch).plan
+    plan = dataclasses.replace(plan, expert_fused=True, gateup_rows=-(-plan.gateup_rows // 16) * 16)
+    return schedule_plan(spec, batch, get_gpu("H100-SXM"), plan, context_len=64)
+
+
+def test_fused_expert_tiles_replace_route_egateup_and_edown():
+    """Under TilePlan.expert_fused a slot's tiles are EMLP tasks: each waits for the router's logits only
+    (its loader and consumers route the rows), adds into all of x and streams its rows of gate, up and
+    down; ROUTE, EGATEUP and EDOWN and their events are gone."""
+    spec = sparse_spec("qwen3_moe")
+    I, H = spec.moe_intermediate_size, spec.hidden_size
+    g = build_step_graph(spec, 3, TilePlan(gateup_rows=32, expert_fused=True))
+    kinds = {t.kind for t in g.layer}
+    assert Kind.EMLP in kinds and not kinds & {Kind.ROUTE, Kind.EGATEUP, Kind.EDOWN}
+    em = [t for t in g.layer if t.kind == Kind.EMLP]
+    assert sorted({t.slot for t in em}) == list(range(g.dims.expert_slots)) and len(em) == 6 * (I // 32)
+    assert all(t.waits == (EventRef("router_done", 0, 0),) and t.signals == (EventRef("resid_ready", 1, 0),) for t in em)
+    assert all(any(a.buf == "x" and a.add and (a.lo, a.hi) == (0, H) for a in t.writes) for t in em)
+    assert not {"route_done", "egateup_done"} & set(g.events)
+    assert g.events["resid_ready"].counts[1] == (len(em),)
+    assert sum(t.weight_bytes for t in em) == 6 * 3 * I * H * 2
+
+
+@pytest.mark.parametrize("plan, batch, fragment", [
+    (TilePlan(gateup_rows=24, expert_fused=True), 1, "multiple of 16"),
+    (TilePlan(gateup_rows=32, expert_fused=True), 64, "scratch"),
+])
+def test_plans_the_fused_expert_tiles_cannot_run_are_refused(plan, batch, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        build_step_graph(sparse_spec("qwen3_moe"), batch, plan)
+    with pytest.raises(ValueError, match="dense model"):
+        build_step_graph(spec_from_hf_config(tiny_config("llama"), name="tiny-llama"), 1, TilePlan(expert_fused=True))
+
+
+def test_the_fused_kernel_carries_emlp_only():
+    """The kernel of a fused plan inlines EMLP's device file with its constants and none of EGATEUP's or
+    EDOWN's; a split plan's kernel the reverse."""
+    from trtllm_mk.codegen import generate_source
+    from trtllm_mk.kinds.emlp import down_cols
+    spec = sparse_spec("qwen3_moe")
+    fused = _fused_schedule(spec, 1)
+    src, _ = generate_source(fused, 32, 512, use_bulk_copy=True)
+    dkc = down_cols(spec.hidden_size, fused.plan.slot_bytes, fused.plan.consumer_warps)
+    assert f"constexpr int EMLP_DKC = {dkc};" in src and f"constexpr int EMLP_ROWS = {fused.plan.gateup_rows};" in src
+    assert "===== emlp.cuh =====" in src and "===== egateup.cuh =====" not in src and "===== edown.cuh =====" not in src
+    split, _ = generate_source(_schedule(spec, 1), 32, 512, use_bulk_copy=True)
+    assert "===== emlp.cuh =====" not in split and "EMLP_DKC" not in split and "===== edown.cuh =====" in split
+
+
+def test_down_cols_fill_a_slot_and_divide_the_width():
+    from trtllm_mk.kinds.emlp import down_cols
+    assert down_cols(2048, 32768, 8) == 1024 and down_cols(4096, 32768, 8) == 1024
+    assert down_cols(128, 32768, 8) == 128 and down_cols(2048, 16384, 8) == 512 and down_cols(2048, 32768, 4) == 512
+    assert down_cols(192, 4096, 8) == 96   # the widest multiple of 16 that divides 192 within 16 rows of 4 KB
+
+
+def test_transposed_down_storage_is_read_by_the_reference_mlp_without_a_copy():
+    """share_fused_storage(transposed_down=True) stores a sparse layer's down matrices as one [E, I, H]
+    tensor (the rows EMLP streams) and names each expert's [H, I] as a view of it; MoeMlp reads that
+    storage as it is and computes what it computes from the plain tensors."""
+    from trtllm_mk.model.decoder_block import share_fused_storage
+    from trtllm_mk.model.moe import MoeMlp
+    spec = sparse_spec("qwen3_moe")
+    w = random_weights(spec, dtype=torch.float32, seed=5)
+    t = share_fused_storage(spec, w, transposed_down=True)
+    _, experts = spec.moe_names(0)
+    downs = [t[d] for _, _, d in experts]
+    assert all(torch.equal(a, w[d]) and not a.is_contiguous() and a.t().is_contiguous()
+               for a, (_, _, d) in zip(downs, experts))
+    base = downs[0].t().data_ptr()
+    assert [a.t().data_ptr() - base for a in downs] == [e * a.numel() * 4 for e, a in enumerate(downs)]
+    plain, trans = MoeMlp(spec, w, 0, torch.float32), MoeMlp(spec, t, 0, torch.float32)
+    assert trans.w_down.data_ptr() == base
+    x = torch.randn(5, spec.hidden_size)
+    assert torch.allclose(plain(x), trans(x), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["split", "fused"])
 @pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
 @pytest.mark.parametrize("batch", [1, 3, 8])
-def test_the_cpu_executor_decodes_as_the_reference(family, batch):
+def test_the_cpu_executor_decodes_as_the_reference(family, batch, fused):
     """The expert kinds on the task graph, any legal interleaving: the reference decoder's logits (fp32
     with the kernel's bf16 GEMV inputs) and tokens, step after step. The executor's fp32 sums run in
     another order than the reference's (its fixed-point residual, per-tile GEMVs)."""
+    from trtllm_mk.kinds.route import route_slots
     spec = sparse_spec(family)
     w = random_weights(spec, dtype=torch.bfloat16, seed=3)
     ref = ReferenceDecoder(spec, w, compute_dtype=torch.float32, gemv_input_dtype=torch.bfloat16)
     cache = PagedKVCache.allocate(spec, batch, 64, 16, dtype=torch.bfloat16, seed=1)
     prompts = [[5 + b, 6, 7 + 3 * b, 8][: 2 + b % 3] for b in range(batch)]
     tok = ref.prefill(prompts, cache).argmax(-1)
-    ex = CpuExecutor(spec, w, _schedule(spec, batch), cache)
+    ex = CpuExecutor(spec, w, _fused_schedule(spec, batch) if fused else _schedule(spec, batch), cache)
     pos = torch.tensor([len(p) for p in prompts])
     used = set()
     for t in range(5):
@@ -124,7 +206,7 @@ def test_the_cpu_executor_decodes_as_the_reference(family, batch):
         # boundary (a rounding event: ~1e-4 in these random models)
         assert err.median() < 1e-5 and err.max() < 3e-3, (t, err)
         assert torch.equal(nxt, want.argmax(-1).to(nxt.dtype)), t
-        used |= set(ex.moe_slot.tolist())
+        used |= set(route_slots(ex)[0].tolist())
         tok = nxt
     if batch > 1:   # rows chose different experts: the slots hold their union
         assert len(used - {-1}) > spec.num_experts_per_tok

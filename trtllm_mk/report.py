@@ -34,7 +34,7 @@ KIND_COLORS = {
     Kind.EMBED: "#7f7f7f", Kind.QKV: "#1f77b4", Kind.ATTN: "#d62728", Kind.COMBINE: "#ff9896",
     Kind.OPROJ: "#9467bd", Kind.GATEUP: "#2ca02c", Kind.DOWN: "#bcbd22", Kind.LMHEAD: "#17becf",
     Kind.ARGMAX: "#000000", Kind.ROUTER: "#e377c2", Kind.ROUTE: "#8c564b", Kind.EGATEUP: "#98df8a",
-    Kind.EDOWN: "#dbdb8d",
+    Kind.EDOWN: "#dbdb8d", Kind.EMLP: "#637939",
 }
 
 
@@ -45,7 +45,7 @@ def kind_color(kind: Kind) -> str:
     return c if c is not None else to_hex(plt.get_cmap("tab20")(int(kind) % 20))
 
 
-SMEM_KINDS = ("QKV", "ATTN", "OPROJ", "GATEUP", "DOWN", "ROUTER", "EGATEUP", "EDOWN", "LMHEAD")
+SMEM_KINDS = ("QKV", "ATTN", "OPROJ", "GATEUP", "DOWN", "ROUTER", "EGATEUP", "EDOWN", "EMLP", "LMHEAD")
 
 
 def _kb(n: float) -> str:

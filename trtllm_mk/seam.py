@@ -118,7 +118,7 @@ PARAMS = (
 )
 
 # mk::ExpertWeights: one expert's matrices, HF layouts ([out, in] row-major), read in place.
-EXPERT_FIELDS = (("gate", "[I, H]"), ("up", "[I, H]"), ("down", "[H, I]"))
+EXPERT_FIELDS = (("gate", "[I, H]"), ("up", "[I, H]"), ("down", "[H, I]; [I, H] under TilePlan.expert_fused"))
 EXPERT_FIELD_NAMES = tuple(n for n, _ in EXPERT_FIELDS)
 
 # mk::PeerBuffers: the buffers of one tensor-parallel rank that the other ranks write into

@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 
 from .gpus import GpuSpec
+from .kinds import emlp
 from .kinds.combine import merge_scratch_bytes
 from .graph.tasks import Kind, TilePlan
 from .model.families import FAMILIES
@@ -43,8 +44,8 @@ ALIGN = 128
 
 SLOT_PAD = 1024       # bytes of row skew per slot: 16 bytes x up to MAX_BLOCKS x 16 rows
 ROW_PAD = 16
-ACT_PAD = 8           # bf16 elements of skew after each staged activation row (no GEMV reads them; EDOWN keeps
-                      # per-task floats there, its row's routing weight and its idle flag: mk_gemv.cuh act_skew)
+ACT_PAD = 8           # bf16 elements of skew after each staged activation row (no GEMV reads them; EDOWN and
+                      # EMLP keep per-task floats there: a row's routing weight, EDOWN's idle flag)
 MMA_ROWS = 16         # rows of one tensor-core block (mma.m16n8k16)
 MAX_BLOCKS = 4
 SIG_SLOTS = 4         # signal queue entries between the consumer warps and the signaller warp
@@ -119,15 +120,15 @@ def slot_geometry(k_range: int, pair: int, slot_bytes: int, consumer_warps: int,
     return SlotGeometry(k_range, pair, n, kc, MMA_ROWS * max(nb, block), bits, group if q else 0, tile if q else 0)
 
 
-def gemv_kinds(spec: ModelSpec) -> tuple[Kind, ...]:
-    """The GEMV kinds of the spec's decode step (its family's), in program order."""
+def gemv_kinds(spec: ModelSpec, plan: TilePlan) -> tuple[Kind, ...]:
+    """The GEMV kinds of the spec's decode step (its family's) under ``plan``, in program order."""
     return tuple(k for _, names in FAMILIES[spec.family].step for k in map(Kind.__getitem__, names)
-                 if k.streams_weights)
+                 if k.streams_weights and k.active(spec, plan))
 
 
 def gemv_k_ranges(spec: ModelSpec, plan: TilePlan) -> dict[Kind, tuple[int, int]]:
     """(K range after K-split, pair) per GEMV kind: its module's ``k_range`` and ``MATRICES`` (kinds/gemv.py)."""
-    return {k: (k.module.k_range(spec, plan), k.module.MATRICES) for k in gemv_kinds(spec)}
+    return {k: (k.module.k_range(spec, plan), k.module.MATRICES) for k in gemv_kinds(spec, plan)}
 
 
 def geometries(spec: ModelSpec, plan: TilePlan) -> dict[Kind, SlotGeometry]:
@@ -226,10 +227,12 @@ def _align(n: int) -> int:
 def activation_bytes(hidden: int, q_size: int, intermediate: int, group: int, head_dim: int, batch: int,
                      plan: TilePlan) -> int:
     """The activation region every kind shares: the largest GEMV input (``batch x (K range + ACT_PAD)``
-    bf16, after K-split; OPROJ's followed by its merge factors under ``o_merge``), COMBINE's merge
+    bf16, after K-split; OPROJ's followed by its merge factors under ``o_merge``; EMLP's followed by
+    its tile's activation under ``expert_fused``), COMBINE's merge
     factors or ATTN's scratch, whichever is larger (unaligned)."""
     k = max(hidden, q_size // plan.o_ksplit, intermediate // plan.down_ksplit)
-    return max(batch * (k + ACT_PAD) * 2, oproj_staging_bytes(q_size, head_dim, batch, plan),
+    fused = emlp.activation_bytes(hidden, batch, plan, ACT_PAD) if plan.expert_fused else 0
+    return max(batch * (k + ACT_PAD) * 2, fused, oproj_staging_bytes(q_size, head_dim, batch, plan),
                merge_scratch_bytes(batch, group, plan.attn_splits),
                attention_scratch_bytes(group, head_dim, plan.consumer_warps, batch))
 
@@ -326,6 +329,8 @@ def plan_smem(spec: ModelSpec, batch: int, plan: TilePlan) -> SmemBreakdown:
         act = batch * (geo.k_range + ACT_PAD) * 2
         if kind == Kind.OPROJ:
             act = oproj_staging_bytes(spec.q_size, spec.head_dim, batch, plan)
+        if kind == Kind.EMLP:
+            act = emlp.activation_bytes(spec.hidden_size, batch, plan, ACT_PAD)
         scratch = layout.region("red").size
         per[kind.name] = KindSmem(kind.name, ring, act, scratch, FIXED_BYTES)
     # Of the non-GEMV kinds only ATTN needs scratch of its own; its cached K/V borrows ring slots

@@ -288,6 +288,14 @@ def generate_source(schedule: Schedule, tokens_per_block: int, max_seq_len: int,
                   QTILE=graph.dims.weight_tile, TP=d.tensor_parallel, LM_TILES_ALL=d.tensor_parallel * d.n_lm_tiles,
                   E=d.experts, TOPK=d.experts_per_token, NSLOT=d.expert_slots,
                   LOADER_WARPS=loader_warps)
+    kinds = {t.kind for t in graph.head + graph.layer + graph.tail}
+    for kind in sorted(kinds):   # what the step's kinds' device files read beyond the shared constants
+        hook = getattr(kind.module, "device_constants", None)
+        extra = hook(graph) if hook is not None else {}
+        clash = sorted(set(extra) & set(consts))
+        if clash:
+            raise ValueError(f"kind {kind.name}: device constants {clash} clash with the kernel's")
+        consts.update(extra)
     for k, v in consts.items():
         lines.append(f"constexpr int {k} = {v};")
     lines.append(f"constexpr bool QK_NORM = {'true' if spec.qk_norm else 'false'};")
@@ -302,8 +310,7 @@ def generate_source(schedule: Schedule, tokens_per_block: int, max_seq_len: int,
     lines.append(f"__constant__ uint32_t EV_COUNT[{len(counts)}] = {{{', '.join(map(str, counts))}}};")
     lines.append(f"__constant__ uint8_t EV_CROSS[{len(cross)}] = {{{', '.join(map(str, cross))}}};   // signalled on every rank")
     lines.append("}  // namespace cfg")
-    kinds = {t.kind.name for t in graph.head + graph.layer + graph.tail}
-    lines.append(_inline_headers(smem_map, p.slot_bytes + SLOT_PAD, kinds))
+    lines.append(_inline_headers(smem_map, p.slot_bytes + SLOT_PAD, {k.name for k in kinds}))
     lines.append(_host_model_checks(schedule, kv_cap))
     lines.append("__device__ mk::Ctx run_program(mk::Ctx c) {")
     lines.append("  using mk::run_task;")

@@ -196,12 +196,9 @@ __device__ __forceinline__ void loader_wait_first(Ctx& c, const TaskArgs& a) {
   __syncwarp();
 }
 
-template <int KIND>
-__device__ void gemv_load(Ctx& c, const TaskArgs& a) {
-  // a LOADER_WAITS kind's WeightSource waits for the task's first event (loader_wait_first) itself
-  const auto& src = WeightSource<KIND>::of(c, a);
-  if constexpr (LOADER_WAITS[KIND])
-    if (WeightSource<KIND>::idle(src)) return;
+// The task's weight rows from `src` (WeightSource<KIND>::of) through the ring, slot by slot.
+template <int KIND, class Src>
+__device__ void gemv_stream(Ctx& c, const TaskArgs& a, const Src& src) {
   using G = GemvGeometry<KIND>;
   constexpr bool QW = GemvKind<KIND>::WBITS != 16;   // quantized: tiles and scale words
   const int groups = (a.r1 - a.r0 + G::OUT_ROWS - 1) / G::OUT_ROWS;
@@ -273,6 +270,15 @@ __device__ void gemv_load(Ctx& c, const TaskArgs& a) {
 #endif
     }
   }
+}
+
+template <int KIND>
+__device__ void gemv_load(Ctx& c, const TaskArgs& a) {
+  // a LOADER_WAITS kind's WeightSource waits for the task's first event (loader_wait_first) itself
+  const auto& src = WeightSource<KIND>::of(c, a);
+  if constexpr (LOADER_WAITS[KIND])
+    if (WeightSource<KIND>::idle(src)) return;
+  gemv_stream<KIND>(c, a, src);
 }
 
 // The next step's head, prefetched into L2 at the end of this one: once an SM's last task is done,
@@ -688,12 +694,7 @@ __device__ void gemv_compute(Ctx& c, const TaskArgs& a) {
         }
       }
       }
-      if constexpr (diag::ALL_LANES_RELEASE) {
-        mbar_arrive(&c.empty()[slot]);   // every lane releases its own reads (sanitizer builds, see EMPTY_ARRIVALS)
-      } else {
-        __syncwarp();                    // orders the warp's reads before lane 0's release
-        if (lane == 0) mbar_arrive(&c.empty()[slot]);
-      }
+      c.release_slot(slot);
       // trace: where "computed" is taken (diag::GEMV_MARK, trtllm_mk/codegen/diagnostics.py)
       if (diag::GEMV_MARK > 0 && grp * G::NKC + kc + 1 == diag::GEMV_MARK) c.mark_computed();
     }

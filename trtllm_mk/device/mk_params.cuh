@@ -107,6 +107,17 @@ struct Ctx {
       if (threadIdx.x == 0) atomicExch(chain_hint(), v);
 #endif
   }
+  // Consumer side: the warp is done reading ring slot `slot` (mk_kernel.cuh EMPTY_ARRIVALS: lane 0
+  // after __syncwarp, which orders the other lanes' reads before its release; every lane in the
+  // sanitizer builds).
+  __device__ __forceinline__ void release_slot(uint32_t slot) const {
+    if constexpr (diag::ALL_LANES_RELEASE) {
+      mbar_arrive(&empty()[slot]);
+    } else {
+      __syncwarp();
+      if (lane() == 0) mbar_arrive(&empty()[slot]);
+    }
+  }
   // Consumer wait for a slot's bytes; with tracing on, thread 0 accumulates the time it waited.
   __device__ __forceinline__ void consumer_wait(uint64_t* bar, uint32_t parity) {
     timed_wait(bar, parity, TA_FULL_WAIT_NS, threadIdx.x == 0);

@@ -18,7 +18,9 @@ Event granularity per edge follows producer and consumer partitions:
                         K-chunk (kinds/gateup.py down_chunks), beside
   gateup_staged [L, 1]  every GATEUP tile has staged x: a staged signal guarding x, cross-rank.
   lm_done     [1, 1]    ARGMAX reduces every LM-head tile.
-Mixture-of-experts layers (model.families MOE_STEP) replace GATEUP / DOWN:
+Mixture-of-experts layers (model.families MOE_STEP) replace GATEUP / DOWN (by EMLP tasks under
+TilePlan.expert_fused, which wait for router_done only and signal resid_ready; then neither route_done
+nor egateup_done exists):
   router_done [L, 1]    every router logit and the normed rows moe_xn are published: ROUTE, EGATEUP
                         and the loaders of EGATEUP / EDOWN (which route the rows themselves) wait for it.
   route_done  [L, 1]    ROUTE has written the slots' routing weights, which EDOWN scales by.
@@ -90,8 +92,9 @@ def check_moe_supported(spec: ModelSpec) -> None:
         raise ModelError(f"{spec.name}: a mixture-of-experts model with {why}")
 
 
-def check_plan(spec: ModelSpec, plan: TilePlan) -> None:
-    """Reject tile plans the kernel cannot execute (programming errors: plans come from the search)."""
+def check_plan(spec: ModelSpec, plan: TilePlan, batch: int = 1) -> None:
+    """Reject tile plans the kernel cannot execute at ``batch`` (programming errors: plans come from the
+    search)."""
     for f in ("qkv_rows", "o_rows", "gateup_rows", "down_rows", "lm_rows"):
         v = getattr(plan, f)
         if v <= 0 or v % 8:
@@ -118,6 +121,11 @@ def check_plan(spec: ModelSpec, plan: TilePlan) -> None:
                         ("intermediate_size / down_ksplit", spec.mlp_intermediate // plan.down_ksplit)):
             if k % unit:
                 raise ValueError(f"TilePlan: {what} = {k} is not a whole number of {unit}-column weight tiles")
+    if plan.expert_fused:
+        from ..kinds import emlp
+        why = "a dense model has no experts" if not spec.is_moe else emlp.check(spec, plan, batch)
+        if why:
+            raise ValueError(f"TilePlan.expert_fused: {why}")
     if not 0 <= plan.expert_inflight <= plan.stages:
         raise ValueError(f"TilePlan: need 0 <= expert_inflight ({plan.expert_inflight}) <= stages ({plan.stages})")
     if not 1 <= plan.inflight_chain <= plan.inflight_slots:
@@ -194,14 +202,14 @@ def build_step_graph(spec: ModelSpec, batch: int, plan: TilePlan, context_len: i
     (trtllm_mk.kinds, model.families); the event tensors follow from the tasks' signals. ``context_len`` only feeds
     the cost estimates of ATTN."""
     check_model_supported(spec)
-    check_plan(spec, plan)
+    check_plan(spec, plan, batch)
     if not 1 <= batch <= MAX_BATCH:
         raise ValueError(f"batch {batch}: the megakernel decodes 1 to {MAX_BATCH} sequences per step")
     c = Lowering(spec, batch, plan, context_len)
     phases: dict[str, list[Task]] = {}
     for phase, kind_names in FAMILIES[spec.family].step:   # the family composes the kinds
         tasks: list[Task] = []
-        for kind in (Kind[n] for n in kind_names):
+        for kind in (Kind[n] for n in kind_names if Kind[n].active(spec, plan)):
             for kw in kind.module.lower(c):
                 tasks.append(Task(kind=kind, phase=phase, index=len(tasks), **kw))
         phases[phase] = tasks

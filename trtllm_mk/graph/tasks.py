@@ -79,7 +79,7 @@ class Task:
     k1: int = 0
     group: int = 0             # KV group (ATTN, COMBINE)
     split: int = 0             # KV split (ATTN)
-    slot: int = 0              # expert slot (EGATEUP, EDOWN: kinds/route.py)
+    slot: int = 0              # expert slot (EGATEUP, EDOWN, EMLP: kinds/route.py)
     waits: tuple[EventRef, ...] = ()
     signals: tuple[EventRef, ...] = ()
     # The first ``staged_signals`` of ``signals`` are published as soon as the task has staged its
@@ -112,7 +112,7 @@ class Task:
         if self.kind == Kind.ARGMAX:
             return "ARGMAX"
         k = f" k{self.k0}:{self.k1}" if self.k1 else ""
-        s = f" slot{self.slot}" if self.kind in (Kind.EGATEUP, Kind.EDOWN) else ""
+        s = f" slot{self.slot}" if self.kind in (Kind.EGATEUP, Kind.EDOWN, Kind.EMLP) else ""
         return f"{self.kind.name}[{self.r0}:{self.r1}{k}{s}]"
 
 
@@ -173,6 +173,11 @@ class TilePlan:
     # cannot start before the layer's routing, so every SM starts them with an empty ring at once, and
     # the dense kinds' cap would hold each SM to that many bytes per loaded round trip.
     expert_inflight: int = 0
+    # One EMLP task per expert tile instead of EGATEUP and EDOWN tasks (and ROUTE): the SM that computes
+    # a tile's gate/up rows also streams the matching columns of the expert's down matrix (stored
+    # transposed) and adds its partial of every hidden row into x. No EGATEUP -> EDOWN event and no
+    # second staging; H adds per tile instead of a tile's rows.
+    expert_fused: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)

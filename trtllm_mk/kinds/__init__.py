@@ -7,7 +7,11 @@ Each kind module defines ``DEF``, a ``KindDef``: its name, whether its weight ti
 shared-memory ring (the GEMV kinds), the ``TaskArgs`` fields its device body reads, and its device
 file (``<kind>.cuh`` beside the module). A kind whose cost model needs constants that are not
 datasheet facts declares them in ``CALIBRATION``, ``{name: (default, why)}``: search.calibration's
-``Calibration`` carries them beside the machine's constants and the calibration files set them."""
+``Calibration`` carries them beside the machine's constants and the calibration files set them.
+Optional hooks a module may define: ``active(spec, plan)`` (whether a step under the plan has the
+kind's tasks), ``device_constants(graph)`` (``cfg`` constants its device file reads, emitted into the
+kernel), ``extra_ring_slots(task, plan, dims)`` (ring slots and output groups a task streams beyond
+its GEMV geometry's, for the cost model)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -44,7 +48,7 @@ class KindDef:
 
 # Registry order is the kind's number (part of the schedule file format and the kernel's ABI).
 _MODULES = ("embed", "qkv", "attn", "combine", "oproj", "gateup", "down", "lmhead", "argmax",
-            "router", "route", "egateup", "edown")
+            "router", "route", "egateup", "edown", "emlp")
 KIND_MODULES = tuple(import_module(f".{m}", __name__) for m in _MODULES)
 KIND_DEFS: tuple[KindDef, ...] = tuple(m.DEF for m in KIND_MODULES)
 
@@ -67,6 +71,12 @@ class _KindBase(IntEnum):
     @property
     def args(self) -> tuple[str, ...]:
         return KIND_DEFS[self.value].args
+
+    def active(self, spec, plan) -> bool:
+        """Whether the kind has tasks in a step under ``plan`` (its module's ``active``; default yes):
+        a step lists alternatives, such as the split and the fused expert kinds, and the plan picks one."""
+        test = getattr(KIND_MODULES[self.value], "active", None)
+        return True if test is None else bool(test(spec, plan))
 
 
 Kind = _KindBase("Kind", [(d.name, i) for i, d in enumerate(KIND_DEFS)], module=__name__)

@@ -401,12 +401,7 @@ __device__ void attn_compute(Ctx& c, const TaskArgs& a) {
 #pragma unroll
       for (int k = 0; k < 2; ++k) {
         if (k == 1 && cfg::KV_SLOTS == 1) break;
-        if constexpr (diag::ALL_LANES_RELEASE) {
-          mbar_arrive(&c.empty()[slots[k]]);
-        } else {
-          __syncwarp();
-          if (c.lane() == 0) mbar_arrive(&c.empty()[slots[k]]);
-        }
+        c.release_slot(slots[k]);
       }
     }
     if (diag::ATTN_MARK == 3 && b == a.r0) c.mark();

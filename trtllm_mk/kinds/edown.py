@@ -11,6 +11,11 @@ DEF = KindDef("EDOWN", streams_weights=True, args=("layer", "r0", "r1", "k0", "k
               device_file="edown.cuh", device_needs=("ROUTE",))
 
 
+def active(spec, plan) -> bool:
+    """Not under TilePlan.expert_fused: EMLP tasks then take the experts (kinds/emlp.py)."""
+    return not plan.expert_fused
+
+
 def execute(ex, t, layer: int) -> None:
     """CPU-executor semantics (trtllm_mk.executor.CpuExecutor ``ex``): see graph.tasks."""
     from ..residual import to_fixed

@@ -14,6 +14,11 @@ DEF = KindDef("EGATEUP", streams_weights=True, args=("layer", "r0", "r1", "tile"
               device_needs=("GATEUP", "ROUTE"))
 
 
+def active(spec, plan) -> bool:
+    """Not under TilePlan.expert_fused: EMLP tasks then take the experts (kinds/emlp.py)."""
+    return not plan.expert_fused
+
+
 def execute(ex, t, layer: int) -> None:
     """CPU-executor semantics (trtllm_mk.executor.CpuExecutor ``ex``): see graph.tasks. ``t.slot`` is
     the slot, whose expert the task routes from the logits itself (as its loader and consumers do on

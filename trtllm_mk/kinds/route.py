@@ -18,6 +18,11 @@ from . import KindDef
 DEF = KindDef("ROUTE", streams_weights=False, args=("layer",), device_file="route.cuh")
 
 
+def active(spec, plan) -> bool:
+    """Not under TilePlan.expert_fused: EMLP tasks then take the experts (kinds/emlp.py)."""
+    return not plan.expert_fused
+
+
 def slots_of(weights, experts, num_slots: int):
     """(slot experts [NSLOT] int32, -1 idle; slot weights [NSLOT, B] fp32) of the rows' routing
     (``weights``, ``experts`` [B, k] from model.moe.route)."""

@@ -88,14 +88,24 @@ def _fused_groups(spec: ModelSpec, layer: int) -> list[list[str]]:
     return groups
 
 
-def share_fused_storage(spec: ModelSpec, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def share_fused_storage(spec: ModelSpec, weights: dict[str, torch.Tensor],
+                        transposed_down: bool = False) -> dict[str, torch.Tensor]:
     """A dict of the same tensors in which each layer's q/k/v (and biases) and gate/up are rows of one
     fused tensor (copied once, one layer at a time). A decoder built from it fuses without a copy, and
     every other user of the dict (the megakernel binds each name) reads the same memory, so an engine
-    holds one copy of its weights; the originals are freed once the caller drops ``weights``."""
+    holds one copy of its weights; the originals are freed once the caller drops ``weights``.
+    ``transposed_down``: a sparse layer's expert down matrices ([H, I] each) become transposed views
+    of one [E, I, H] tensor, the layout the megakernel's fused expert tiles stream (kinds/emlp.py) and
+    MoeMlp reads as it is."""
     out = dict(weights)
     for i in range(spec.num_layers):
-        for names in _fused_groups(spec, i):
+        groups = _fused_groups(spec, i)
+        if transposed_down and spec.is_moe_layer(i):
+            downs = [d for _, _, d in spec.moe_names(i)[1]]
+            groups.remove(downs)
+            stacked = torch.stack([weights[n].t() for n in downs])   # [E, I, H], one copy
+            out.update({n: stacked[e].t() for e, n in enumerate(downs)})
+        for names in groups:
             parts = [weights.get(n) for n in names]
             if any(not isinstance(t, torch.Tensor) or t.dtype != parts[0].dtype or t.device != parts[0].device
                    or t.shape[1:] != parts[0].shape[1:] for t in parts):

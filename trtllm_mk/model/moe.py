@@ -47,7 +47,8 @@ def route(logits: torch.Tensor, top_k: int, normalize: bool) -> tuple[torch.Tens
 
 class MoeMlp(nn.Module):
     """A sparse layer's MLP over HF-named weights: the router ``[E, H]`` and the experts stacked as
-    ``w_gate_up [E, 2*Im, H]`` (each expert's gate rows, then its up rows) and ``w_down [E, H, Im]``."""
+    ``w_gate_up [E, 2*Im, H]`` (each expert's gate rows, then its up rows) and ``w_down [E, H, Im]`` (a
+    transposed view of ``[E, Im, H]`` when the checkpoint's down matrices are stored so)."""
 
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], layer: int, dtype: torch.dtype):
         super().__init__()
@@ -60,9 +61,13 @@ class MoeMlp(nn.Module):
         # one copy each, in the checkpoint's dtype, then converted; no copy when share_fused_storage
         # laid the experts out as consecutive rows already
         gate_up = concat_rows([weights[n] for g, u, _ in experts for n in (g, u)])
-        down = concat_rows([weights[d] for _, _, d in experts])
+        downs = [weights[d] for _, _, d in experts]
+        if all(w.t().is_contiguous() for w in downs):   # transposed storage (share_fused_storage transposed_down)
+            down = concat_rows([w.t() for w in downs]).view(E, Im, H).transpose(1, 2)
+        else:
+            down = concat_rows(downs).view(E, H, Im)
         self.w_gate_up = nn.Parameter(gate_up.view(E, 2 * Im, H).to(dtype), requires_grad=False)
-        self.w_down = nn.Parameter(down.view(E, H, Im).to(dtype), requires_grad=False)
+        self.w_down = nn.Parameter(down.to(dtype), requires_grad=False)
 
     def forward(self, h: torch.Tensor, stage=None) -> torch.Tensor:
         """``h [..., H]`` (the normed, staged residual) -> the MLP output, same shape and dtype."""

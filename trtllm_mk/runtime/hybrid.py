@@ -246,8 +246,9 @@ class HybridEngine:
             dense = {k: v.to(torch.bfloat16) if tensor(v) and v.dtype in (torch.float16, torch.float32) else v
                      for k, v in dense.items()}
         # The torch prefill's fused q/k/v and gate/up matrices are then the very memory the decoder
-        # reads by name: one copy of the weights on the GPU, as the memory budget assumes.
-        self.weights = share_fused_storage(self.spec, dense)
+        # reads by name: one copy of the weights on the GPU, as the memory budget assumes (also the
+        # experts' down matrices, stored transposed when the kernel's expert tiles stream them so).
+        self.weights = share_fused_storage(self.spec, dense, transposed_down=self.schedule.plan.expert_fused)
         # What the megakernel binds: the same tensors, but a quantized engine's packed layer linears and
         # their scale words (which its torch prefill's packed modules read too).
         self.decode_weights = self.weights if not self.spec.quantized else {

@@ -6,6 +6,8 @@ it can be captured in a CUDA graph, called from a torch custom op or from the Te
 """
 from __future__ import annotations
 
+import weakref
+
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -127,6 +129,11 @@ def _check_tensor(name: str, t: torch.Tensor, shape: tuple, dtype: torch.dtype, 
         raise EngineError(f"{name}: must be contiguous")
 
 
+# id of an expert down matrix -> (a reference to it, its transposed copy) while the matrix lives
+# (MegakernelDecoder._expert_down)
+_TRANSPOSED: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
+
+
 class MegakernelDecoder:
     """One compiled megakernel bound to weights, a paged KV cache and its own activation buffers."""
 
@@ -159,10 +166,14 @@ class MegakernelDecoder:
     # ------------------------------------------------------------------ binding
     def _check_bindings(self, weights: dict[str, torch.Tensor], cache: PagedKVCache) -> None:
         spec, dev = self.spec, cache.pool.device
+        downs = self._down_names() if self.schedule.plan.expert_fused else set()
         for name, (shape, dtype) in kernel_tensors(spec).items():
             if name not in weights:
                 raise EngineError(f"weights: missing {name}")
-            _check_tensor(f"weights[{name}]", weights[name], shape, dtype, dev)
+            t = weights[name]
+            if name in downs and t.dim() == 2 and not t.is_contiguous() and t.t().is_contiguous():
+                t, shape = t.t(), tuple(reversed(shape))   # transposed storage, bound as it is (_expert_down)
+            _check_tensor(f"weights[{name}]", t, shape, dtype, dev)
         L, NKV, D = spec.num_layers, spec.num_kv_heads, spec.head_dim
         pool = cache.pool
         if pool.dim() != 6 or (pool.shape[0], pool.shape[2], pool.shape[3], pool.shape[4], pool.shape[5]) != (
@@ -183,13 +194,33 @@ class MegakernelDecoder:
             rows.append([weights[p + hf].data_ptr() if (p + hf) in weights else 0 for _, hf in table])
         return torch.tensor(rows, dtype=torch.int64, device=self.device)
 
+    def _down_names(self) -> set[str]:
+        return {d for i in range(self.spec.num_layers) if self.spec.is_moe_layer(i) for _, _, d in self.spec.moe_names(i)[1]}
+
+    def _expert_down(self, t: torch.Tensor) -> torch.Tensor:
+        """An expert's down matrix [H, I] as the kernel streams it: as stored, or under
+        TilePlan.expert_fused transposed, [I, H] rows (kinds/emlp.py). Transposed storage
+        (share_fused_storage transposed_down) is bound as it is; otherwise the decoder keeps a
+        transposed copy (a third of the experts' bytes more), which lives as long as the tensor does."""
+        if not self.schedule.plan.expert_fused:
+            return t
+        if t.t().is_contiguous():
+            return t.t()
+        hit = _TRANSPOSED.get(id(t))   # decoders bound to the same tensors share one copy
+        if hit is not None and hit[0]() is t:
+            return hit[1]
+        copy, key = t.t().contiguous(), id(t)
+        _TRANSPOSED[key] = (weakref.ref(t, lambda _: _TRANSPOSED.pop(key, None)), copy)
+        return copy
+
     def _pack_expert_tables(self, weights: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """([L] router pointers, [L, E, 3] expert weight pointers in seam.EXPERT_FIELDS order)."""
         routers, experts = [], []
         for i in range(self.spec.num_layers):
             router, names = self.spec.moe_names(i)
             routers.append(weights[router].data_ptr())
-            experts.append([[weights[n].data_ptr() for n in e] for e in names])
+            experts.append([[weights[g].data_ptr(), weights[u].data_ptr(), self._expert_down(weights[d]).data_ptr()]
+                            for g, u, d in names])
         dev = self.device
         return (torch.tensor(routers, dtype=torch.int64, device=dev), torch.tensor(experts, dtype=torch.int64, device=dev))
 

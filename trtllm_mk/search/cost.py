@@ -126,6 +126,10 @@ def task_cost(task: Task, graph: StepGraph, rates: Rates, cal: Calibration,
                                 d.weight_tile if qw else 0)
         nslots = geo.slots_for(task.rows)
         ngroups = -(-task.rows // geo.out_rows)
+        extra = getattr(task.kind.module, "extra_ring_slots", None)
+        if extra is not None:   # a second weight stream in the same task (EMLP's down part)
+            more_slots, more_groups = extra(task, plan, d)
+            nslots, ngroups = nslots + more_slots, ngroups + more_groups
         # the consumers reduce whole slots (every 16-row block, valid rows or not), while the loader
         # copies only a partial last group's rows: a task whose rows are not a multiple of the slot
         # group's streams fewer bytes per slot through the same ring (fill) at the same consumer cost

@@ -22,6 +22,7 @@ from ..smem import plan_smem
 from .calibration import Calibration
 from .cost import cost_table, default_streaming
 from .listsched import list_schedule
+from ..kinds import emlp
 from .plans import (SLOT_SIZES, attn_tasks_per_group, field_candidates, ksplit_candidates, ring_candidates, valid,
                     with_ksplit)
 from .simulate import Simulator, gc_paused
@@ -31,8 +32,8 @@ MAX_SWEEPS = 3
 # The ring comes first: its depth decides how much of the chain the loaders stream through and how
 # much shared memory the other fields may take; swept last, a descent that runs out of budget never
 # tries it and keeps the initial ring, which can be the wrong depth for every shape (benchmarks/NOTES.md).
-FIELDS = ("ring", "attn_splits", "attn_rows", "attn_kv_run", "qkv_rows", "o_ksplit", "o_merge", "o_rows", "gateup_rows", "down_ksplit",
-          "down_rows", "lm_rows", "consumer_warps")
+FIELDS = ("ring", "attn_splits", "attn_rows", "attn_kv_run", "qkv_rows", "o_ksplit", "o_merge", "o_rows", "gateup_rows",
+          "expert_fused", "down_ksplit", "down_rows", "lm_rows", "consumer_warps")
 LISTSCHED_COST = 6.0    # one list-scheduled template task costs about as much as this many simulated ones
 
 Admit = Callable[[TilePlan, ModelSpec], bool]
@@ -97,6 +98,8 @@ def field_variants(name: str, plan: TilePlan, ev: Evaluator) -> list[TilePlan]:
     spec, batch, gpu, nsm = ev.spec, ev.batch, ev.gpu, ev.num_sms
     if name == "ring":
         return ring_candidates(plan, spec, batch, gpu, ev.slot_sizes)
+    if plan.expert_fused and name in ("down_ksplit", "down_rows"):
+        return []   # EMLP's tiles are gateup_rows wide in both halves: these shape no task
     if name in ("o_ksplit", "down_ksplit"):
         ks = ksplit_candidates(spec)[0 if name == "o_ksplit" else 1]
         out = [with_ksplit(plan, name, k, spec, nsm, batch) for k in ks]
@@ -105,6 +108,10 @@ def field_variants(name: str, plan: TilePlan, ev: Evaluator) -> list[TilePlan]:
         # together too: one coordinate at a time, the descent cannot leave a plan with neither
         out = [replace(plan, o_merge=m) for m in (False, True)]
         out.append(replace(with_ksplit(plan, "o_ksplit", max(ksplit_candidates(spec)[0]), spec, nsm, batch), o_merge=True))
+    elif name == "expert_fused":   # valid() keeps the fused plans of models with experts only
+        # each with the experts' in-flight cap measured best for it (not searched: kinds/emlp.py)
+        out = [replace(plan, expert_fused=False, expert_inflight=0),
+               replace(plan, expert_fused=True, expert_inflight=emlp.EXPERT_INFLIGHT)]
     else:
         out = [replace(plan, **{name: v}) for v in field_candidates(name, plan, spec, nsm, ev.context_len, batch)]
     if name == "attn_splits":

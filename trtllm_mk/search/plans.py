@@ -124,8 +124,8 @@ def field_candidates(field: str, plan: TilePlan, spec: ModelSpec, num_sms: int, 
         return wave_rows(spec.num_kv_heads * gr, 1, num_sms, cap=gr, unit=u)
     if field == "o_rows":
         return wave_rows(H, plan.o_ksplit, num_sms, unit=u)
-    if field == "gateup_rows":
-        return wave_rows(I, 1, num_sms, unit=u, copies=copies)
+    if field == "gateup_rows":   # EMLP's tiles are whole tensor-core k-steps of its down part
+        return wave_rows(I, 1, num_sms, unit=16 if plan.expert_fused else u, copies=copies)
     if field == "down_rows":
         return wave_rows(H, plan.down_ksplit, num_sms, unit=u, copies=copies)
     if field == "lm_rows":
@@ -147,7 +147,7 @@ def field_candidates(field: str, plan: TilePlan, spec: ModelSpec, num_sms: int, 
 
 def valid(plan: TilePlan, spec: ModelSpec, batch: int, gpu: GpuSpec) -> bool:
     try:
-        check_plan(spec, plan)
+        check_plan(spec, plan, batch)
     except ValueError:
         return False
     return fits(gpu, spec, batch, plan)

@@ -11,8 +11,10 @@ from importlib import import_module
 DECODER_STEP = {"head": ("EMBED",), "layer": ("QKV", "ATTN", "COMBINE", "OPROJ", "GATEUP", "DOWN"),
                 "tail": ("LMHEAD", "ARGMAX")}
 # A mixture-of-experts layer: the router's logits, the routing into expert slots, then each slot's
-# expert MLP (kinds/route.py).
-MOE_STEP = {**DECODER_STEP, "layer": ("QKV", "ATTN", "COMBINE", "OPROJ", "ROUTER", "ROUTE", "EGATEUP", "EDOWN")}
+# expert MLP (kinds/route.py): EGATEUP and EDOWN tasks, or under TilePlan.expert_fused EMLP tasks
+# that do both halves of a tile (the kinds' ``active``).
+MOE_STEP = {**DECODER_STEP, "layer": ("QKV", "ATTN", "COMBINE", "OPROJ", "ROUTER", "ROUTE", "EGATEUP", "EDOWN",
+                                      "EMLP")}
 
 
 @dataclass(frozen=True)

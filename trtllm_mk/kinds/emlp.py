@@ -1,0 +1,124 @@
+"""EMLP: one expert tile's whole MLP (TilePlan.expert_fused). For the expert of its slot (kinds/route.py)
+a task computes silu(gate) * up for a row range [r0, r1) of the expert's intermediate width, on the
+normed rows ROUTER published (moe_xn), keeps that activation in shared memory, then streams the same
+range of the expert's down matrix and adds its partial sum of every hidden row, scaled per batch row by
+the routing weight, into x (fixed point: any order). Its down matrix is stored transposed, [I, H]
+(MegakernelDecoder binds it so), so the range is rows [r0, r1), contiguous and streamed like gate/up.
+
+Against EGATEUP + EDOWN it drops a dependent phase per layer: no task waits for another SM's expert
+tile (egateup_done), nothing is staged twice, and an SM's loader streams its down columns straight
+after its gate/up rows. It adds H values per tile into x where EDOWN adds a tile's rows. The loader
+and the consumers route the rows themselves, as EGATEUP's do; an idle slot streams and computes
+nothing. bf16 experts only (the megakernel's experts are)."""
+from __future__ import annotations
+
+from . import KindDef
+from .gemv import no_staging_extra
+
+DEF = KindDef("EMLP", streams_weights=True, args=("layer", "r0", "r1", "tile", "stage"), device_file="emlp.cuh",
+              device_needs=("GATEUP", "ROUTE"))
+
+# its loader waits for the task's first event (router_done) and routes before it streams (mk_gemv.cuh gemv_load)
+LOADER_WAITS = True
+
+# GEMV cost and ring hooks (kinds/gemv.py): the gate/up part's geometry; the down part's slots come
+# from extra_ring_slots
+MATRICES = 2
+NORMS_INPUT = False
+staging_extra_us = no_staging_extra
+BF16_WEIGHTS = False
+
+MMA_ROWS = 16   # intermediate rows per down slot: one tensor-core k-step
+# TilePlan.expert_inflight of a fused plan: ring slots its loaders keep in flight. Fewer than the whole
+# ring keep the 128 concurrent expert streams' queues short; 2 measured fastest of 2 .. 5
+# (benchmarks/NOTES.md, v36). The search sets it with expert_fused and does not vary it.
+EXPERT_INFLIGHT = 2
+
+
+def active(spec, plan) -> bool:
+    return spec.is_moe and plan.expert_fused
+
+
+def k_range(spec, plan) -> int:
+    """Columns the gate/up part reduces over (the normed rows): KT of its ring geometry."""
+    return spec.hidden_size
+
+
+def down_cols(hidden: int, slot_bytes: int, consumer_warps: int) -> int:
+    """Hidden columns per down slot: the widest multiple of 16 that divides ``hidden``, whose 16 rows fit
+    a slot, and that gives each consumer warp at most 8 tensor-core row blocks (its accumulators)."""
+    d = hidden - hidden % 16
+    while not (hidden % d == 0 and MMA_ROWS * d * 2 <= slot_bytes and d <= 128 * consumer_warps):
+        d -= 16
+    return d
+
+
+def scratch_words(batch: int, experts: int, topk: int, consumer_warps: int) -> int:
+    """4-byte words of the CTA scratch the consumers' routing keeps for the layer's EMLP tasks: the
+    routing warps' union masks, then every row's k experts and weights (route.cuh)."""
+    return min(batch, consumer_warps) * -(-experts // 32) + 2 * batch * max(topk, 1)
+
+
+def check(spec, plan, batch: int) -> str | None:
+    """Why ``plan`` cannot fuse the expert MLP at ``batch`` (None: it can)."""
+    from ..smem import SCRATCH_BYTES
+    if plan.gateup_rows % MMA_ROWS:
+        return f"gateup_rows={plan.gateup_rows} must be a multiple of {MMA_ROWS}"
+    if spec.mlp_intermediate % MMA_ROWS:
+        return f"the expert width {spec.mlp_intermediate} must be a multiple of {MMA_ROWS}"
+    if 4 * scratch_words(batch, spec.num_experts, spec.num_experts_per_tok, plan.consumer_warps) > SCRATCH_BYTES:
+        return f"batch {batch}: the rows' routing does not fit the {SCRATCH_BYTES}-byte scratch"
+    return None
+
+
+def device_constants(graph) -> dict[str, int]:
+    """cfg::EMLP_ROWS (the widest tile: the shared-memory activation's rows) and cfg::EMLP_DKC."""
+    p = graph.plan
+    return dict(EMLP_ROWS=p.gateup_rows, EMLP_DKC=down_cols(graph.dims.hidden, p.slot_bytes, p.consumer_warps))
+
+
+def activation_bytes(hidden: int, batch: int, plan, act_pad: int) -> int:
+    """The staged normed rows, then the tile's activation ([B][EMLP_ROWS + act_pad] bf16, the routing
+    weight of each row in its skew)."""
+    return batch * (hidden + act_pad) * 2 + batch * (plan.gateup_rows + act_pad) * 2
+
+
+def extra_ring_slots(task, plan, dims) -> tuple[int, int]:
+    """The down part: per 16 intermediate rows, H / EMLP_DKC slots; one output group per column chunk."""
+    chunks = dims.hidden // down_cols(dims.hidden, plan.slot_bytes, plan.consumer_warps)
+    return -(-(task.r1 - task.r0) // MMA_ROWS) * chunks, chunks
+
+
+def execute(ex, t, layer: int) -> None:
+    """CPU-executor semantics (trtllm_mk.executor.CpuExecutor ``ex``): see graph.tasks. The task routes
+    the rows itself (route_slots, as the device's loader and consumers do); the activation is rounded to
+    bf16 as the device keeps it, and each row adds its partial of every hidden row only where it chose
+    the slot's expert."""
+    import torch
+    from ..residual import to_fixed
+    from .route import route_slots
+    slots, weights = route_slots(ex)
+    e = int(slots[t.slot])
+    if e < 0:
+        return
+    ew = ex.experts[layer][e]
+    xn = ex.moe_xn
+    act = torch.nn.functional.silu(xn @ ew["gate"][t.r0:t.r1].T) * (xn @ ew["up"][t.r0:t.r1].T)
+    y = ex.stage_round(act) @ ew["down"][:, t.r0:t.r1].T
+    w = weights[t.slot]
+    rows = w != 0
+    ex.x[rows] += to_fixed(y[rows] * w[rows, None])
+
+
+def lower(c) -> list[dict]:
+    """For each slot, row tiles of the expert's intermediate width (TilePlan.gateup_rows); each waits
+    only for router_done (its loader and consumers route the rows) and adds into all of x."""
+    from ..graph.tasks import Access, EventRef
+    B, H = c.B, c.H
+    return [dict(r0=a, r1=b, k0=0, k1=H, slot=s, waits=(EventRef("router_done", 0, 0),),
+                 signals=(EventRef("resid_ready", 1, 0),),
+                 reads=(Access("moe_xn", 0, H), Access("router_logits", 0, c.E)),
+                 writes=(Access("x", 0, H, add=True),),
+                 weight_bytes=2 * c.linear_bytes(b - a, H) + c.linear_bytes(H, b - a),
+                 act_bytes=B * (H * 4 + c.E * 4 + H * 8), flops=6 * B * (b - a) * H)
+            for s in range(c.NSLOT) for a, b in c.tiles(c.I, c.plan.gateup_rows)]
