@@ -81,6 +81,18 @@ def test_tiny_moe_models_match_reference(family, batch, fused):
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["split", "fused"])
+def test_tiny_moe_binds_the_engines_transposed_down_storage(fused):
+    """The experts' down matrices stored transposed, as a fused engine stores them: the fused kernel
+    streams that storage as it is, the split kernel from the decoder's row-major copy."""
+    from trtllm_mk.model.decoder_block import share_fused_storage
+    spec = tiny_moe("qwen3_moe")
+    w = moe_weights(spec)
+    bound = share_fused_storage(spec, w, transposed_down=True)
+    sch = moe_schedule(spec, 4, 5.0, fused)
+    check_moe(run_and_compare(spec, 4, w, steps=32, decoder=_decoder(spec, 4, bound, schedule=sch)), 3e-2)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["split", "fused"])
 @pytest.mark.parametrize("batch", [1, 4])
 def test_qwen3_30b_a3b_widths_match_reference(batch, fused):
     """Real widths (128 experts of 768, 8 per token, hidden 2048), four layers."""

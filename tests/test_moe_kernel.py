@@ -22,6 +22,7 @@ from trtllm_mk.graph.builder import MAX_EXPERTS, check_moe_supported
 from trtllm_mk.graph.tasks import EventRef, Kind, TilePlan
 from trtllm_mk.kinds.route import slots_of
 from trtllm_mk.kv_cache import PagedKVCache
+from trtllm_mk.model.decoder_block import share_fused_storage
 from trtllm_mk.model.moe import route
 from trtllm_mk.model.random_weights import random_weights
 from trtllm_mk.model.registry import resolve_model
@@ -156,6 +157,26 @@ def test_down_cols_fill_a_slot_and_divide_the_width():
     assert down_cols(192, 4096, 8) == 96   # the widest multiple of 16 that divides 192 within 16 rows of 4 KB
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["split", "fused"])
+def test_the_decoder_binds_each_expert_down_in_the_layout_its_plan_streams(fused):
+    """MegakernelDecoder._expert_down: storage in the plan's layout (row-major for the split kinds, the
+    transposed [I, H] rows for EMLP) is bound as it is; the other layout is copied once, and decoders
+    bound to the same tensor share the copy."""
+    from types import SimpleNamespace
+    from trtllm_mk.runtime.megakernel import MegakernelDecoder
+    dec = object.__new__(MegakernelDecoder)
+    dec.schedule = SimpleNamespace(plan=TilePlan(expert_fused=fused))
+    row_major = torch.randn(6, 4)
+    transposed = torch.randn(4, 6).t()
+    want = (lambda t: t.t()) if fused else (lambda t: t)
+    for t in (row_major, transposed):
+        got = dec._expert_down(t)
+        assert got.is_contiguous() and torch.equal(got, want(t))
+        in_layout = t.t().is_contiguous() if fused else t.is_contiguous()
+        assert (got.data_ptr() == t.data_ptr()) == in_layout
+        assert dec._expert_down(t) is got or in_layout
+
+
 def test_transposed_down_storage_is_read_by_the_reference_mlp_without_a_copy():
     """share_fused_storage(transposed_down=True) stores a sparse layer's down matrices as one [E, I, H]
     tensor (the rows EMLP streams) and names each expert's [H, I] as a view of it; MoeMlp reads that
@@ -191,7 +212,10 @@ def test_the_cpu_executor_decodes_as_the_reference(family, batch, fused):
     cache = PagedKVCache.allocate(spec, batch, 64, 16, dtype=torch.bfloat16, seed=1)
     prompts = [[5 + b, 6, 7 + 3 * b, 8][: 2 + b % 3] for b in range(batch)]
     tok = ref.prefill(prompts, cache).argmax(-1)
-    ex = CpuExecutor(spec, w, _fused_schedule(spec, batch) if fused else _schedule(spec, batch), cache)
+    # a fused engine stores the experts' down matrices transposed (runtime/hybrid.py): the executor
+    # runs on that storage
+    bound = share_fused_storage(spec, w, transposed_down=True) if fused else w
+    ex = CpuExecutor(spec, bound, _fused_schedule(spec, batch) if fused else _schedule(spec, batch), cache)
     pos = torch.tensor([len(p) for p in prompts])
     used = set()
     for t in range(5):

@@ -129,8 +129,8 @@ def _check_tensor(name: str, t: torch.Tensor, shape: tuple, dtype: torch.dtype, 
         raise EngineError(f"{name}: must be contiguous")
 
 
-# id of an expert down matrix -> (a reference to it, its transposed copy) while the matrix lives
-# (MegakernelDecoder._expert_down)
+# id of an expert down matrix -> (a reference to it, its copy in the other layout) while the matrix
+# lives (MegakernelDecoder._expert_down)
 _TRANSPOSED: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
 
 
@@ -166,13 +166,13 @@ class MegakernelDecoder:
     # ------------------------------------------------------------------ binding
     def _check_bindings(self, weights: dict[str, torch.Tensor], cache: PagedKVCache) -> None:
         spec, dev = self.spec, cache.pool.device
-        downs = self._down_names() if self.schedule.plan.expert_fused else set()
+        downs = self._down_names() if spec.is_moe else set()
         for name, (shape, dtype) in kernel_tensors(spec).items():
             if name not in weights:
                 raise EngineError(f"weights: missing {name}")
             t = weights[name]
             if name in downs and t.dim() == 2 and not t.is_contiguous() and t.t().is_contiguous():
-                t, shape = t.t(), tuple(reversed(shape))   # transposed storage, bound as it is (_expert_down)
+                t, shape = t.t(), tuple(reversed(shape))   # transposed storage (_expert_down binds either layout)
             _check_tensor(f"weights[{name}]", t, shape, dtype, dev)
         L, NKV, D = spec.num_layers, spec.num_kv_heads, spec.head_dim
         pool = cache.pool
@@ -198,18 +198,26 @@ class MegakernelDecoder:
         return {d for i in range(self.spec.num_layers) if self.spec.is_moe_layer(i) for _, _, d in self.spec.moe_names(i)[1]}
 
     def _expert_down(self, t: torch.Tensor) -> torch.Tensor:
-        """An expert's down matrix [H, I] as the kernel streams it: as stored, or under
-        TilePlan.expert_fused transposed, [I, H] rows (kinds/emlp.py). Transposed storage
-        (share_fused_storage transposed_down) is bound as it is; otherwise the decoder keeps a
-        transposed copy (a third of the experts' bytes more), which lives as long as the tensor does."""
-        if not self.schedule.plan.expert_fused:
-            return t
-        if t.t().is_contiguous():
+        """An expert's down matrix [H, I] in the layout the kernel streams: row-major, or under
+        TilePlan.expert_fused transposed, [I, H] rows (kinds/emlp.py). Storage already in that layout
+        (for fused plans the engine's, share_fused_storage transposed_down) is bound as it is;
+        otherwise the decoder keeps a copy in it, a third of the experts' bytes more, shared by the
+        decoders bound to the same tensor while it lives."""
+        fused = self.schedule.plan.expert_fused
+        if fused and t.t().is_contiguous():
             return t.t()
-        hit = _TRANSPOSED.get(id(t))   # decoders bound to the same tensors share one copy
+        if not fused and t.is_contiguous():
+            return t
+        hit = _TRANSPOSED.get(id(t))
         if hit is not None and hit[0]() is t:
             return hit[1]
-        copy, key = t.t().contiguous(), id(t)
+        try:
+            copy = t.t().contiguous() if fused else t.contiguous()
+        except torch.cuda.OutOfMemoryError:
+            raise EngineError(f"the {'fused' if fused else 'split'} expert tiles stream each expert's down matrix "
+                              f"{'transposed' if fused else 'row-major'}, and a copy of the ones given does not fit on "
+                              f"{t.device}; store them so (share_fused_storage(transposed_down={fused}))") from None
+        key = id(t)
         _TRANSPOSED[key] = (weakref.ref(t, lambda _: _TRANSPOSED.pop(key, None)), copy)
         return copy
 
