@@ -30,7 +30,7 @@ BF16_WEIGHTS = False
 
 MMA_ROWS = 16   # intermediate rows per down slot: one tensor-core k-step
 # TilePlan.expert_inflight of a fused plan: ring slots its loaders keep in flight. Fewer than the whole
-# ring keep the 128 concurrent expert streams' queues short; 2 measured fastest of 2 .. 5
+# ring keep the 128 concurrent expert streams' queues short; 2 measured fastest of 1 .. 5
 # (benchmarks/NOTES.md, v36). The search sets it with expert_fused and does not vary it.
 EXPERT_INFLIGHT = 2
 
