@@ -6,14 +6,10 @@ from __future__ import annotations
 
 from . import KindDef
 from .gemv import no_staging_extra
+from .route import active  # noqa: F401  (the split expert kinds run together)
 
 DEF = KindDef("EDOWN", streams_weights=True, args=("layer", "r0", "r1", "k0", "k1", "tile", "stage"),
               device_file="edown.cuh", device_needs=("ROUTE",))
-
-
-def active(spec, plan) -> bool:
-    """Not under TilePlan.expert_fused: EMLP tasks then take the experts (kinds/emlp.py)."""
-    return not plan.expert_fused
 
 
 def execute(ex, t, layer: int) -> None:

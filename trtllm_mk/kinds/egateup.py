@@ -9,29 +9,28 @@ from __future__ import annotations
 
 from . import KindDef
 from .gemv import no_staging_extra
+from .route import active  # noqa: F401  (the split expert kinds run together)
 
 DEF = KindDef("EGATEUP", streams_weights=True, args=("layer", "r0", "r1", "tile", "stage"), device_file="egateup.cuh",
               device_needs=("GATEUP", "ROUTE"))
-
-
-def active(spec, plan) -> bool:
-    """Not under TilePlan.expert_fused: EMLP tasks then take the experts (kinds/emlp.py)."""
-    return not plan.expert_fused
 
 
 def execute(ex, t, layer: int) -> None:
     """CPU-executor semantics (trtllm_mk.executor.CpuExecutor ``ex``): see graph.tasks. ``t.slot`` is
     the slot, whose expert the task routes from the logits itself (as its loader and consumers do on
     the GPU); an idle slot computes nothing."""
-    import torch
     from .route import slot_expert
     e = slot_expert(ex, t.slot)
     if e < 0:
         return
-    ew = ex.experts[layer][e]
+    ex.moe_act[t.slot, :, t.r0:t.r1] = expert_act(ex, ex.experts[layer][e], t.r0, t.r1)
+
+
+def expert_act(ex, expert: dict, r0: int, r1: int):
+    """silu(gate) * up of rows [r0, r1) of an expert's width, on the normed rows ROUTER published."""
+    import torch
     xn = ex.moe_xn
-    gate, up = xn @ ew["gate"][t.r0:t.r1].T, xn @ ew["up"][t.r0:t.r1].T
-    ex.moe_act[t.slot, :, t.r0:t.r1] = torch.nn.functional.silu(gate) * up
+    return torch.nn.functional.silu(xn @ expert["gate"][r0:r1].T) * (xn @ expert["up"][r0:r1].T)
 
 # its loader waits for the task's first event (router_done) and routes before it streams (mk_gemv.cuh gemv_load)
 LOADER_WAITS = True

@@ -29,9 +29,11 @@ staging_extra_us = no_staging_extra
 BF16_WEIGHTS = False
 
 MMA_ROWS = 16   # intermediate rows per down slot: one tensor-core k-step
-# TilePlan.expert_inflight of a fused plan: ring slots its loaders keep in flight. Fewer than the whole
-# ring keep the 128 concurrent expert streams' queues short; 2 measured fastest of 1 .. 5
-# (benchmarks/NOTES.md, v36). The search sets it with expert_fused and does not vary it.
+# TilePlan.expert_inflight of a fused plan: ring slots its loaders keep in flight. Every SM starts its
+# tile's stream at once after the routing and streams gate/up and down back to back: the whole ring in
+# flight lengthens each stream's queue, a single slot leaves it waiting on every round trip. The search
+# sets it with expert_fused and does not vary it (the cost model does not price queueing; the
+# measurements are in benchmarks/NOTES.md).
 EXPERT_INFLIGHT = 2
 
 
@@ -94,17 +96,15 @@ def execute(ex, t, layer: int) -> None:
     the rows itself (route_slots, as the device's loader and consumers do); the activation is rounded to
     bf16 as the device keeps it, and each row adds its partial of every hidden row only where it chose
     the slot's expert."""
-    import torch
     from ..residual import to_fixed
+    from .egateup import expert_act
     from .route import route_slots
     slots, weights = route_slots(ex)
     e = int(slots[t.slot])
     if e < 0:
         return
     ew = ex.experts[layer][e]
-    xn = ex.moe_xn
-    act = torch.nn.functional.silu(xn @ ew["gate"][t.r0:t.r1].T) * (xn @ ew["up"][t.r0:t.r1].T)
-    y = ex.stage_round(act) @ ew["down"][:, t.r0:t.r1].T
+    y = ex.stage_round(expert_act(ex, ew, t.r0, t.r1)) @ ew["down"][:, t.r0:t.r1].T
     w = weights[t.slot]
     rows = w != 0
     ex.x[rows] += to_fixed(y[rows] * w[rows, None])

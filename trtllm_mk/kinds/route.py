@@ -19,7 +19,8 @@ DEF = KindDef("ROUTE", streams_weights=False, args=("layer",), device_file="rout
 
 
 def active(spec, plan) -> bool:
-    """Not under TilePlan.expert_fused: EMLP tasks then take the experts (kinds/emlp.py)."""
+    """The split expert kinds (ROUTE, EGATEUP, EDOWN), not under TilePlan.expert_fused: EMLP tasks then
+    take the experts (kinds/emlp.py)."""
     return not plan.expert_fused
 
 

@@ -109,7 +109,7 @@ def field_variants(name: str, plan: TilePlan, ev: Evaluator) -> list[TilePlan]:
         out = [replace(plan, o_merge=m) for m in (False, True)]
         out.append(replace(with_ksplit(plan, "o_ksplit", max(ksplit_candidates(spec)[0]), spec, nsm, batch), o_merge=True))
     elif name == "expert_fused":   # valid() keeps the fused plans of models with experts only
-        # each with the experts' in-flight cap measured best for it (not searched: kinds/emlp.py)
+        # each with its own experts' in-flight cap (kinds/emlp.py EXPERT_INFLIGHT; not searched)
         out = [replace(plan, expert_fused=False, expert_inflight=0),
                replace(plan, expert_fused=True, expert_inflight=emlp.EXPERT_INFLIGHT)]
     else:
