@@ -16,22 +16,19 @@ struct GemvKind<EGATEUP> : NoTally {
   using G = Geometry<KT, PAIR, WBITS>;
 
   static __device__ __forceinline__ WeightRef weight_ref(const ExpertWeights& w, const TaskArgs& a, int grp, int j) {
-    const int half = G::OUT_ROWS, r = a.r0 + grp * half + (j % half);
-    return j < half ? weight_at(w.gate, nullptr, r, cfg::H, 0) : weight_at(w.up, nullptr, r, cfg::H, 0);
+    return expert_gateup_ref(w, a, G::OUT_ROWS, grp, j);
   }
 
-  // Also routes the rows (while the loader does the same) into union masks in the scratch; no task runs
-  // between this one and the layer's later EGATEUP tasks on this SM that reuse the staged rows, so
-  // they find the masks there too.
-  static __device__ __forceinline__ uint32_t* masks(const Ctx& c) { return reinterpret_cast<uint32_t*>(c.scratch()); }
+  // Also routes the rows (while the loader does the same) into union masks in the scratch, where the
+  // layer's later EGATEUP tasks on this SM find them (route.cuh scratch_masks).
   static __device__ __forceinline__ void stage(Ctx& c, const TaskArgs& a) {
     static_assert(ROUTE_MASK_WORDS * 4 <= SMEM_SCRATCH, "the rows' expert masks fit the scratch");
-    route_rows_by_warp(c, masks(c), nullptr, nullptr);
+    route_rows_by_warp(c, scratch_masks(), nullptr, nullptr);
     stage_rows<EGATEUP, cfg::H>(c, a, c.p->moe_xn);   // its barrier publishes the masks
   }
 
   // slots at and beyond the count of distinct experts are idle
-  static __device__ __forceinline__ bool idle(const Ctx& c, const TaskArgs& a) { return a.tile >= union_count(masks(c)); }
+  static __device__ __forceinline__ bool idle(const Ctx&, const TaskArgs& a) { return a.tile >= union_count(scratch_masks()); }
 
   static __device__ __forceinline__ void epilogue(const Params& p, const TaskArgs& a, int r, int b, float v, float v_up) {
     p.moe_act[((size_t)a.tile * cfg::B + b) * cfg::I + r] = silu(v) * v_up;

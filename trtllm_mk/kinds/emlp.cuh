@@ -19,13 +19,7 @@ constexpr int EMLP_AS = cfg::EMLP_ROWS + ACT_PAD;      // the tile's activation 
 static_assert(cfg::H % cfg::EMLP_DKC == 0 && cfg::EMLP_DKC % 16 == 0 && cfg::EMLP_ROWS % 16 == 0, "EMLP down geometry");
 static_assert(EMLP_ROWS_PER_SLOT * EMLP_DOWN_STRIDE <= SLOT_STRIDE, "EMLP down slot overflow");
 static_assert(EMLP_MBW <= 8, "EMLP: at most 8 accumulator blocks a warp");
-
-// the rows' routing, kept in the scratch for the layer's EMLP tasks on this SM (no other task runs
-// between them): union masks, then each row's k experts and weights (kinds/emlp.py scratch_words)
-__device__ __forceinline__ uint32_t* emlp_masks() { return reinterpret_cast<uint32_t*>(smem + SMEM_SCRATCH_AT); }
-__device__ __forceinline__ int* emlp_sel() { return reinterpret_cast<int*>(emlp_masks() + ROUTE_MASK_WORDS); }
-__device__ __forceinline__ float* emlp_wsel() { return reinterpret_cast<float*>(emlp_sel() + cfg::B * ROUTE_K); }
-static_assert((ROUTE_MASK_WORDS + 2 * cfg::B * ROUTE_K) * 4 <= SMEM_SCRATCH, "EMLP routing fits the scratch");
+static_assert((ROUTE_MASK_WORDS + 2 * cfg::B * ROUTE_K) * 4 <= SMEM_SCRATCH, "the rows' routing fits the scratch");
 
 // the tile's activation, after the staged normed rows: [B][EMLP_AS] bf16, row b's routing weight in its skew
 __device__ __forceinline__ bf16* emlp_act() {
@@ -36,18 +30,6 @@ __device__ __forceinline__ float& emlp_row_weight(int b) {
 }
 static_assert(cfg::B * (cfg::H + ACT_PAD + EMLP_AS) * 2 <= cfg::ACT_SMEM_BYTES, "EMLP activation fits act[]");
 
-// The slot-th set bit of the union masks (ascending expert order, as slot_expert_of), -1 past the last.
-__device__ __forceinline__ int emlp_slot_expert(int slot) {
-  int n = 0;
-  for (int i = 0; i < ROUTE_EPL; ++i) {
-    const uint32_t m = union_mask(emlp_masks(), i);
-    const int cnt = __popc(m);
-    if (slot < n + cnt) return 32 * i + (int)__fns(m, 0, slot - n + 1);
-    n += cnt;
-  }
-  return -1;
-}
-
 template <>
 struct GemvKind<EMLP> : NoTally {
   static constexpr int KT = cfg::H;
@@ -56,16 +38,15 @@ struct GemvKind<EMLP> : NoTally {
   using G = Geometry<KT, PAIR, WBITS>;
 
   static __device__ __forceinline__ WeightRef weight_ref(const ExpertWeights& w, const TaskArgs& a, int grp, int j) {
-    const int half = G::OUT_ROWS, r = a.r0 + grp * half + (j % half);
-    return j < half ? weight_at(w.gate, nullptr, r, cfg::H, 0) : weight_at(w.up, nullptr, r, cfg::H, 0);
+    return expert_gateup_ref(w, a, G::OUT_ROWS, grp, j);
   }
 
   static __device__ __forceinline__ void stage(Ctx& c, const TaskArgs& a) {
-    route_rows_by_warp(c, emlp_masks(), emlp_sel(), emlp_wsel());
+    route_rows_by_warp(c, scratch_masks(), scratch_sel(), scratch_wsel());
     stage_rows<EMLP, cfg::H>(c, a, c.p->moe_xn);   // its barrier publishes the routing
   }
 
-  static __device__ __forceinline__ bool idle(const Ctx&, const TaskArgs& a) { return a.tile >= union_count(emlp_masks()); }
+  static __device__ __forceinline__ bool idle(const Ctx&, const TaskArgs& a) { return a.tile >= union_count(scratch_masks()); }
 
   static __device__ __forceinline__ void epilogue(const Params&, const TaskArgs& a, int r, int b, float v, float v_up) {
     emlp_act()[b * EMLP_AS + (r - a.r0)] = __float2bfloat16_rn(silu(v) * v_up);
@@ -112,13 +93,9 @@ __device__ __forceinline__ void emlp_down_load(Ctx& c, const TaskArgs& a, const 
 // Consumers: the down half, after the gate/up half's last barrier (its activation is complete).
 __device__ __forceinline__ void emlp_down_compute(Ctx& c, const TaskArgs& a) {
   if (GemvKind<EMLP>::idle(c, a)) return;
-  if (threadIdx.x < cfg::B) {   // row b's routing weight of the slot's expert (0: the row did not choose it)
-    const int b = threadIdx.x, e = emlp_slot_expert(a.tile);
-    float w = 0.f;
-    for (int j = 0; j < cfg::TOPK; ++j)
-      if (emlp_sel()[b * ROUTE_K + j] == e) w = emlp_wsel()[b * ROUTE_K + j];
-    emlp_row_weight(b) = w;
-  }
+  if (threadIdx.x < cfg::B)   // row b's routing weight of the slot's expert (0: the row did not choose it)
+    emlp_row_weight(threadIdx.x) = row_weight(scratch_sel(), scratch_wsel(), threadIdx.x,
+                                              union_slot_expert(scratch_masks(), a.tile));
   consumer_sync(CTHREADS);
   const Params& p = *c.p;
   const int lane = c.lane(), warp = c.warp(), g = lane >> 2, t = lane & 3;

@@ -133,6 +133,40 @@ __device__ __forceinline__ int union_count(const uint32_t* masks) {
   for (int i = 0; i < ROUTE_EPL; ++i) n += __popc(union_mask(masks, i));
   return n;
 }
+// The expert of slot `slot` from the union masks, in one thread (slot_expert_of takes a warp's union
+// bits): the slot-th chosen expert in ascending order, -1 for an idle slot.
+__device__ __forceinline__ int union_slot_expert(const uint32_t* masks, int slot) {
+  int n = 0;
+  for (int i = 0; i < ROUTE_EPL; ++i) {
+    const uint32_t m = union_mask(masks, i);
+    const int cnt = __popc(m);
+    if (slot < n + cnt) return 32 * i + (int)__fns(m, 0, slot - n + 1);
+    n += cnt;
+  }
+  return -1;
+}
+// Row b's routing weight of expert e from route_rows_by_warp's choices (0: the row did not choose it).
+__device__ __forceinline__ float row_weight(const int* sel, const float* wsel, int b, int e) {
+  float w = 0.f;
+  for (int j = 0; j < cfg::TOPK; ++j)
+    if (sel[b * ROUTE_K + j] == e) w = wsel[b * ROUTE_K + j];
+  return w;
+}
+
+// The routing the expert kinds' consumers keep in the scratch for the layer's later tasks on the SM
+// (no other task runs between them, and they reuse the staged rows): the routing warps' union masks,
+// then (EMLP) every row's k experts and weights (kinds/emlp.py scratch_words).
+__device__ __forceinline__ uint32_t* scratch_masks() { return reinterpret_cast<uint32_t*>(smem + SMEM_SCRATCH_AT); }
+__device__ __forceinline__ int* scratch_sel() { return reinterpret_cast<int*>(scratch_masks() + ROUTE_MASK_WORDS); }
+__device__ __forceinline__ float* scratch_wsel() { return reinterpret_cast<float*>(scratch_sel() + cfg::B * ROUTE_K); }
+
+// Weight row j of slot group grp of an expert tile's gate/up (EGATEUP, EMLP): a group's first `half`
+// rows are gate rows, the next `half` the same rows of up.
+__device__ __forceinline__ WeightRef expert_gateup_ref(const ExpertWeights& w, const TaskArgs& a, int half, int grp,
+                                                       int j) {
+  const int r = a.r0 + grp * half + (j % half);
+  return j < half ? weight_at(w.gate, nullptr, r, cfg::H, 0) : weight_at(w.up, nullptr, r, cfg::H, 0);
+}
 
 // The weight source of an expert kind's loader (mk_gemv.cuh WeightSource), once per task: each lane
 // reads the weight pointers of its experts (lane + 32 i) while the task waits for its first event
@@ -177,17 +211,9 @@ struct KindBody<ROUTE> : NoLoad, NoPrologue {
     route_rows_by_warp(c, masks, sel, wsel);
     consumer_sync(CTHREADS);
     if (c.warp() == 0) {
-      uint32_t chosen = 0u;   // this lane's experts (lane + 32 i) of the union, as slot_expert_of takes them
-#pragma unroll
-      for (int i = 0; i < ROUTE_EPL; ++i) chosen |= ((union_mask(masks, i) >> c.lane()) & 1u) << i;
       for (int s = 0; s < cfg::NSLOT; ++s) {
-        const int e = slot_expert_of(chosen, s);
-        for (int b = c.lane(); b < cfg::B; b += 32) {
-          float w = 0.f;
-          for (int j = 0; j < cfg::TOPK; ++j)
-            if (e >= 0 && sel[b * ROUTE_K + j] == e) w = wsel[b * ROUTE_K + j];
-          p.moe_w[s * cfg::B + b] = w;
-        }
+        const int e = union_slot_expert(masks, s);
+        for (int b = c.lane(); b < cfg::B; b += 32) p.moe_w[s * cfg::B + b] = row_weight(sel, wsel, b, e);
         if (c.lane() == 0) p.moe_slot[s] = e;
       }
     }
