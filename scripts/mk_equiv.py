@@ -156,6 +156,10 @@ def main() -> int:
         bad += not same
         print(f"{Path(config).name}: {'identical' if same else 'DIFFERENT'} "
               f"({outs[0].split()[-1][:16]} vs {outs[1].split()[-1][:16]})", flush=True)
+        if not same:   # which of the worker's lines (tokens and logits, costs, graphs, digest, ptx) differ
+            for x, y in zip(outs[0].splitlines(), outs[1].splitlines()):
+                if x != y:
+                    print(f"  {x.split()[0] if x else '?'}: {x[-16:]} vs {y[-16:]}")
     return 1 if bad else 0
 
 

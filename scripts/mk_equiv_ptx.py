@@ -69,7 +69,7 @@ d.spec, d.schedule, d.layout, d.batch = spec, schedule, layout, schedule.batch
 d.weights = weights
 d.cache = types.SimpleNamespace(pool=Fake(next(n), (spec.num_layers, 77, 2, 1, 1, 1)), block_table=Fake(next(n), (1, 129)))
 d.inv_freq = Fake(next(n))
-moe_only = {"router_logits", "moe_slot", "moe_w", "moe_act", "moe_xn"}   # null in a dense model's kernel
+moe_only = {"router_logits", "moe_slot", "moe_w", "moe_act", "moe_xn", "router_acc", "expert_sum"}   # null in a dense model's kernel
 d.buf = types.SimpleNamespace(**{f.name: None if f.name in moe_only and not spec.is_moe else Fake(next(n))
                                  for f in dataclasses.fields(mkm.DecodeBuffers)})
 d._layer_table = Fake(next(n))

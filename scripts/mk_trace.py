@@ -80,8 +80,12 @@ def saved_schedule(path: str, gpu) -> Schedule:
     """A schedule saved elsewhere (scripts/mk_ab.py --dump-schedule), predicted again under this tree's
     calibration, as the schedules searched or list-scheduled here are."""
     from trtllm_mk.search import predict
+    from trtllm_mk.search.simulate import SimulationError
     s = Schedule.load(path)
-    s.predicted_step_us = predict(s, gpu).step_us
+    try:
+        s.predicted_step_us = predict(s, gpu).step_us
+    except SimulationError:   # a schedule of another tree's task graph (an A/B against an older kernel's src=)
+        s.predicted_step_us = float("nan")
     return s
 
 

@@ -107,9 +107,10 @@ def _fused_schedule(spec, batch):
 
 
 def test_fused_expert_tiles_replace_route_egateup_and_edown():
-    """Under TilePlan.expert_fused a slot's tiles are EMLP tasks: each waits for the router's logits only
-    (its loader and consumers route the rows), adds into all of x and streams its rows of gate, up and
-    down; ROUTE, EGATEUP and EDOWN and their events are gone."""
+    """Under TilePlan.expert_fused a slot's tiles are EMLP tasks: each waits for OPROJ only (its loader and
+    consumers route the rows from the logits the chain summed), adds into all of the layer's expert_sum
+    (beside x) and streams its rows of gate, up and down; ROUTE, EGATEUP and EDOWN and their events are
+    gone. ROUTER runs at the layer's start and every OPROJ task waits for it (kinds/router.py)."""
     spec = sparse_spec("qwen3_moe")
     I, H = spec.moe_intermediate_size, spec.hidden_size
     g = build_step_graph(spec, 3, TilePlan(gateup_rows=32, expert_fused=True))
@@ -117,8 +118,14 @@ def test_fused_expert_tiles_replace_route_egateup_and_edown():
     assert Kind.EMLP in kinds and not kinds & {Kind.ROUTE, Kind.EGATEUP, Kind.EDOWN}
     em = [t for t in g.layer if t.kind == Kind.EMLP]
     assert sorted({t.slot for t in em}) == list(range(g.dims.expert_slots)) and len(em) == 6 * (I // 32)
-    assert all(t.waits == (EventRef("router_done", 0, 0),) and t.signals == (EventRef("resid_ready", 1, 0),) for t in em)
-    assert all(any(a.buf == "x" and a.add and (a.lo, a.hi) == (0, H) for a in t.writes) for t in em)
+    assert all(t.waits == (EventRef("oproj_done", 0, 0),) and t.signals == (EventRef("resid_ready", 1, 0),) for t in em)
+    assert all(any(a.buf == "expert_sum" and a.add and a.layer == 1 and (a.lo, a.hi) == (0, H) for a in t.writes)
+               for t in em)
+    assert not any(a.buf == "x" for t in em for a in t.writes)
+    router = [t for t in g.layer if t.kind == Kind.ROUTER]
+    assert router and all(t.waits == (EventRef("resid_ready", 0, 0),) for t in router)
+    assert all(EventRef("router_done", 0, 0) in t.waits for t in g.layer if t.kind == Kind.OPROJ)
+    assert {(a.buf, a.layer) for t in g.tail for a in t.reads} >= {("x", -1), ("expert_sum", spec.num_layers)}
     assert not {"route_done", "egateup_done"} & set(g.events)
     assert g.events["resid_ready"].counts[1] == (len(em),)
     assert sum(t.weight_bytes for t in em) == 6 * 3 * I * H * 2
@@ -204,11 +211,13 @@ def test_transposed_down_storage_is_read_by_the_reference_mlp_without_a_copy():
 def test_the_cpu_executor_decodes_as_the_reference(family, batch, fused):
     """The expert kinds on the task graph, any legal interleaving: the reference decoder's logits (fp32
     with the kernel's bf16 GEMV inputs) and tokens, step after step. The executor's fp32 sums run in
-    another order than the reference's (its fixed-point residual, per-tile GEMVs)."""
-    from trtllm_mk.kinds.route import route_slots
+    another order than the reference's (its fixed-point residual, per-tile GEMVs). The fused plan sums
+    the router's logits along the chain from fp32 values (kinds/router.py): its reference's router
+    reads the normed rows unstaged."""
+    from trtllm_mk.kinds.route import route_slots, route_slots_fixed
     spec = sparse_spec(family)
     w = random_weights(spec, dtype=torch.bfloat16, seed=3)
-    ref = ReferenceDecoder(spec, w, compute_dtype=torch.float32, gemv_input_dtype=torch.bfloat16)
+    ref = ReferenceDecoder(spec, w, compute_dtype=torch.float32, gemv_input_dtype=torch.bfloat16, stage_router=not fused)
     cache = PagedKVCache.allocate(spec, batch, 64, 16, dtype=torch.bfloat16, seed=1)
     prompts = [[5 + b, 6, 7 + 3 * b, 8][: 2 + b % 3] for b in range(batch)]
     tok = ref.prefill(prompts, cache).argmax(-1)
@@ -230,7 +239,7 @@ def test_the_cpu_executor_decodes_as_the_reference(family, batch, fused):
         # boundary (a rounding event: ~1e-4 in these random models)
         assert err.median() < 1e-5 and err.max() < 3e-3, (t, err)
         assert torch.equal(nxt, want.argmax(-1).to(nxt.dtype)), t
-        used |= set(route_slots(ex)[0].tolist())
+        used |= set((route_slots_fixed(ex, spec.num_layers - 1) if fused else route_slots(ex))[0].tolist())
         tok = nxt
     if batch > 1:   # rows chose different experts: the slots hold their union
         assert len(used - {-1}) > spec.num_experts_per_tok
@@ -275,3 +284,100 @@ def test_qwen3_30b_a3b_is_one_the_kernel_runs():
     g = build_step_graph(spec, 1, TilePlan(gateup_rows=64, down_rows=64))
     # batch 1: the 8 selected experts of 128, read as 8 slots
     assert g.dims.expert_slots == 8 and g.weight_bytes() < spec.decode_weight_bytes() * 1.01
+
+
+def test_the_fused_layer_runs_router_before_oproj_and_prices_it_off_the_ring():
+    """Under TilePlan.expert_fused OPROJ waits for ROUTER, so ROUTER moves ahead of OPROJ in the layer's task
+    list (a topological order, which the list scheduler keeps on every SM); its tasks read their weights
+    themselves, so the cost model prices them as a non-ring task. The split plan keeps the family's order."""
+    from trtllm_mk.search.calibration import load_calibration
+    from trtllm_mk.search.cost import cost_table
+    spec = sparse_spec("qwen3_moe")
+    gpu = get_gpu("H100-SXM")
+
+    def kinds(g):
+        out = []
+        for t in g.layer:
+            if not out or out[-1] != t.kind:
+                out.append(t.kind)
+        return out
+    fused = build_step_graph(spec, 2, TilePlan(gateup_rows=32, expert_fused=True))
+    assert kinds(fused) == [Kind.QKV, Kind.ATTN, Kind.COMBINE, Kind.ROUTER, Kind.OPROJ, Kind.EMLP]
+    split = build_step_graph(spec, 2, TilePlan())
+    assert kinds(split) == [Kind.QKV, Kind.ATTN, Kind.COMBINE, Kind.OPROJ, Kind.ROUTER, Kind.ROUTE, Kind.EGATEUP,
+                            Kind.EDOWN]
+    cal = load_calibration(gpu)
+    for g, on_ring in ((fused, False), (split, True)):
+        costs = cost_table(g, gpu, cal).layer
+        assert {c.gemv for t, c in zip(g.layer, costs) if t.kind == Kind.ROUTER} == {on_ring}
+    assert _fused_schedule(spec, 2).predicted_step_us > 0   # list-scheduled and simulated without a deadlock
+
+
+def test_a_layer_whose_kinds_wait_in_a_cycle_is_refused():
+    from trtllm_mk.graph.builder import _dependency_order
+    a = (Kind.QKV, [dict(waits=(EventRef("b", 0, 0),), signals=(EventRef("a", 0, 0),))])
+    b = (Kind.ATTN, [dict(waits=(EventRef("a", 0, 0),), signals=(EventRef("b", 0, 0),))])
+    with pytest.raises(ValueError, match="cycle"):
+        _dependency_order([a, b])
+    c = (Kind.OPROJ, [dict(waits=(EventRef("a", 0, 0),), signals=())])
+    # a wait on the previous layer's row (index -1 / signalled at +1) orders nothing within the layer
+    d = (Kind.GATEUP, [dict(waits=(EventRef("c", 0, 0),), signals=(EventRef("a", 1, 0),))])
+    assert [k for k, _ in _dependency_order([c, d])] == [Kind.OPROJ, Kind.GATEUP]
+    e = (Kind.DOWN, [dict(waits=(), signals=(EventRef("a", 0, 0),))])
+    assert [k for k, _ in _dependency_order([c, d, e])] == [Kind.GATEUP, Kind.DOWN, Kind.OPROJ]
+
+
+def test_routing_from_fixed_point_logits_ranks_as_the_reference_and_breaks_ties_low():
+    """route_fixed (the fused plan's routing, kinds/route.py): the experts of the largest fixed-point logits,
+    the lowest index on ties, weighted by the softmax of the logits over the rows' rms; as model.moe.route
+    on the normed logits where no two are tied."""
+    from trtllm_mk.kinds.route import route_fixed
+    from trtllm_mk.residual import from_fixed, to_fixed
+    g = torch.Generator().manual_seed(3)
+    x = to_fixed(torch.randn(5, 64, generator=g) * 3)
+    logits = torch.randn(5, 16, generator=g)
+    xf = from_fixed(x)
+    rms = torch.sqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)
+    for norm in (False, True):
+        w, e = route_fixed(to_fixed(logits * rms), x, 4, norm, 1e-6)
+        rw, re = route(logits, 4, norm)
+        order = e.sort(-1)
+        assert torch.equal(order.values, re)
+        assert torch.allclose(w.gather(-1, order.indices), rw, rtol=1e-5, atol=1e-6)
+    tied = torch.zeros(1, 16, dtype=torch.int64)
+    tied[0, [3, 7, 9, 12]] = 5 << 32
+    tied[0, [2, 11]] = 4 << 32
+    assert route_fixed(tied, x[:1], 5, True, 1e-6)[1].tolist() == [[3, 7, 9, 12, 2]]
+
+
+def test_the_reference_can_leave_the_routers_input_unstaged():
+    """ReferenceDecoder(stage_router=False): bf16 GEMV inputs everywhere but the router's, which reads the
+    normed rows in fp32 (the fused plan's numerics); Staging(router=True) routes on the staged rows."""
+    from trtllm_mk.model.decoder_block import DecoderBlock, rms_norm
+    from trtllm_mk.reference import Staging
+    spec = sparse_spec("qwen3_moe")
+    w = random_weights(spec, dtype=torch.float32, seed=2)
+    block = DecoderBlock(spec, w, 0, torch.float32)
+    x = torch.randn(3, spec.hidden_size, generator=torch.Generator().manual_seed(5)) * 1.37
+    stage = Staging(torch.bfloat16)
+    h = rms_norm(x, block.ffn_norm, spec.rms_norm_eps)
+    got = block.mlp_delta(x, Staging(torch.bfloat16, router=False))
+    assert torch.equal(got, block.moe(stage(h), stage, h))
+    staged = block.mlp_delta(x, stage)
+    assert torch.equal(staged, block.moe(stage(h), stage)) and not torch.equal(got, staged)
+
+
+def test_the_h200_model_ranks_qwen3_30b_a3b_attention_splits_as_measured():
+    """Measured on an H200 (benchmarks/NOTES.md v37, interleaved A/B of the chain's kernel at batch 1, context
+    512): 8 attention splits with 4 OPROJ K-chunks of 64 rows 2555.6 us, 2 splits with 2 chunks of 32 rows
+    2679.2 us. The model ranked them the other way until a tile round's cost grew with the group's heads
+    (kinds/attn.py TILE_GROUP); a search that trusts it ships the slower plan."""
+    from trtllm_mk.search import schedule_plan
+    spec = resolve_model("qwen3-30b-a3b").spec
+    gpu = get_gpu("H200")
+    base = TilePlan(qkv_rows=40, o_rows=64, o_ksplit=4, gateup_rows=48, down_rows=128, lm_rows=1152, attn_splits=8,
+                    o_merge=True, stages=5, slot_bytes=32768, consumer_warps=8, inflight_slots=2, inflight_chain=2,
+                    expert_inflight=2, expert_fused=True)
+    fewer = dataclasses.replace(base, attn_splits=2, o_ksplit=2, o_rows=32)
+    fast, slow = (schedule_plan(spec, 1, gpu, p, context_len=512).predicted_step_us for p in (base, fewer))
+    assert fast < slow

@@ -197,6 +197,10 @@ class CpuExecutor:
         self.moe_w = torch.zeros(nslot, B, dtype=f32)
         self.moe_act = torch.zeros(nslot, B, dm.intermediate, dtype=f32)
         self.moe_xn = torch.zeros(B, dm.hidden, dtype=f32)   # the normed rows ROUTER publishes
+        # under TilePlan.expert_fused (kinds/router.py): each layer's router logits summed in fixed point along
+        # the attention chain, and row l + 1 of expert_sum layer l's experts' outputs, beside x
+        self.router_acc = torch.zeros(dm.layers, B, dm.experts, dtype=torch.int64)
+        self.expert_sum = torch.zeros(dm.layers + 1, B, dm.hidden, dtype=torch.int64)
         self.tokens = torch.zeros(B, dtype=i32)
         self.pos = torch.zeros(B, dtype=i32)
         self.history = torch.full((B, cache.max_seq_len), -1, dtype=i32)
@@ -277,8 +281,10 @@ class CpuExecutor:
 
     # ------------------------------------------------------------------ helpers of the kinds
     # (each kind's semantics is its module's ``execute(ex, task, layer)`` in trtllm_mk.kinds)
-    def norm_staged(self, w: torch.Tensor) -> torch.Tensor:
-        x = from_fixed(self.x)
+    def norm_staged(self, w: torch.Tensor, pending: torch.Tensor | None = None) -> torch.Tensor:
+        """rmsnorm(x) * w as staged; ``pending``: fixed-point outputs that belong to x but are kept beside
+        it (expert_sum), added exactly first."""
+        x = from_fixed(self.x if pending is None else self.x + pending)
         rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.stage_round(x * rstd * w)
 

@@ -108,21 +108,35 @@ def prompt_inputs(prompts: Sequence[Sequence[int]], device) -> Iterable[tuple[to
         yield ids, torch.arange(ids.shape[1], device=device)[None], torch.tensor([b], device=device)
 
 
+class Staging:
+    """The megakernel's staging of a GEMV input: a round trip through ``dtype``. ``router`` says whether a
+    sparse layer's router input is staged too (model/decoder_block.py mlp_delta)."""
+
+    def __init__(self, dtype: torch.dtype, router: bool = True):
+        self.dtype, self.router = dtype, router
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.dtype == x.dtype else x.to(self.dtype).to(x.dtype)
+
+
 class ReferenceDecoder:
     """Greedy prefill/decode of a Llama-family model over a ``PagedKVCache``; fp32 logits out."""
 
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], compute_dtype: torch.dtype | None = None,
-                 gemv_input_dtype: torch.dtype | None = None):
+                 gemv_input_dtype: torch.dtype | None = None, stage_router: bool = True):
         """``gemv_input_dtype`` (e.g. torch.bfloat16 with fp32 compute) rounds the input of every
         linear layer to that dtype, exactly where the megakernel stages its activations in shared
         memory, and nowhere else: the kernel's numerics up to fp32 summation order, for comparisons
-        that must not flip near-tied argmaxes."""
+        that must not flip near-tied argmaxes. ``stage_router=False`` leaves a sparse layer's router
+        input unrounded: the megakernel's numerics under TilePlan.expert_fused, which sums the router's
+        logits from fp32 values (kinds/router.py)."""
         self.spec = spec
         self.model = Decoder(spec, weights, compute_dtype)
         self.dtype = self.model.dtype
         self.device = self.model.tok_embeddings.device
         self.inv_freq = rope_inv_freq(spec).to(self.device)
         self.gemv_input_dtype = gemv_input_dtype
+        self.stage_router = stage_router
 
     def with_gemv_input_dtype(self, gemv_input_dtype: torch.dtype | None) -> "ReferenceDecoder":
         """This decoder (its weights shared, not copied) rounding GEMV inputs to ``gemv_input_dtype``."""
@@ -130,16 +144,13 @@ class ReferenceDecoder:
         other.gemv_input_dtype = gemv_input_dtype
         return other
 
-    def _stage(self, x: torch.Tensor) -> torch.Tensor:
-        g = self.gemv_input_dtype
-        return x if g == x.dtype else x.to(g).to(x.dtype)
 
     def _forward(self, ids: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor, cache: PagedKVCache) -> torch.Tensor:
         """Tokens ``ids [N, T]`` at positions ``pos [N, T]`` of cache sequences ``rows [N]``: append
         their K/V to the cache and return fp32 logits ``[N, V]`` of each row's last token."""
         cos, sin = rope_cos_sin(pos, self.inv_freq, self.dtype)
         attention = paged_attention(cache, rows, pos, self.spec.sliding_window)
-        stage = None if self.gemv_input_dtype is None else self._stage
+        stage = None if self.gemv_input_dtype is None else Staging(self.gemv_input_dtype, self.stage_router)
         return self.model(ids, cos, sin, attention, stage).float()
 
     # -- public API ------------------------------------------------------------------------------

@@ -115,6 +115,10 @@ PARAMS = (
     ParamField("moe_w", "float*", BUFFER, "[NSLOT, B] the slot's routing weight in each row (0: not selected)"),
     ParamField("moe_act", "float*", BUFFER, "[NSLOT, B, I] silu(gate) * up of the slot's expert"),
     ParamField("moe_xn", "float*", BUFFER, "[B, H] the sparse layer's normed rows (ROUTER), the experts' input"),
+    ParamField("router_acc", "long long*", BUFFER,
+               "[L, B, E, ROUTER_ACC_STRIDE] the router logits in fixed point (word 0), summed along the attention chain"),
+    ParamField("expert_sum", "long long*", BUFFER,
+               "[L + 1, B, H] row l + 1: layer l's experts' outputs in fixed point, beside x (kinds/router.py)"),
 )
 
 # mk::ExpertWeights: one expert's matrices, HF layouts ([out, in] row-major), read in place.
@@ -179,6 +183,10 @@ TRACE_SM_WORDS = len(TRACE_SM_WORD_NAMES)
 CANDIDATES = 256
 MAX_TOP_LOGPROBS = 5
 CAND_HIST_BINS = 4096   # bins of the candidate search's first level (device/mk_sampling.cuh)
+# int64 words from one of router_acc's accumulators to the next: one a 128-byte line. Every OPROJ task
+# adds into every accumulator of its layer (kinds/router.py); packed, their atomics would queue at the
+# few L2 slices that hold those lines.
+ROUTER_ACC_STRIDE = 16
 
 # mk::SamplingSlot: how a batch row chooses its token (trtllm_mk/sampling.py; device/mk_sampling.cuh).
 # All zero is greedy without log-probabilities, so a zero-filled buffer gives the unsampled kernel.
@@ -306,7 +314,8 @@ def emit_cuda() -> str:
     lines += [f"  {t} {n};" + (f"  // {doc}" if doc else "") for n, t, doc in SAMPLING_FIELDS]
     lines += ["};", f"static_assert(sizeof(SamplingSlot) == {SAMPLING_SLOT_BYTES}, \"SamplingSlot layout (trtllm_mk/seam.py)\");"]
     lines += [f"constexpr int CANDIDATES = {CANDIDATES};", f"constexpr int MAX_TOP_LOGPROBS = {MAX_TOP_LOGPROBS};",
-              f"constexpr int CAND_HIST_BINS = {CAND_HIST_BINS};"]
+              f"constexpr int CAND_HIST_BINS = {CAND_HIST_BINS};",
+              f"constexpr int ROUTER_ACC_STRIDE = {ROUTER_ACC_STRIDE};   // router_acc: words between accumulators"]
     lines += ["", "// One expert's weights (mixture of experts).", "struct ExpertWeights {"]
     lines += [f"  const bf16* {n};  // {doc}" for n, doc in EXPERT_FIELDS]
     lines += ["};"]

@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 
 from .gpus import GpuSpec
-from .kinds import emlp
+from .kinds import emlp, oproj
 from .kinds.combine import merge_scratch_bytes
 from .graph.tasks import Kind, TilePlan
 from .model.families import FAMILIES
@@ -239,10 +239,11 @@ def activation_bytes(hidden: int, q_size: int, intermediate: int, group: int, he
 
 def oproj_staging_bytes(q_size: int, head_dim: int, batch: int, plan: TilePlan) -> int:
     """OPROJ's staged input, and under ``o_merge`` the merge factors of its chunk's heads after it
-    (kinds/oproj.cuh stage)."""
+    (kinds/oproj.cuh stage); under ``expert_fused`` its outputs' stash after them (kinds/oproj.py)."""
     kt = q_size // plan.o_ksplit
     rows = batch * (kt + ACT_PAD) * 2
-    return rows + (merge_scratch_bytes(batch, kt // head_dim, plan.attn_splits) if plan.o_merge else 0)
+    staged = rows + (merge_scratch_bytes(batch, kt // head_dim, plan.attn_splits) if plan.o_merge else 0)
+    return staged + (oproj.stash_bytes(staged, batch, plan) if plan.expert_fused else 0)
 
 
 @dataclass(frozen=True)

@@ -301,6 +301,7 @@ def generate_source(schedule: Schedule, tokens_per_block: int, max_seq_len: int,
     lines.append(f"constexpr bool QK_NORM = {'true' if spec.qk_norm else 'false'};")
     lines.append(f"constexpr bool QKV_BIAS = {'true' if spec.qkv_bias else 'false'};")
     lines.append(f"constexpr bool O_MERGE = {'true' if p.o_merge else 'false'};")
+    lines.append(f"constexpr bool EXPERT_FUSED = {'true' if p.expert_fused else 'false'};   // kinds/router.py, emlp.py")
     staged = any(t.staged_signals for t in graph.head + graph.layer + graph.tail)
     lines.append(f"constexpr bool STAGED_SIGNALS = {'true' if staged else 'false'};   // some task has staged signals")
     lines.append(f"constexpr bool NORM_TOPK = {'true' if spec.norm_topk_prob else 'false'};   // renormalise the top-k weights")

@@ -53,6 +53,16 @@ __device__ __forceinline__ float4 ld_resid4(const long long* row, int i) {
   const longlong2 hi = __ldcg(reinterpret_cast<const longlong2*>(row) + 2 * i + 1);
   return make_float4(resid_float(lo.x), resid_float(lo.y), resid_float(hi.x), resid_float(hi.y));
 }
+// The same for x plus the fixed-point values kept beside it (expert_sum, kinds/router.py): their sum is
+// exact, so staging it equals staging x with them added.
+__device__ __forceinline__ float4 ld_resid4_sum(const long long* row, const long long* add, int i) {
+  const longlong2 lo = __ldcg(reinterpret_cast<const longlong2*>(row) + 2 * i);
+  const longlong2 hi = __ldcg(reinterpret_cast<const longlong2*>(row) + 2 * i + 1);
+  const longlong2 alo = __ldcg(reinterpret_cast<const longlong2*>(add) + 2 * i);
+  const longlong2 ahi = __ldcg(reinterpret_cast<const longlong2*>(add) + 2 * i + 1);
+  return make_float4(resid_float(lo.x + alo.x), resid_float(lo.y + alo.y), resid_float(hi.x + ahi.x),
+                     resid_float(hi.y + ahi.y));
+}
 // Add v to a residual element: a fire-and-forget reduction at L2 (no round trip stalls the warp).
 __device__ __forceinline__ void add_resid(long long* x, float v) {
   atomicAdd(reinterpret_cast<unsigned long long*>(x), static_cast<unsigned long long>(resid_fixed(v)));

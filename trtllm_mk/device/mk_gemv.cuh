@@ -175,6 +175,12 @@ struct AddsToResidual {
   }
 };
 
+// Layer `layer`'s logit of expert e in batch row b as the chain sums it (TilePlan.expert_fused:
+// kinds/router.py), one accumulator a 128-byte line (seam.py ROUTER_ACC_STRIDE).
+__device__ __forceinline__ long long* router_acc_at(const Params& p, int layer, int b, int e) {
+  return p.router_acc + (((size_t)layer * cfg::B + b) * cfg::E + e) * ROUTER_ACC_STRIDE;
+}
+
 struct NoTally {
   struct Tally {};
   static __device__ __forceinline__ Tally tally_begin(const Ctx&, const TaskArgs&) { return {}; }
@@ -357,9 +363,41 @@ __device__ __forceinline__ void rms_scales(Ctx& c, float (&ss)[cfg::B]) {
   }
 }
 
-// rmsnorm(x) * nw staged for the norm-prologue kinds (QKV, GATEUP, LMHEAD).
+// Per-task values kept in the skew after batch row b's staged activation (ACT_PAD elements that no
+// GEMV reads; they stay with the activation when the next task reuses it): float i of row b. EDOWN's
+// routing weights (act_row_scale) and whether its slot is idle; EMLP's rows' 1 / rms.
 template <int KIND>
-__device__ void stage_normed(Ctx& c, const bf16* nw) {
+__device__ __forceinline__ float& act_skew(int b, int i) {
+  constexpr int KT = GemvKind<KIND>::KT, AS = KT + ACT_PAD;
+  static_assert(KT % 2 == 0 && ACT_PAD * 2 >= 2 * 4, "two floats fit the row's skew, aligned");
+  return *(reinterpret_cast<float*>(reinterpret_cast<bf16*>(smem + SMEM_ACT_AT) + b * AS + KT) + i);
+}
+template <int KIND>
+__device__ __forceinline__ float& act_row_scale(int b) { return act_skew<KIND>(b, 0); }
+
+// Elements 4i .. 4i + 3 of batch row b of x (its row at xb), plus under PENDING those of the values kept
+// beside it ([B][H] at `pending`).
+template <bool PENDING>
+__device__ __forceinline__ float4 ld_staged4(const long long* xb, const long long* pending, int b, int i) {
+  if constexpr (PENDING) return ld_resid4_sum(xb, pending + (size_t)b * cfg::H, i);
+  else return ld_resid4(xb, i);
+}
+// KEEP_RMS: each row's 1 / rms into its skew (act_skew(b, 0)), by thread 0.
+template <int KIND, bool KEEP_RMS>
+__device__ __forceinline__ void keep_rms(const float (&ss)[cfg::B]) {
+  if constexpr (KEEP_RMS) {
+    if (threadIdx.x == 0) {
+#pragma unroll
+      for (int b = 0; b < cfg::B; ++b) act_skew<KIND>(b, 0) = ss[b];
+    }
+  }
+}
+
+// rmsnorm(x) * nw staged for the norm-prologue kinds (QKV, GATEUP, LMHEAD, ROUTER, EMLP). PENDING: of x
+// plus the fixed-point values kept beside it at `pending` ([B][H], expert_sum: kinds/router.py);
+// KEEP_RMS: each row's 1 / rms also goes into its skew (act_skew(b, 0)).
+template <int KIND, bool PENDING = false, bool KEEP_RMS = false>
+__device__ void stage_normed(Ctx& c, const bf16* nw, const long long* pending = nullptr) {
   const Params& p = *c.p;
   const int tid = threadIdx.x;  // consumer threads are 0 .. CTHREADS-1
   constexpr int H4 = cfg::H / 4, VPT = (H4 + CTHREADS - 1) / CTHREADS;
@@ -381,12 +419,13 @@ __device__ void stage_normed(Ctx& c, const bf16* nw) {
 #pragma unroll
       for (int j = 0; j < VPT; ++j) {
         const int i = tid + j * CTHREADS;
-        xv[b][j] = (FULL || i < H4) ? ld_resid4(xb, i) : make_float4(0.f, 0.f, 0.f, 0.f);
+        xv[b][j] = (FULL || i < H4) ? ld_staged4<PENDING>(xb, pending, b, i) : make_float4(0.f, 0.f, 0.f, 0.f);
         const float4 v = xv[b][j];
         ss[b] = fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, ss[b]))));
       }
     }
     rms_scales(c, ss);
+    keep_rms<KIND, KEEP_RMS>(ss);
 #pragma unroll
     for (int j = 0; j < VPT; ++j) {
       const int i = tid + j * CTHREADS;
@@ -405,12 +444,13 @@ __device__ void stage_normed(Ctx& c, const bf16* nw) {
       for (int j = 0; j < VPT; ++j) {
         const int i = tid + j * CTHREADS;
         if (FULL || i < H4) {
-          const float4 v = ld_resid4(xb, i);
+          const float4 v = ld_staged4<PENDING>(xb, pending, b, i);
           ss[b] = fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, ss[b]))));
         }
       }
     }
     rms_scales(c, ss);
+    keep_rms<KIND, KEEP_RMS>(ss);
 #pragma unroll
     for (int j = 0; j < VPT; ++j) {
       const int i = tid + j * CTHREADS;
@@ -418,24 +458,12 @@ __device__ void stage_normed(Ctx& c, const bf16* nw) {
         const float4 w = load_norm_w4(nw, i);
 #pragma unroll
         for (int b = 0; b < cfg::B; ++b)
-          store_act4<KIND>(c, b, i, norm4(ld_resid4(p.x + (size_t)b * cfg::H, i), ss[b], w));
+          store_act4<KIND>(c, b, i, norm4(ld_staged4<PENDING>(p.x + (size_t)b * cfg::H, pending, b, i), ss[b], w));
       }
     }
   }
   consumer_sync(CTHREADS);   // act complete; scratch free again
 }
-
-// Per-task values kept in the skew after batch row b's staged activation (ACT_PAD elements that no
-// GEMV reads; they stay with the activation when the next task reuses it): float i of row b. EDOWN's
-// routing weights (act_row_scale) and whether its slot is idle.
-template <int KIND>
-__device__ __forceinline__ float& act_skew(int b, int i) {
-  constexpr int KT = GemvKind<KIND>::KT, AS = KT + ACT_PAD;
-  static_assert(KT % 2 == 0 && ACT_PAD * 2 >= 2 * 4, "two floats fit the row's skew, aligned");
-  return *(reinterpret_cast<float*>(reinterpret_cast<bf16*>(smem + SMEM_ACT_AT) + b * AS + KT) + i);
-}
-template <int KIND>
-__device__ __forceinline__ float& act_row_scale(int b) { return act_skew<KIND>(b, 0); }
 
 // A K slice [k0, k0 + KT) of the fp32 rows of src (ROW floats apart), staged as bf16 (OPROJ, DOWN).
 template <int KIND, int ROW>

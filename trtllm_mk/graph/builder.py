@@ -19,10 +19,12 @@ Event granularity per edge follows producer and consumer partitions:
   gateup_staged [L, 1]  every GATEUP tile has staged x: a staged signal guarding x, cross-rank.
   lm_done     [1, 1]    ARGMAX reduces every LM-head tile.
 Mixture-of-experts layers (model.families MOE_STEP) replace GATEUP / DOWN (by EMLP tasks under
-TilePlan.expert_fused, which wait for router_done only and signal resid_ready; then neither route_done
-nor egateup_done exists):
+TilePlan.expert_fused, which wait for oproj_done only and signal resid_ready; then neither route_done
+nor egateup_done exists, and ROUTER runs at the layer's start: kinds/router.py):
   router_done [L, 1]    every router logit and the normed rows moe_xn are published: ROUTE, EGATEUP
                         and the loaders of EGATEUP / EDOWN (which route the rows themselves) wait for it.
+                        Under expert_fused: the logits' first share is in router_acc and x is read, so
+                        OPROJ, which adds into both, waits for it.
   route_done  [L, 1]    ROUTE has written the slots' routing weights, which EDOWN scales by.
   egateup_done[L, NSLOT] per expert slot: EDOWN of slot s reads slot s's activation; no EGATEUP task
                         reads x (they stage moe_xn), so EDOWN's adds need not wait for the other slots.
@@ -197,6 +199,25 @@ def derive_events(head: list[Task], layer: list[Task], tail: list[Task], num_lay
     return events
 
 
+def _dependency_order(lowered: list[tuple[Kind, list[dict]]]) -> list[tuple[Kind, list[dict]]]:
+    """The family's kind order, except that a kind whose tasks wait for an event of the same row (the
+    same layer) comes after the kinds that signal it: the task list is then a topological order, which
+    the list scheduler keeps on every SM (search/listsched.py). The plan may move a kind's place in the
+    step (kinds/router.py: under TilePlan.expert_fused ROUTER runs at the layer's start)."""
+    signals = [{(r.event, r.slot) for kw in kws for r in kw.get("signals", ()) if r.index == 0} for _, kws in lowered]
+    waits = [{(r.event, r.slot) for kw in kws for r in kw.get("waits", ()) if r.index == 0} for _, kws in lowered]
+    after = [{j for j in range(len(lowered)) if j != i and waits[i] & signals[j]} for i in range(len(lowered))]
+    order, left = [], list(range(len(lowered)))
+    while left:
+        i = next((i for i in left if after[i] <= set(order)), None)
+        if i is None:
+            raise ValueError("the step's kinds wait for each other's events in a cycle: "
+                             + ", ".join(lowered[i][0].name for i in left))
+        order.append(i)
+        left.remove(i)
+    return [lowered[i] for i in order]
+
+
 def build_step_graph(spec: ModelSpec, batch: int, plan: TilePlan, context_len: int = 512) -> StepGraph:
     """The task graph of one decode step: each kind of the family's step lowers itself into tasks
     (trtllm_mk.kinds, model.families); the event tensors follow from the tasks' signals. ``context_len`` only feeds
@@ -208,9 +229,10 @@ def build_step_graph(spec: ModelSpec, batch: int, plan: TilePlan, context_len: i
     c = Lowering(spec, batch, plan, context_len)
     phases: dict[str, list[Task]] = {}
     for phase, kind_names in FAMILIES[spec.family].step:   # the family composes the kinds
+        lowered = [(kind, kind.module.lower(c)) for kind in (Kind[n] for n in kind_names if Kind[n].active(spec, plan))]
         tasks: list[Task] = []
-        for kind in (Kind[n] for n in kind_names if Kind[n].active(spec, plan)):
-            for kw in kind.module.lower(c):
+        for kind, kws in _dependency_order(lowered):
+            for kw in kws:
                 tasks.append(Task(kind=kind, phase=phase, index=len(tasks), **kw))
         phases[phase] = tasks
     head, layer, tail = phases[HEAD], phases[LAYER], phases[TAIL]

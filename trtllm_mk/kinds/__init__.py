@@ -11,7 +11,8 @@ datasheet facts declares them in ``CALIBRATION``, ``{name: (default, why)}``: se
 Optional hooks a module may define: ``active(spec, plan)`` (whether a step under the plan has the
 kind's tasks), ``device_constants(graph)`` (``cfg`` constants its device file reads, emitted into the
 kernel), ``extra_ring_slots(task, plan, dims)`` (ring slots and output groups a task streams beyond
-its GEMV geometry's, for the cost model)."""
+its GEMV geometry's, for the cost model), ``off_ring(plan)`` (a ring kind whose tasks read their
+weights themselves under the plan: the cost model prices them by the kind's ``duration_us``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -14,11 +14,16 @@ CALIBRATION = {
     "attn_fixed_us": (4.0, "per batch row, beyond the bandwidth terms: the chain of dependent reads (qkv "
                            "from L2, RoPE, the merge) and the block barriers"),
     "attn_tile_us": (0.8, "one round of tensor-core tiles, a 16-token tile per consumer warp (scores, "
-                          "softmax, P V for the group's heads): a split of more tokens takes more rounds"),
+                          "softmax, P V for the group's heads), for TILE_GROUP q heads per KV group (the "
+                          "model scales it by the group's heads): a split of more tokens takes more rounds"),
     "attn_late_token_us": (0.0, "per cached token (per batch row) the loader streams through the ring after "
                                 "the task's first round (long contexts), beyond the tokens' bytes at the "
                                 "loader's rate (0: those only)"),
 }
+# the q heads per KV group attn_tile_us is given for: a round's mma work grows with the group's heads
+# (traced on an H200: 1.57 us a round for Qwen3-30B-A3B's 8 heads, where the model's 0.8 for 4 fits the
+# Llama shapes; benchmarks/NOTES.md v37)
+TILE_GROUP = 4
 
 
 def execute(ex, t, layer: int) -> None:
@@ -104,12 +109,13 @@ def duration_us(task, graph, rates, cal) -> float:
     issue = min(run, cap) * token / 2 / cal.copy_issue_us     # a copy is one run of K (or V) token rows
     # a round's slots turn over only once the consumers have computed it: its tile rounds hold them
     warps = plan.consumer_warps
-    slot_t = tile_rounds(cap, cap, run, warps) * cal.attn_tile_us / kv_slots
+    tile_us = cal.attn_tile_us * d.group / TILE_GROUP
+    slot_t = tile_rounds(cap, cap, run, warps) * tile_us / kv_slots
     rate = min(rates.hbm, ring_turnover_rate(plan.stages * fill, fill, rates.hbm, slot_t, cal), issue)
     stream_us = late * (token / rate + cal.attn_late_token_us)
     rounds = rows * tile_rounds(split, cap, run, warps)
     return (cal.task_overhead_us + rows * cal.attn_fixed_us + max(0, task.act_bytes - kv) / rates.l2
-            + max(rounds * cal.attn_tile_us, stream_us))
+            + max(rounds * tile_us, stream_us))
 
 
 def lower(c) -> list[dict]:

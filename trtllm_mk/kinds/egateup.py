@@ -26,10 +26,11 @@ def execute(ex, t, layer: int) -> None:
     ex.moe_act[t.slot, :, t.r0:t.r1] = expert_act(ex, ex.experts[layer][e], t.r0, t.r1)
 
 
-def expert_act(ex, expert: dict, r0: int, r1: int):
-    """silu(gate) * up of rows [r0, r1) of an expert's width, on the normed rows ROUTER published."""
+def expert_act(ex, expert: dict, r0: int, r1: int, xn=None):
+    """silu(gate) * up of rows [r0, r1) of an expert's width, on the normed rows ``xn`` (default: those
+    ROUTER published)."""
     import torch
-    xn = ex.moe_xn
+    xn = ex.moe_xn if xn is None else xn
     return torch.nn.functional.silu(xn @ expert["gate"][r0:r1].T) * (xn @ expert["up"][r0:r1].T)
 
 # its loader waits for the task's first event (router_done) and routes before it streams (mk_gemv.cuh gemv_load)

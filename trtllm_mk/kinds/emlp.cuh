@@ -1,8 +1,9 @@
 // EMLP's device part (kinds/emlp.py): one expert tile's whole MLP. The gate/up half is a GEMV kind
-// like EGATEUP (its loader and consumers route the rows themselves, an idle slot streams and computes
-// nothing) whose epilogue keeps silu(gate) * up in shared memory; the down half then streams rows
-// [r0, r1) of the expert's transposed down matrix ([I][H], 16 rows of EMLP_DKC columns a slot) and
-// adds each batch row's partial of every hidden row, times its routing weight, into x. In the down
+// like EGATEUP (its loader and consumers route the rows themselves, from the logits the chain summed;
+// an idle slot streams and computes nothing) whose epilogue keeps silu(gate) * up in shared memory; the
+// down half then streams rows [r0, r1) of the expert's transposed down matrix ([I][H], 16 rows of
+// EMLP_DKC columns a slot) and adds each batch row's partial of every hidden row, times its routing
+// weight, into the layer's expert_sum (beside x: kinds/router.py). In the down
 // half warp w owns 16-column blocks w, w + CWARPS, ... of a slot's columns: its mma reads the slot
 // through ldmatrix.trans (A = 16 hidden rows x 16 intermediate rows, stored k-major) against the
 // activation, and no partial sum crosses warps. Inlined by codegen after the shared device headers.
@@ -41,9 +42,13 @@ struct GemvKind<EMLP> : NoTally {
     return expert_gateup_ref(w, a, G::OUT_ROWS, grp, j);
   }
 
+  // x normed (ln2) with each row's 1 / rms kept for the routing weights, then the rows' routing from the
+  // logits the chain summed (kinds/router.py), which the barrier after it publishes
   static __device__ __forceinline__ void stage(Ctx& c, const TaskArgs& a) {
-    route_rows_by_warp(c, scratch_masks(), scratch_sel(), scratch_wsel());
-    stage_rows<EMLP, cfg::H>(c, a, c.p->moe_xn);   // its barrier publishes the routing
+    stage_normed<EMLP, false, true>(c, c.p->layers[a.layer].ln2);
+    route_rows_by_warp_fixed(c, a.layer, [](int b) { return act_skew<EMLP>(b, 0); }, scratch_masks(), scratch_sel(),
+                             scratch_wsel());
+    consumer_sync(CTHREADS);
   }
 
   static __device__ __forceinline__ bool idle(const Ctx&, const TaskArgs& a) { return a.tile >= union_count(scratch_masks()); }
@@ -98,6 +103,7 @@ __device__ __forceinline__ void emlp_down_compute(Ctx& c, const TaskArgs& a) {
                                               union_slot_expert(scratch_masks(), a.tile));
   consumer_sync(CTHREADS);
   const Params& p = *c.p;
+  long long* sum = p.expert_sum + (size_t)(a.layer + 1) * cfg::B * cfg::H;   // beside x (kinds/router.py)
   const int lane = c.lane(), warp = c.warp(), g = lane >> 2, t = lane & 3;
   // ldmatrix.trans of a 16 x 16 A block from k-major rows: lanes 0-7 / 8-15 read rows k 0-7 at
   // columns m 0-7 / 8-15, lanes 16-31 the same for rows k 8-15 (a0..a3 of the mma's A fragment)
@@ -141,8 +147,8 @@ __device__ __forceinline__ void emlp_down_compute(Ctx& c, const TaskArgs& a) {
         if (b >= cfg::B) continue;
         const float w = emlp_row_weight(b);
         if (w == 0.f) continue;   // the row did not choose the slot's expert
-        add_resid(p.x + (size_t)b * cfg::H + h, w * acc[j][q]);
-        add_resid(p.x + (size_t)b * cfg::H + h + 8, w * acc[j][2 + q]);
+        add_resid(sum + (size_t)b * cfg::H + h, w * acc[j][q]);
+        add_resid(sum + (size_t)b * cfg::H + h + 8, w * acc[j][2 + q]);
       }
     }
   }
@@ -153,7 +159,7 @@ __device__ __forceinline__ void emlp_down_compute(Ctx& c, const TaskArgs& a) {
 template <>
 struct KindBody<EMLP> : NoPrologue {
   static __device__ __forceinline__ void load(Ctx& c, const TaskArgs& a) {
-    const ExpertWeights w = ExpertSource::of(c, a);   // waits for router_done, then routes the rows
+    const ExpertWeights w = ExpertSource::of(c, a);   // waits for oproj_done, then routes the rows
     if (ExpertSource::idle(w)) return;
     gemv_stream<EMLP>(c, a, w);
     emlp_down_load(c, a, w);

@@ -1,15 +1,17 @@
 """EMLP: one expert tile's whole MLP (TilePlan.expert_fused). For the expert of its slot (kinds/route.py)
-a task computes silu(gate) * up for a row range [r0, r1) of the expert's intermediate width, on the
-normed rows ROUTER published (moe_xn), keeps that activation in shared memory, then streams the same
-range of the expert's down matrix and adds its partial sum of every hidden row, scaled per batch row by
-the routing weight, into x (fixed point: any order). Its down matrix is stored transposed, [I, H]
-(MegakernelDecoder binds it so), so the range is rows [r0, r1), contiguous and streamed like gate/up.
+a task computes silu(gate) * up for a row range [r0, r1) of the expert's intermediate width, on x
+normed (ln2), keeps that activation in shared memory, then streams the same range of the expert's
+down matrix and adds its partial sum of every hidden row, scaled per batch row by the routing weight,
+into the layer's expert_sum (fixed point: any order; kinds/router.py: x stays as the tiles stage it).
+Its down matrix is stored transposed, [I, H] (MegakernelDecoder binds it so), so the range is rows
+[r0, r1), contiguous and streamed like gate/up.
 
 Against EGATEUP + EDOWN it drops a dependent phase per layer: no task waits for another SM's expert
 tile (egateup_done), nothing is staged twice, and an SM's loader streams its down columns straight
-after its gate/up rows. It adds H values per tile into x where EDOWN adds a tile's rows. The loader
-and the consumers route the rows themselves, as EGATEUP's do; an idle slot streams and computes
-nothing. bf16 experts only (the megakernel's experts are)."""
+after its gate/up rows. It adds H values per tile where EDOWN adds a tile's rows. The loader and the
+consumers route the rows themselves from the logits the chain summed (kinds/router.py), as soon as
+OPROJ is done: no ROUTER phase stands between OPROJ and the experts. An idle slot streams and
+computes nothing. bf16 experts only (the megakernel's experts are)."""
 from __future__ import annotations
 
 from . import KindDef
@@ -18,13 +20,13 @@ from .gemv import no_staging_extra
 DEF = KindDef("EMLP", streams_weights=True, args=("layer", "r0", "r1", "tile", "stage"), device_file="emlp.cuh",
               device_needs=("GATEUP", "ROUTE"))
 
-# its loader waits for the task's first event (router_done) and routes before it streams (mk_gemv.cuh gemv_load)
+# its loader waits for the task's first event (oproj_done) and routes before it streams (mk_gemv.cuh gemv_load)
 LOADER_WAITS = True
 
 # GEMV cost and ring hooks (kinds/gemv.py): the gate/up part's geometry; the down part's slots come
 # from extra_ring_slots
 MATRICES = 2
-NORMS_INPUT = False
+NORMS_INPUT = True
 staging_extra_us = no_staging_extra
 BF16_WEIGHTS = False
 
@@ -93,32 +95,34 @@ def extra_ring_slots(task, plan, dims) -> tuple[int, int]:
 
 def execute(ex, t, layer: int) -> None:
     """CPU-executor semantics (trtllm_mk.executor.CpuExecutor ``ex``): see graph.tasks. The task routes
-    the rows itself (route_slots, as the device's loader and consumers do); the activation is rounded to
-    bf16 as the device keeps it, and each row adds its partial of every hidden row only where it chose
-    the slot's expert."""
+    the rows itself from the chain's logits (route_slots_fixed, as the device's loader and consumers
+    do) and stages normed x; the activation is rounded to bf16 as the device keeps it, and each row adds
+    its partial of every hidden row only where it chose the slot's expert, into expert_sum (kinds/router.py)."""
     from ..residual import to_fixed
     from .egateup import expert_act
-    from .route import route_slots
-    slots, weights = route_slots(ex)
+    from .route import route_slots_fixed
+    slots, weights = route_slots_fixed(ex, layer)
     e = int(slots[t.slot])
     if e < 0:
         return
     ew = ex.experts[layer][e]
-    y = ex.stage_round(expert_act(ex, ew, t.r0, t.r1)) @ ew["down"][:, t.r0:t.r1].T
+    xn = ex.norm_staged(ex.layers[layer]["ln2"])
+    y = ex.stage_round(expert_act(ex, ew, t.r0, t.r1, xn)) @ ew["down"][:, t.r0:t.r1].T
     w = weights[t.slot]
     rows = w != 0
-    ex.x[rows] += to_fixed(y[rows] * w[rows, None])
+    ex.expert_sum[layer + 1][rows] += to_fixed(y[rows] * w[rows, None])
 
 
 def lower(c) -> list[dict]:
     """For each slot, row tiles of the expert's intermediate width (TilePlan.gateup_rows); each waits
-    only for router_done (its loader and consumers route the rows) and adds into all of x."""
+    only for oproj_done (its loader and consumers route the rows from the chain's logits, kinds/router.py)
+    and adds into all of the layer's expert_sum."""
     from ..graph.tasks import Access, EventRef
     B, H = c.B, c.H
-    return [dict(r0=a, r1=b, k0=0, k1=H, slot=s, waits=(EventRef("router_done", 0, 0),),
+    return [dict(r0=a, r1=b, k0=0, k1=H, slot=s, waits=(EventRef("oproj_done", 0, 0),),
                  signals=(EventRef("resid_ready", 1, 0),),
-                 reads=(Access("moe_xn", 0, H), Access("router_logits", 0, c.E)),
-                 writes=(Access("x", 0, H, add=True),),
+                 reads=(Access("x", 0, H), Access("router_acc", 0, c.E, layer=0)),
+                 writes=(Access("expert_sum", 0, H, layer=1, add=True),),
                  weight_bytes=2 * c.linear_bytes(b - a, H) + c.linear_bytes(H, b - a),
-                 act_bytes=B * (H * 4 + c.E * 4 + H * 8), flops=6 * B * (b - a) * H)
+                 act_bytes=B * (H * 8 + c.E * 8 + H * 8), flops=6 * B * (b - a) * H)
             for s in range(c.NSLOT) for a, b in c.tiles(c.I, c.plan.gateup_rows)]

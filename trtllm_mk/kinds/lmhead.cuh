@@ -16,7 +16,12 @@ struct GemvKind<LMHEAD> {
     return weight_at(p.lm_head, nullptr, a.r0 + grp * G::OUT_ROWS + j, cfg::H, 0);
   }
 
-  static __device__ __forceinline__ void stage(Ctx& c, const TaskArgs&) { stage_normed<LMHEAD>(c, c.p->final_norm); }
+  static __device__ __forceinline__ void stage(Ctx& c, const TaskArgs&) {
+    if constexpr (cfg::EXPERT_FUSED)   // x + the last layer's experts' outputs (kinds/router.py)
+      stage_normed<LMHEAD, true>(c, c.p->final_norm, c.p->expert_sum + (size_t)cfg::L * cfg::B * cfg::H);
+    else
+      stage_normed<LMHEAD>(c, c.p->final_norm);
+  }
 
   static __device__ __forceinline__ void epilogue(const Params& p, const TaskArgs&, int r, int b, float v, float) {
     p.logits[(size_t)b * cfg::V + r] = v;

@@ -11,7 +11,8 @@ DEF = KindDef("LMHEAD", streams_weights=True, args=("r0", "r1", "tile", "stage")
 def execute(ex, t, layer: int) -> None:
     """CPU-executor semantics (trtllm_mk.executor.CpuExecutor ``ex``): see graph.tasks."""
     import torch
-    out = ex.norm_staged(ex.final_norm) @ ex.lm_head[t.r0:t.r1].T
+    from .router import pending
+    out = ex.norm_staged(ex.final_norm, pending(ex, ex.spec.num_layers)) @ ex.lm_head[t.r0:t.r1].T
     ex.logits[:, t.r0:t.r1] = out
     # as on the device: NaN never wins, and a tile with no logit above -inf has no candidate
     val, idx = torch.nan_to_num(out, nan=-torch.inf, posinf=torch.inf).max(-1)   # first index of the max
@@ -36,9 +37,10 @@ def k_range(spec, plan) -> int:
 def lower(c) -> list[dict]:
     """TAIL tasks: row tiles of V after the last layer's residual; each also writes its tile's max."""
     from ..graph.tasks import Access, EventRef
+    from .router import pending_reads
     B, H = c.B, c.H
     return [dict(r0=a, r1=b, k0=0, k1=H, waits=(EventRef("resid_ready", c.L, 0),),
                  signals=(EventRef("lm_done", 0, 0),),
-                 reads=(Access("x", 0, H),), writes=(Access("logits", a, b), Access("lm_part", i, i + 1)),
+                 reads=(Access("x", 0, H),) + pending_reads(c, c.L), writes=(Access("logits", a, b), Access("lm_part", i, i + 1)),
                  weight_bytes=(b - a) * H * c.wb, act_bytes=B * (H * 4 + (b - a) * 4), flops=2 * B * (b - a) * H)
             for i, (a, b) in enumerate(c.lm_tiles)]

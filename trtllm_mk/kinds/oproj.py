@@ -19,7 +19,11 @@ def execute(ex, t, layer: int) -> None:
         src = torch.cat([ex.merged_attention(g) for g in range(t.k0 // n, t.k1 // n)], dim=1)
     else:
         src = ex.attn_out[:, t.k0:t.k1]
-    ex.x[:, t.r0:t.r1] += to_fixed(ex.stage_round(src) @ w.T)
+    y = ex.stage_round(src) @ w.T
+    ex.x[:, t.r0:t.r1] += to_fixed(y)
+    if ex.graph.plan.expert_fused:   # the router's share of the chain (kinds/router.py)
+        from .router import oproj_partial
+        oproj_partial(ex, t, layer, y)
 
 # GEMV cost and ring hooks (kinds/gemv.py)
 MATRICES = 1
@@ -46,6 +50,7 @@ def k_range(spec, plan) -> int:
 def lower(c) -> list[dict]:
     """Row tiles of H, each K-split by head groups (``o_ksplit`` chunks), adding into x."""
     from ..graph.tasks import Access, EventRef
+    from .router import oproj_accesses
     plan, B, S, d = c.plan, c.B, c.S, c.d
     o_chunk = c.QD // plan.o_ksplit
     out = []
@@ -61,11 +66,24 @@ def lower(c) -> list[dict]:
                 ready, source, staged = EventRef("combine_done", 0, k), (Access("attn_out", k0, k1),), (k1 - k0) * 4
             # qkv_all first: it is long satisfied when the task starts waiting, so its round trip
             # overlaps the wait for the chunk's heads instead of following it on the chain
+            chain_waits, chain_reads, chain_writes = oproj_accesses(c, a, b, k == 0)
             out.append(dict(r0=a, r1=b, k0=k0, k1=k1,
-                            waits=((EventRef("qkv_all", 0, 0),) if split else ()) + (ready,),
+                            waits=((EventRef("qkv_all", 0, 0),) if split else ()) + chain_waits + (ready,),
                             signals=(EventRef("oproj_done", 0, 0),),
-                            reads=source + (() if split else (Access("x", a, b),)),
-                            writes=(Access("x", a, b, add=split),),
+                            reads=source + (() if split else (Access("x", a, b),)) + chain_reads,
+                            writes=(Access("x", a, b, add=split or bool(chain_writes)),) + chain_writes,
                             weight_bytes=c.linear_bytes(b - a, k1 - k0), act_bytes=B * (staged + (b - a) * 8),
                             flops=2 * B * (b - a) * (k1 - k0)))
     return out
+
+
+def stash_bytes(staged: int, batch: int, plan) -> int:
+    """Under TilePlan.expert_fused a task keeps its partial sums ([o_rows][B] fp32) after its staged input
+    (``staged`` bytes, aligned to 16) for the router's share of the chain (kinds/router.py): the bytes
+    that adds (oproj.cuh OPROJ_STASH_AT)."""
+    return -staged % 16 + plan.o_rows * batch * 4
+
+
+def device_constants(graph) -> dict[str, int]:
+    """cfg::O_ROWS: the widest OPROJ tile (the size of its stash)."""
+    return dict(O_ROWS=graph.plan.o_rows)

@@ -23,7 +23,10 @@ struct GemvKind<QKV> : NoTally {
   }
 
   static __device__ __forceinline__ void stage(Ctx& c, const TaskArgs& a) {
-    stage_normed<QKV>(c, c.p->layers[a.layer].ln1);
+    if constexpr (cfg::EXPERT_FUSED)   // x + the previous layer's experts' outputs (kinds/router.py)
+      stage_normed<QKV, true>(c, c.p->layers[a.layer].ln1, c.p->expert_sum + (size_t)a.layer * cfg::B * cfg::H);
+    else
+      stage_normed<QKV>(c, c.p->layers[a.layer].ln1);
   }
 
   static __device__ __forceinline__ void epilogue(const Params& p, const TaskArgs& a, int r, int b, float v, float) {

@@ -10,7 +10,8 @@ DEF = KindDef("QKV", streams_weights=True, args=("layer", "r0", "r1", "stage"), 
 def execute(ex, t, layer: int) -> None:
     """CPU-executor semantics (trtllm_mk.executor.CpuExecutor ``ex``): see graph.tasks."""
     lw = ex.layers[layer]
-    out = ex.norm_staged(lw["ln1"]) @ lw["qkv"][t.r0:t.r1].T
+    from .router import pending
+    out = ex.norm_staged(lw["ln1"], pending(ex, layer)) @ lw["qkv"][t.r0:t.r1].T
     if lw["qkv_bias"] is not None:
         out = out + lw["qkv_bias"][t.r0:t.r1]
     ex.qkv[:, t.r0:t.r1] = out
@@ -32,6 +33,7 @@ def lower(c) -> list[dict]:
     """Row tiles of the grouped QKV rows; q/k-norm and RoPE happen in ATTN."""
     from ..graph.tasks import Access, EventRef
     from .gateup import staged_guard
+    from .router import pending_reads
     out = []
     for a, b in c.tiles(c.QKVR, c.plan.qkv_rows):
         groups = range(a // c.GR, (b - 1) // c.GR + 1)
@@ -47,7 +49,7 @@ def lower(c) -> list[dict]:
                         # for it (each release waits for the one before it); staged signals lead the list
                         signals=(all_sig + done) if staged else (done + all_sig),
                         staged_signals=len(all_sig) if staged else 0,
-                        reads=(Access("x", 0, c.H, staged=True),), writes=(Access("qkv", a, b),),
+                        reads=(Access("x", 0, c.H, staged=True),) + pending_reads(c, 0, staged=True), writes=(Access("qkv", a, b),),
                         weight_bytes=c.linear_bytes(b - a, c.H), act_bytes=c.B * (c.H * 4 + (b - a) * 4),
                         flops=2 * c.B * (b - a) * c.H))
     return out

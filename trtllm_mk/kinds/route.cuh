@@ -22,6 +22,30 @@ __device__ __forceinline__ void route_load(const float* logits, int lane, float 
     v[i] = e < cfg::E ? ld_act(logits + e) : -INFINITY;
   }
 }
+// k rounds of a warp argmax over the lanes' ranking keys (key[i]: expert lane + 32 i; 0: no expert, or
+// one already chosen): the highest key, the lowest expert index on ties. pick(j, expert, key) runs in
+// every lane for round j. Returns this lane's chosen experts as bits (bit i: expert lane + 32 i).
+template <class Pick>
+__device__ __forceinline__ uint32_t route_topk(uint32_t (&key)[ROUTE_EPL], int lane, Pick&& pick) {
+  uint32_t mine = 0u;
+#pragma unroll 1
+  for (int j = 0; j < cfg::TOPK; ++j) {
+    uint32_t lk = 0u, le = 0xffffffffu;    // this lane's best: the first of its highest keys
+#pragma unroll
+    for (int i = 0; i < ROUTE_EPL; ++i)
+      if (key[i] > lk) { lk = key[i]; le = lane + 32 * i; }
+    const uint32_t kmax = __reduce_max_sync(0xffffffffu, lk);
+    const uint32_t bi = __reduce_min_sync(0xffffffffu, lk == kmax ? le : 0xffffffffu);
+    if (bi % 32 == (uint32_t)lane) {   // the winner leaves the race
+#pragma unroll
+      for (int i = 0; i < ROUTE_EPL; ++i)
+        if (bi / 32 == (uint32_t)i) { key[i] = 0u; mine |= 1u << i; }
+    }
+    pick(j, (int)bi, kmax);
+  }
+  return mine;
+}
+
 // One row's routing by one warp, from its logits (route_load). Returns this lane's chosen experts as
 // bits (bit i: expert lane + 32 i). With sel != nullptr lane 0 writes the choices in rank order:
 // sel[j] the expert, wsel[j] its weight (renormalised over the k when the family says so).
@@ -43,25 +67,12 @@ __device__ __forceinline__ uint32_t route_logits(float (&v)[ROUTE_EPL], int lane
   uint32_t key[ROUTE_EPL];
 #pragma unroll
   for (int i = 0; i < ROUTE_EPL; ++i) key[i] = lane + 32 * i < cfg::E ? __float_as_uint(v[i] / s) + 1u : 0u;
-  uint32_t mine = 0u;
   float total = 0.f;
-#pragma unroll 1
-  for (int j = 0; j < cfg::TOPK; ++j) {   // descending probability, the lowest index on ties
-    uint32_t lk = 0u, le = 0xffffffffu;    // this lane's best: the first of its highest keys
-#pragma unroll
-    for (int i = 0; i < ROUTE_EPL; ++i)
-      if (key[i] > lk) { lk = key[i]; le = lane + 32 * i; }
-    const uint32_t kmax = __reduce_max_sync(0xffffffffu, lk);
-    const uint32_t bi = __reduce_min_sync(0xffffffffu, lk == kmax ? le : 0xffffffffu);
-    if (bi % 32 == (uint32_t)lane) {   // the winner leaves the race
-#pragma unroll
-      for (int i = 0; i < ROUTE_EPL; ++i)
-        if (bi / 32 == (uint32_t)i) { key[i] = 0u; mine |= 1u << i; }
-    }
+  const uint32_t mine = route_topk(key, lane, [&](int j, int bi, uint32_t kmax) {
     const float best = __uint_as_float(kmax - 1u);
     total += best;   // in rank order, as the reference sums the top-k weights
-    if (sel != nullptr && lane == 0) { sel[j] = (int)bi; wsel[j] = best; }
-  }
+    if (sel != nullptr && lane == 0) { sel[j] = bi; wsel[j] = best; }
+  });
   if (cfg::NORM_TOPK && sel != nullptr && lane == 0)
     for (int j = 0; j < cfg::TOPK; ++j) wsel[j] /= total;
   return mine;
@@ -90,6 +101,70 @@ __device__ __forceinline__ uint32_t route_all_rows(const float* logits, int lane
   return chosen;
 }
 
+// Routing from the logits the attention chain sums in fixed point (TilePlan.expert_fused: kinds/router.py,
+// route.py route_fixed). The rank of an expert is that of its logit's fp32 value, which the row's norm
+// (1 / rms: the same factor for every logit) leaves as it is, so the loaders route before any norm;
+// the weights are the softmax of the logits times 1 / rms. fixed_key: the fp32 value's bits, ordered
+// as the values are (negatives flipped), never 0.
+__device__ __forceinline__ uint32_t fixed_key(long long q) {
+  const uint32_t u = __float_as_uint(__ll2float_rn(q));
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ void fixed_load(const Params& p, int layer, int b, int lane, long long (&q)[ROUTE_EPL]) {
+#pragma unroll
+  for (int i = 0; i < ROUTE_EPL; ++i) q[i] = lane + 32 * i < cfg::E ? __ldcg(router_acc_at(p, layer, b, lane + 32 * i)) : 0ll;
+}
+// One row's routing by one warp from its E fixed-point logits (fixed_load) and its 1 / rms; with sel !=
+// nullptr lane 0 writes the choices in rank order with their weights, as route_logits.
+__device__ __forceinline__ uint32_t route_fixed(const long long (&q)[ROUTE_EPL], float inv_rms, int lane, int* sel,
+                                                float* wsel) {
+  uint32_t key[ROUTE_EPL];
+#pragma unroll
+  for (int i = 0; i < ROUTE_EPL; ++i) key[i] = lane + 32 * i < cfg::E ? fixed_key(q[i]) : 0u;
+  if (sel == nullptr) return route_topk(key, lane, [](int, int, uint32_t) {});
+  float l[ROUTE_EPL], m = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < ROUTE_EPL; ++i) {
+    l[i] = lane + 32 * i < cfg::E ? resid_float(q[i]) * inv_rms : -INFINITY;
+    m = fmaxf(m, l[i]);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < ROUTE_EPL; ++i) s += lane + 32 * i < cfg::E ? expf(l[i] - m) : 0.f;
+  s = warp_sum(s);
+  float total = 0.f;
+  const uint32_t mine = route_topk(key, lane, [&](int j, int bi, uint32_t) {
+    float lw = 0.f;   // the winner's logit, from its lane
+#pragma unroll
+    for (int i = 0; i < ROUTE_EPL; ++i)
+      if (bi / 32 == i) lw = l[i];
+    const float pw = expf(__shfl_sync(0xffffffffu, lw, bi % 32) - m) / s;
+    total += pw;   // in rank order, as the reference sums the top-k weights
+    if (lane == 0) { sel[j] = bi; wsel[j] = pw; }
+  });
+  if (cfg::NORM_TOPK && lane == 0)
+    for (int j = 0; j < cfg::TOPK; ++j) wsel[j] /= total;
+  return mine;
+}
+// Every row's choices by one warp (a loader's), as route_all_rows: one round trip for the rows' logits.
+__device__ __forceinline__ uint32_t route_all_rows_fixed(const Params& p, int layer, int lane) {
+  constexpr int PER = 8 / ROUTE_EPL > 0 ? 8 / ROUTE_EPL : 1;
+  constexpr int CHUNK = cfg::B < PER ? cfg::B : PER;   // rows: 8 logits (16 registers) a lane at most
+  uint32_t chosen = 0u;
+  for (int b0 = 0; b0 < cfg::B; b0 += CHUNK) {
+    long long q[CHUNK][ROUTE_EPL];
+#pragma unroll
+    for (int j = 0; j < CHUNK; ++j)
+      if (b0 + j < cfg::B) fixed_load(p, layer, b0 + j, lane, q[j]);
+#pragma unroll
+    for (int j = 0; j < CHUNK; ++j)
+      if (b0 + j < cfg::B) chosen |= route_fixed(q[j], 0.f, lane, nullptr, nullptr);
+  }
+  return chosen;
+}
+
 // The expert of slot `slot` given every lane's union bits over the rows: the slot-th chosen expert in
 // ascending order, -1 for an idle slot (fewer distinct experts than slots).
 __device__ __forceinline__ int slot_expert_of(uint32_t chosen, int slot) {
@@ -110,16 +185,34 @@ __device__ __forceinline__ int slot_expert_of(uint32_t chosen, int slot) {
 // barrier union_mask(masks, i) is word i of every row's union (bit l: expert 32 i + l).
 constexpr int ROUTE_WARPS = cfg::B < cfg::CWARPS ? cfg::B : cfg::CWARPS;   // warps that route a row
 constexpr int ROUTE_MASK_WORDS = ROUTE_WARPS * ROUTE_EPL;
-__device__ __forceinline__ void route_rows_by_warp(const Ctx& c, uint32_t* masks, int* sel, float* wsel) {
+// route(b, sel, wsel) routes row b by the calling warp (route_row, route_fixed).
+template <class RouteRow>
+__device__ __forceinline__ void route_rows_by_warp(const Ctx& c, uint32_t* masks, int* sel, float* wsel,
+                                                   RouteRow&& route) {
   uint32_t chosen = 0u;
   for (int b = c.warp(); b < cfg::B; b += cfg::CWARPS)
-    chosen |= route_row(c.p->router_logits + (size_t)b * cfg::E, c.lane(), sel ? sel + b * ROUTE_K : nullptr,
-                        wsel ? wsel + b * ROUTE_K : nullptr);
+    chosen |= route(b, sel ? sel + b * ROUTE_K : nullptr, wsel ? wsel + b * ROUTE_K : nullptr);
 #pragma unroll
   for (int i = 0; i < ROUTE_EPL; ++i) {
     const uint32_t m = __ballot_sync(0xffffffffu, (chosen >> i) & 1u);
     if (c.warp() < ROUTE_WARPS && c.lane() == 0) masks[c.warp() * ROUTE_EPL + i] = m;
   }
+}
+// ... from the router's logits (ROUTE, EGATEUP)
+__device__ __forceinline__ void route_rows_by_warp(const Ctx& c, uint32_t* masks, int* sel, float* wsel) {
+  route_rows_by_warp(c, masks, sel, wsel, [&](int b, int* s, float* w) {
+    return route_row(c.p->router_logits + (size_t)b * cfg::E, c.lane(), s, w);
+  });
+}
+// ... from the chain's fixed-point logits of `layer` and each row's 1 / rms, inv_rms(b) (EMLP)
+template <class InvRms>
+__device__ __forceinline__ void route_rows_by_warp_fixed(const Ctx& c, int layer, InvRms&& inv_rms, uint32_t* masks,
+                                                         int* sel, float* wsel) {
+  route_rows_by_warp(c, masks, sel, wsel, [&](int b, int* s, float* w) {
+    long long q[ROUTE_EPL];
+    fixed_load(*c.p, layer, b, c.lane(), q);
+    return route_fixed(q, inv_rms(b), c.lane(), s, w);
+  });
 }
 __device__ __forceinline__ uint32_t union_mask(const uint32_t* masks, int i) {
   uint32_t m = 0u;
@@ -170,7 +263,7 @@ __device__ __forceinline__ WeightRef expert_gateup_ref(const ExpertWeights& w, c
 
 // The weight source of an expert kind's loader (mk_gemv.cuh WeightSource), once per task: each lane
 // reads the weight pointers of its experts (lane + 32 i) while the task waits for its first event
-// (router_done), then the warp routes every row itself and takes its slot's expert's pointers from the
+// (router_done; EMLP's oproj_done), then the warp routes every row itself and takes its slot's expert's pointers from the
 // lane that holds them. An idle slot gets null pointers: its loader streams nothing (idle).
 struct ExpertSource {
   static __device__ __forceinline__ ExpertWeights of(Ctx& c, const TaskArgs& a) {
@@ -179,7 +272,11 @@ struct ExpertSource {
 #pragma unroll
     for (int i = 0; i < ROUTE_EPL; ++i) mine[i] = layer[min_i(c.lane() + 32 * i, cfg::E - 1)];
     loader_wait_first(c, a);
-    const uint32_t chosen = route_all_rows(c.p->router_logits, c.lane());
+    uint32_t chosen;
+    if constexpr (cfg::EXPERT_FUSED)
+      chosen = route_all_rows_fixed(*c.p, a.layer, c.lane());
+    else
+      chosen = route_all_rows(c.p->router_logits, c.lane());
     const int e = slot_expert_of(chosen, a.tile);   // the same in every lane
     if (e < 0) return {nullptr, nullptr, nullptr};
     ExpertWeights w = mine[0];

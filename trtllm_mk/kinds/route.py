@@ -45,6 +45,34 @@ def route_slots(ex):
     return slots_of(weights, experts, ex.moe_slot.numel())
 
 
+def route_fixed(acc, x, k: int, norm_topk: bool, eps: float):
+    """(weights [B, k], experts [B, k]) of the routing from logits summed in fixed point along the chain
+    (kinds/router.py; ``acc`` [B, E] int64 before the norm, ``x`` [B, H] the residual it norms): the k
+    experts of the largest logits, as fp32 values of ``acc`` (the lowest index wins ties), weighted by
+    the softmax over all E of acc / rms(x), renormalised over the k when the family says so. The
+    ranking needs no norm (1 / rms scales a row's logits alike), so the device's loaders route before
+    the rows are normed (route.cuh route_fixed)."""
+    import torch
+
+    from ..residual import from_fixed
+    key = acc.to(torch.float32)
+    experts = torch.sort(-key, dim=-1, stable=True).indices[:, :k]   # equal keys keep index order
+    xf = from_fixed(x)
+    inv_rms = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    probs = torch.softmax(key * 2.0 ** -32 * inv_rms, dim=-1)       # from_fixed(acc) / rms
+    weights = probs.gather(-1, experts)
+    if norm_topk:
+        weights = weights / weights.sum(-1, keepdim=True)
+    return weights, experts
+
+
+def route_slots_fixed(ex, layer: int):
+    """The step's (slot experts, slot weights) from the chain's logits of ``layer`` (EMLP under
+    TilePlan.expert_fused)."""
+    w, e = route_fixed(ex.router_acc[layer], ex.x, ex.spec.num_experts_per_tok, ex.spec.norm_topk_prob, ex.eps)
+    return slots_of(w, e, ex.moe_slot.numel())
+
+
 def slot_expert(ex, slot: int) -> int:
     """The expert an EGATEUP task computes for ``slot``, routed from the logits as the device's loaders
     and consumers do (EGATEUP does not wait for ROUTE); -1 for an idle slot."""

@@ -1,7 +1,25 @@
-"""ROUTER: RMS-norms x (ln2) and multiplies a row range of a sparse layer's router weight [E, H]: the
-experts' logits (mixture-of-experts models; ROUTE chooses from them). Each task also publishes its
-share of the columns of the normed rows (moe_xn) as the experts' input: EGATEUP stages them instead
-of x, so that EDOWN, which adds into x, waits only for the EGATEUP tiles of its own slot."""
+"""ROUTER: a sparse layer's router logits, rows [r0, r1) of its router weight [E, H] (mixture-of-experts
+models). Two placements, as the plan's expert kinds need:
+
+Beside the split expert kinds (ROUTE, EGATEUP, EDOWN) it RMS-norms x (ln2) after OPROJ and multiplies:
+the logits, for ROUTE. Each task also publishes its share of the columns of the normed rows (moe_xn) as
+the experts' input: EGATEUP stages them instead of x, so that EDOWN, which adds into x, waits only for
+the EGATEUP tiles of its own slot.
+
+Under TilePlan.expert_fused the logits are summed along the attention chain instead, so that no phase
+stands between OPROJ and the experts' streams. The router is linear in ln2 * x, and x after OPROJ is x
+at the layer's start plus OPROJ's partial sums; the norm's 1 / rms scales every logit of a row alike,
+so the routing needs it only for the weights. So ROUTER tasks run at the layer's start, beside QKV, and
+store the rows' logits of ln2 * x (not normed, fp32 on the CUDA cores: router.cuh router_in_chain) in
+fixed point (router_acc); each OPROJ task adds the logits of ln2 * its fp32 partial sums
+(``oproj_partial``) once ROUTER is done, so the logits keep the numerics of an fp32 router on the
+normed rows (the reference decoder's ``stage_router=False``); EMLP ranks the experts by
+router_acc and scales by the 1 / rms of x it stages (kinds/route.py ``route_fixed``). Fixed point makes
+the sum the same in every order. EMLP's tiles, which stage x, then add their outputs into expert_sum
+(row l + 1 for layer l) rather than x; layer l + 1's QKV (and the LM head after the last layer) stages
+x + expert_sum[l + 1], ROUTER reads the same, and layer l + 1's first K-chunk OPROJ tasks add their rows
+of it into x and zero the same rows of expert_sum[l + 2], which their own layer's experts then add into.
+Row 0 is never written: zero."""
 from __future__ import annotations
 
 from . import KindDef
@@ -10,9 +28,31 @@ from .gemv import no_staging_extra
 DEF = KindDef("ROUTER", streams_weights=True, args=("layer", "r0", "r1", "stage"), device_file="router.cuh")
 
 
+def in_chain(spec, plan) -> bool:
+    """Whether the router's logits are summed along the attention chain (module docstring)."""
+    return spec.is_moe and plan.expert_fused
+
+
+def off_ring(plan) -> bool:
+    """Under TilePlan.expert_fused a task reads its rows of the router itself (router.cuh router_in_chain)."""
+    return plan.expert_fused
+
+
+def duration_us(task, graph, rates, cal) -> float:
+    """Consumer time of a task in the chain: its weights' round trip from memory (the loader brings
+    them into L2 as the task starts), x from L2, the CUDA-core math and one reduction."""
+    return (cal.task_overhead_us + cal.mem_latency_us + cal.l2_latency_us + task.act_bytes / rates.l2
+            + task.flops / rates.attn)
+
+
 def execute(ex, t, layer: int) -> None:
     """CPU-executor semantics (trtllm_mk.executor.CpuExecutor ``ex``): see graph.tasks."""
+    from ..residual import from_fixed, to_fixed
     lw = ex.layers[layer]
+    if ex.graph.plan.expert_fused:   # ln2 * (x + expert_sum[layer]) in fp32, not normed
+        xs = from_fixed(ex.x + ex.expert_sum[layer]) * lw["ln2"]
+        ex.router_acc[layer][:, t.r0:t.r1] = to_fixed(xs @ lw["router"][t.r0:t.r1].T)
+        return
     xn = ex.norm_staged(lw["ln2"])
     ex.router_logits[:, t.r0:t.r1] = xn @ lw["router"][t.r0:t.r1].T
     c0, c1 = normed_share(t.r0, t.r1, ex.spec.num_experts, ex.spec.hidden_size)
@@ -40,12 +80,24 @@ def lower(c) -> list[dict]:
     """Row tiles of the E experts (bf16 router weights, as the checkpoint keeps them)."""
     from ..graph.tasks import Access, EventRef
     B, H = c.B, c.H
+    if c.plan.expert_fused:   # at the layer's start; OPROJ adds into x and router_acc after router_done
+        return [dict(r0=a, r1=b, k0=0, k1=H, waits=(EventRef("resid_ready", 0, 0),),
+                     signals=(EventRef("router_done", 0, 0),),
+                     reads=(Access("x", 0, H), Access("expert_sum", 0, H, layer=0)),
+                     writes=(Access("router_acc", a, b, layer=0),),
+                     weight_bytes=(b - a) * H * 2, act_bytes=B * (H * 12 + (b - a) * 8), flops=2 * B * (b - a) * H)
+                for a, b in c.tiles(c.E, router_rows(c.E))]
     return [dict(r0=a, r1=b, k0=0, k1=H, waits=(EventRef("oproj_done", 0, 0),),
                  signals=(EventRef("router_done", 0, 0),),
                  reads=(Access("x", 0, H),),
                  writes=(Access("router_logits", a, b), Access("moe_xn", *normed_share(a, b, c.E, H))),
                  weight_bytes=(b - a) * H * 2, act_bytes=B * (H * 4 + (b - a) * 4), flops=2 * B * (b - a) * H)
             for a, b in c.tiles(c.E, router_rows(c.E))]
+
+
+def device_constants(graph) -> dict[str, int]:
+    """cfg::ROUTER_ROWS: the most rows a ROUTER task has (router.cuh router_in_chain)."""
+    return dict(ROUTER_ROWS=router_rows(graph.dims.experts))
 
 
 def normed_share(r0: int, r1: int, experts: int, hidden: int) -> tuple[int, int]:
@@ -57,3 +109,39 @@ def normed_share(r0: int, r1: int, experts: int, hidden: int) -> tuple[int, int]
 def router_rows(experts: int) -> int:
     """Rows per ROUTER task: ROUTER_TASKS tiles of whole 8-row ring stages."""
     return max(8, -(-experts // (8 * ROUTER_TASKS)) * 8)
+
+
+# ---------------------------------------------------------------- the chain's share (TilePlan.expert_fused)
+def pending(ex, layer: int):
+    """The experts' outputs kept beside x that a task staging x at ``layer``'s start (or the LM head, at
+    num_layers) adds to it; None without them."""
+    return ex.expert_sum[layer] if ex.graph.plan.expert_fused else None
+
+
+def pending_reads(c, layer: int, staged: bool = False) -> tuple:
+    """The Access of that read (``layer`` relative for LAYER tasks)."""
+    from ..graph.tasks import Access
+    return (Access("expert_sum", 0, c.H, layer=layer, staged=staged),) if in_chain(c.spec, c.plan) else ()
+
+
+def oproj_partial(ex, t, layer: int, y) -> None:
+    """An OPROJ task's share of the chain (module docstring), given its partial sums ``y`` [B, rows]:
+    the logits of ln2 * y into router_acc; a first K-chunk task also adds its rows of the experts'
+    outputs kept beside x into x, and zeroes the same rows for this layer's experts."""
+    from ..residual import to_fixed
+    lw = ex.layers[layer]
+    ex.router_acc[layer] += to_fixed((y * lw["ln2"][t.r0:t.r1]) @ lw["router"][:, t.r0:t.r1].T)
+    if t.k0 == 0:
+        ex.x[:, t.r0:t.r1] += ex.expert_sum[layer][:, t.r0:t.r1]
+        ex.expert_sum[layer + 1][:, t.r0:t.r1] = 0
+
+
+def oproj_accesses(c, a: int, b: int, first_chunk: bool) -> tuple[tuple, tuple, tuple]:
+    """(waits, reads, writes) an OPROJ task of rows [a, b) adds for the chain."""
+    from ..graph.tasks import Access, EventRef
+    if not in_chain(c.spec, c.plan):
+        return (), (), ()
+    reads = (Access("expert_sum", a, b, layer=0),) if first_chunk else ()
+    writes = (Access("router_acc", 0, c.E, layer=0, add=True),) + (
+        (Access("expert_sum", a, b, layer=1),) if first_chunk else ())
+    return (EventRef("router_done", 0, 0),), reads, writes

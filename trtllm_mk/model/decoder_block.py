@@ -210,11 +210,13 @@ class DecoderBlock(nn.Module):
 
     def mlp_delta(self, x: torch.Tensor, stage: Stage | None = None) -> torch.Tensor:
         """What the MLP half adds to the residual ``x``: down_proj of silu(gate) * up (or the routed experts' sum)."""
-        h = rms_norm(x, self.ffn_norm, self.spec.rms_norm_eps)
+        h = routed = rms_norm(x, self.ffn_norm, self.spec.rms_norm_eps)
         if stage is not None:
             h = stage(h)
+            if getattr(stage, "router", True):   # reference.Staging(router=False): the router reads unstaged rows
+                routed = h
         if self.moe is not None:
-            return self.moe(h, stage)
+            return self.moe(h, stage, routed)
         gate, up = linear(h, self.w_gate_up).chunk(2, dim=-1)
         act = F.silu(gate) * up
         if stage is not None:

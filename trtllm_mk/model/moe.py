@@ -69,11 +69,13 @@ class MoeMlp(nn.Module):
         self.w_gate_up = nn.Parameter(gate_up.view(E, 2 * Im, H).to(dtype), requires_grad=False)
         self.w_down = nn.Parameter(down.to(dtype), requires_grad=False)
 
-    def forward(self, h: torch.Tensor, stage=None) -> torch.Tensor:
-        """``h [..., H]`` (the normed, staged residual) -> the MLP output, same shape and dtype."""
+    def forward(self, h: torch.Tensor, stage=None, routed: torch.Tensor | None = None) -> torch.Tensor:
+        """``h [..., H]`` (the normed, staged residual) -> the MLP output, same shape and dtype. ``routed``:
+        the rows the router reads when they are not ``h`` (the same rows, not staged)."""
         s = self.spec
         x = h.reshape(-1, s.hidden_size)
-        weights, experts = route(F.linear(x, self.router), s.num_experts_per_tok, s.norm_topk_prob)
+        r = x if routed is None else routed.reshape(-1, s.hidden_size)
+        weights, experts = route(F.linear(r, self.router), s.num_experts_per_tok, s.norm_topk_prob)
         if x.shape[0] * s.num_experts_per_tok <= s.num_experts:
             y = self._gathered(x, experts, stage)
         else:

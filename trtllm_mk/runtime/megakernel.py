@@ -67,6 +67,8 @@ class DecodeBuffers:
     moe_w: torch.Tensor | None           # [NSLOT, B]
     moe_act: torch.Tensor | None         # [NSLOT, B, I]
     moe_xn: torch.Tensor | None          # [B, H]
+    router_acc: torch.Tensor | None      # [L, B, E, ROUTER_ACC_STRIDE] int64 (fixed point, word 0)
+    expert_sum: torch.Tensor | None      # [L + 1, B, H] int64 (fixed point), zero between steps
 
     @classmethod
     def allocate(cls, spec: ModelSpec, batch: int, schedule: Schedule, layout: KernelLayout,
@@ -111,11 +113,15 @@ class DecodeBuffers:
     @staticmethod
     def _moe(spec: ModelSpec, batch: int, f32: dict, i32: dict) -> dict:
         if not spec.is_moe:
-            return dict(router_logits=None, moe_slot=None, moe_w=None, moe_act=None, moe_xn=None)
-        n = spec.moe_slots(batch)
+            return dict(router_logits=None, moe_slot=None, moe_w=None, moe_act=None, moe_xn=None, router_acc=None,
+                        expert_sum=None)
+        n, L = spec.moe_slots(batch), spec.num_layers
+        i64 = dict(dtype=torch.int64, device=f32["device"])
         return dict(router_logits=torch.zeros(batch, spec.num_experts, **f32), moe_slot=torch.zeros(n, **i32),
                     moe_w=torch.zeros(n, batch, **f32), moe_act=torch.zeros(n, batch, spec.mlp_intermediate, **f32),
-                    moe_xn=torch.zeros(batch, spec.hidden_size, **f32))
+                    moe_xn=torch.zeros(batch, spec.hidden_size, **f32),
+                    router_acc=torch.zeros(L, batch, spec.num_experts, seam.ROUTER_ACC_STRIDE, **i64),
+                    expert_sum=torch.zeros(L + 1, batch, spec.hidden_size, **i64))
 
 
 def _check_tensor(name: str, t: torch.Tensor, shape: tuple, dtype: torch.dtype, device: torch.device) -> None:

@@ -118,7 +118,8 @@ def ring_turnover_rate(ring: float, fill: float, bw: float, slot_t: float, cal: 
 def task_cost(task: Task, graph: StepGraph, rates: Rates, cal: Calibration,
               geo: SlotGeometry | None = None) -> TaskCost:
     plan, d = graph.plan, graph.dims
-    if task.kind.streams_weights:
+    off_ring = getattr(task.kind.module, "off_ring", None)   # a GEMV kind that reads its weights itself under the plan
+    if task.kind.streams_weights and not (off_ring is not None and off_ring(plan)):
         qw = d.weight_bits != 16 and task.kind != Kind.LMHEAD   # quantized layer weights (the LM head is bf16)
         if geo is None:
             geo = slot_geometry(task.k1 - task.k0, task.kind.module.MATRICES, plan.slot_bytes,

@@ -784,7 +784,9 @@ int32_t DecodeStepPlugin::enqueue(const nvinfer1::PluginTensorDesc* inputDesc, c
         case P::moe_slot:
         case P::moe_w:
         case P::moe_act:
-        case P::moe_xn: return 0;
+        case P::moe_xn:
+        case P::router_acc:
+        case P::expert_sum: return 0;
       }
       throw std::logic_error(std::string("no value for mk::Params field ") + seam::name(f));
     };
