@@ -8,7 +8,8 @@
 #   an H100) is not compiled one by one in the tests. PREBUILD_RUNS: one python argument line per
 #   prebuild command (default: the moe and tp stages' kernels, tp over every GPU); PREBUILD_EXTRA: more.
 # moe: the expert kinds (MOE_PARTS, default "tests bench"; "sanitize", or MOE_SANITIZE=1: the tiny
-#   Qwen3-MoE tests under memcheck, then under racecheck with every lane releasing its ring reads):
+#   Qwen3-MoE tests under memcheck, then under racecheck with every lane releasing its ring reads, within
+#   MOE_RACECHECK_TIMEOUT seconds, default 420: the four take about 330 s on an H200):
 #   tests/test_moe_gpu.py, then the Qwen3-30B-A3B decode benchmark
 #   (MOE_BENCH_BATCH, default "1 4"; context 512) beside torch.compile and eager + CUDA graph on the same
 #   weights (prebuild: python tests/test_moe_gpu.py, and
@@ -193,7 +194,7 @@ if has moe; then   # the expert kinds: GPU tests, then Qwen3-30B-A3B against tor
     MK_MOE_TEST_STEPS=8 timeout $(part_s 240) compute-sanitizer --tool memcheck --print-limit 20 python -m pytest -q -s \
       -m gpu tests/test_moe_gpu.py -k "tiny and qwen3_moe" > "$OUT/moe_memcheck.log" 2>&1
     echo "moe memcheck exit $?: $(grep -E "ERROR SUMMARY|Invalid|passed|failed" "$OUT/moe_memcheck.log" | tail -3)"
-    MK_MOE_TEST_STEPS=8 MK_MOE_ALL_LANES_RELEASE=1 timeout $(part_s 240) compute-sanitizer --tool racecheck --print-limit 20 \
+    MK_MOE_TEST_STEPS=8 MK_MOE_ALL_LANES_RELEASE=1 timeout $(part_s ${MOE_RACECHECK_TIMEOUT:-420}) compute-sanitizer --tool racecheck --print-limit 20 \
       python -m pytest -q -s -m gpu tests/test_moe_gpu.py -k "tiny and qwen3_moe" > "$OUT/moe_racecheck.log" 2>&1
     echo "moe racecheck (all-lanes release) exit $?: $(grep -E "RACECHECK SUMMARY|Hazard|passed|failed" "$OUT/moe_racecheck.log" | tail -3)"
   fi
