@@ -296,11 +296,7 @@ def test_the_fused_layer_runs_router_before_oproj_and_prices_it_off_the_ring():
     gpu = get_gpu("H100-SXM")
 
     def kinds(g):
-        out = []
-        for t in g.layer:
-            if not out or out[-1] != t.kind:
-                out.append(t.kind)
-        return out
+        return list(dict.fromkeys(t.kind for t in g.layer))
     fused = build_step_graph(spec, 2, TilePlan(gateup_rows=32, expert_fused=True))
     assert kinds(fused) == [Kind.QKV, Kind.ATTN, Kind.COMBINE, Kind.ROUTER, Kind.OPROJ, Kind.EMLP]
     split = build_step_graph(spec, 2, TilePlan())

@@ -181,6 +181,12 @@ __device__ __forceinline__ long long* router_acc_at(const Params& p, int layer, 
   return p.router_acc + (((size_t)layer * cfg::B + b) * cfg::E + e) * ROUTER_ACC_STRIDE;
 }
 
+// Row `row` of expert_sum ([L + 1][B][H] fixed point): layer row - 1's experts' outputs, kept beside x
+// (TilePlan.expert_fused: kinds/router.py).
+__device__ __forceinline__ long long* expert_sum_at(const Params& p, int row) {
+  return p.expert_sum + (size_t)row * cfg::B * cfg::H;
+}
+
 struct NoTally {
   struct Tally {};
   static __device__ __forceinline__ Tally tally_begin(const Ctx&, const TaskArgs&) { return {}; }

@@ -21,8 +21,6 @@ CALIBRATION = {
                                 "loader's rate (0: those only)"),
 }
 # the q heads per KV group attn_tile_us is given for: a round's mma work grows with the group's heads
-# (traced on an H200: 1.57 us a round for Qwen3-30B-A3B's 8 heads, where the model's 0.8 for 4 fits the
-# Llama shapes; benchmarks/NOTES.md v37)
 TILE_GROUP = 4
 
 

@@ -103,7 +103,7 @@ __device__ __forceinline__ void emlp_down_compute(Ctx& c, const TaskArgs& a) {
                                               union_slot_expert(scratch_masks(), a.tile));
   consumer_sync(CTHREADS);
   const Params& p = *c.p;
-  long long* sum = p.expert_sum + (size_t)(a.layer + 1) * cfg::B * cfg::H;   // beside x (kinds/router.py)
+  long long* sum = expert_sum_at(p, a.layer + 1);   // beside x (kinds/router.py)
   const int lane = c.lane(), warp = c.warp(), g = lane >> 2, t = lane & 3;
   // ldmatrix.trans of a 16 x 16 A block from k-major rows: lanes 0-7 / 8-15 read rows k 0-7 at
   // columns m 0-7 / 8-15, lanes 16-31 the same for rows k 8-15 (a0..a3 of the mma's A fragment)

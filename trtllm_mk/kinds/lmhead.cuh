@@ -18,7 +18,7 @@ struct GemvKind<LMHEAD> {
 
   static __device__ __forceinline__ void stage(Ctx& c, const TaskArgs&) {
     if constexpr (cfg::EXPERT_FUSED)   // x + the last layer's experts' outputs (kinds/router.py)
-      stage_normed<LMHEAD, true>(c, c.p->final_norm, c.p->expert_sum + (size_t)cfg::L * cfg::B * cfg::H);
+      stage_normed<LMHEAD, true>(c, c.p->final_norm, expert_sum_at(*c.p, cfg::L));
     else
       stage_normed<LMHEAD>(c, c.p->final_norm);
   }

@@ -6,13 +6,9 @@
 namespace mk {
 
 // Under TilePlan.expert_fused, the router's share of the chain (kinds/router.py): the task keeps its
-// partial sums in a stash after its staged input (smem.py oproj_staging_bytes), then adds the logits of
-// ln2 * them into router_acc; a first K-chunk task also adds its rows of the experts' outputs kept
-// beside x into x and zeroes the same rows for this layer's experts.
-constexpr int OPROJ_KT = cfg::QD / cfg::O_KSPLIT;
-constexpr int OPROJ_STAGED =
-    cfg::B * (OPROJ_KT + ACT_PAD) * 2 + (cfg::O_MERGE ? cfg::B * (OPROJ_KT / cfg::D) * (cfg::S + 1) * 4 : 0);
-constexpr int OPROJ_STASH_AT = (OPROJ_STAGED + 15) / 16 * 16;
+// partial sums in a stash after its staged input (at cfg::OPROJ_STASH_AT: kinds/oproj.py stash_at), then
+// adds the logits of ln2 * them into router_acc; a first K-chunk task also adds its rows of the experts'
+// outputs kept beside x into x and zeroes the same rows for this layer's experts.
 
 // N floats from shared memory, in 16- or 8-byte loads where N allows (the stash's rows are 16-byte aligned
 // when N is a multiple of 4)
@@ -39,13 +35,13 @@ __device__ __forceinline__ void load_row(const float* s, float (&v)[N]) {
 template <bool CHAIN> struct OprojTally : NoTally {};
 template <> struct OprojTally<true> {
   // (a dense kernel compiles this unused: its activation region has no stash)
-  static_assert(!cfg::EXPERT_FUSED || OPROJ_STASH_AT + cfg::O_ROWS * cfg::B * 4 <= cfg::ACT_SMEM_BYTES,
+  static_assert(!cfg::EXPERT_FUSED || cfg::OPROJ_STASH_AT + cfg::O_ROWS * cfg::B * 4 <= cfg::ACT_SMEM_BYTES,
                 "OPROJ stash exceeds act[]");
   // the layer's router and ln2 are looked up as the task starts: their pointers' round trip then
   // overlaps the GEMV instead of preceding the reduction's loads
   struct Tally { float* stash; int r0; const bf16* wr; const bf16* g; };
   static __device__ __forceinline__ Tally tally_begin(const Ctx& c, const TaskArgs& a) {
-    return {reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(c.act()) + OPROJ_STASH_AT), a.r0,
+    return {reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(c.act()) + cfg::OPROJ_STASH_AT), a.r0,
             c.p->routers[a.layer] + a.r0, c.p->layers[a.layer].ln2 + a.r0};
   }
   static __device__ __forceinline__ void tally(Tally& t, int r, int b, float v) { t.stash[(r - t.r0) * cfg::B + b] = v; }
@@ -62,7 +58,7 @@ template <> struct OprojTally<true> {
     const Params& p = *c.p;
     const int rows = a.r1 - a.r0;   // a multiple of 8
     const bool fold = a.k0 == 0;
-    const long long* kept = p.expert_sum + (size_t)a.layer * cfg::B * cfg::H;
+    const long long* kept = expert_sum_at(p, a.layer);
     long long kv[PER];
     float gv[PER];
 #pragma unroll
@@ -119,7 +115,7 @@ template <> struct OprojTally<true> {
       }
     }
     if (fold) {   // this layer's experts add into the next row: zero where this task folded
-      long long* next = p.expert_sum + (size_t)(a.layer + 1) * cfg::B * cfg::H;
+      long long* next = expert_sum_at(p, a.layer + 1);
 #pragma unroll
       for (int j = 0; j < PER; ++j) {
         const int i = threadIdx.x + j * CTHREADS;

@@ -77,13 +77,20 @@ def lower(c) -> list[dict]:
     return out
 
 
-def stash_bytes(staged: int, batch: int, plan) -> int:
-    """Under TilePlan.expert_fused a task keeps its partial sums ([o_rows][B] fp32) after its staged input
-    (``staged`` bytes, aligned to 16) for the router's share of the chain (kinds/router.py): the bytes
-    that adds (oproj.cuh OPROJ_STASH_AT)."""
-    return -staged % 16 + plan.o_rows * batch * 4
+def stash_at(staged: int) -> int:
+    """Under TilePlan.expert_fused a task keeps its partial sums after its staged input (``staged`` bytes,
+    smem.oproj_staged_bytes), 16-byte aligned, for the router's share of the chain (kinds/router.py)."""
+    return staged + -staged % 16
+
+
+def stash_bytes(batch: int, plan) -> int:
+    """The stash: [o_rows][B] fp32."""
+    return plan.o_rows * batch * 4
 
 
 def device_constants(graph) -> dict[str, int]:
-    """cfg::O_ROWS: the widest OPROJ tile (the size of its stash)."""
-    return dict(O_ROWS=graph.plan.o_rows)
+    """cfg::O_ROWS (the widest OPROJ tile: the stash's rows) and cfg::OPROJ_STASH_AT (its offset in act[])."""
+    from ..smem import oproj_staged_bytes
+    d = graph.dims
+    return dict(O_ROWS=graph.plan.o_rows,
+                OPROJ_STASH_AT=stash_at(oproj_staged_bytes(d.q_dim, d.head_dim, d.batch, graph.plan)))

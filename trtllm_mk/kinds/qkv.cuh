@@ -24,7 +24,7 @@ struct GemvKind<QKV> : NoTally {
 
   static __device__ __forceinline__ void stage(Ctx& c, const TaskArgs& a) {
     if constexpr (cfg::EXPERT_FUSED)   // x + the previous layer's experts' outputs (kinds/router.py)
-      stage_normed<QKV, true>(c, c.p->layers[a.layer].ln1, c.p->expert_sum + (size_t)a.layer * cfg::B * cfg::H);
+      stage_normed<QKV, true>(c, c.p->layers[a.layer].ln1, expert_sum_at(*c.p, a.layer));
     else
       stage_normed<QKV>(c, c.p->layers[a.layer].ln1);
   }

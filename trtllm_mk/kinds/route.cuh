@@ -83,22 +83,32 @@ __device__ __forceinline__ uint32_t route_row(const float* logits, int lane, int
   return route_logits(v, lane, sel, wsel);
 }
 
-// Every row's choices by one warp, as this lane's union bits. The rows' logits load a chunk at a
-// time, all of a chunk's loads before its routing: one memory round trip per chunk, not per row (on a
-// loader's path, before its expert's first copy).
-__device__ __forceinline__ uint32_t route_all_rows(const float* logits, int lane) {
-  constexpr int CHUNK = cfg::B < 16 / ROUTE_EPL ? cfg::B : 16 / ROUTE_EPL;   // rows: 16 logits a lane at most
+// Every row's choices by one warp, as this lane's union bits, from the rows' values of type T (ROUTE_EPL
+// a lane a row): load(b, v) fetches row b's, route(v) routes it. The rows load a chunk at a time, all of
+// a chunk's loads before its routing: one memory round trip per chunk, not per row (on a loader's path,
+// before its expert's first copy); a chunk holds at most 16 registers a lane.
+template <class T, class Load, class Route>
+__device__ __forceinline__ uint32_t route_rows_chunked(Load&& load, Route&& route) {
+  constexpr int WORDS = (int)sizeof(T) / 4 * ROUTE_EPL;   // registers one row's values take
+  constexpr int PER = 16 / WORDS > 0 ? 16 / WORDS : 1;
+  constexpr int CHUNK = cfg::B < PER ? cfg::B : PER;
   uint32_t chosen = 0u;
   for (int b0 = 0; b0 < cfg::B; b0 += CHUNK) {
-    float v[CHUNK][ROUTE_EPL];
+    T v[CHUNK][ROUTE_EPL];
 #pragma unroll
     for (int j = 0; j < CHUNK; ++j)
-      if (b0 + j < cfg::B) route_load(logits + (size_t)(b0 + j) * cfg::E, lane, v[j]);
+      if (b0 + j < cfg::B) load(b0 + j, v[j]);
 #pragma unroll
     for (int j = 0; j < CHUNK; ++j)
-      if (b0 + j < cfg::B) chosen |= route_logits(v[j], lane, nullptr, nullptr);
+      if (b0 + j < cfg::B) chosen |= route(v[j]);
   }
   return chosen;
+}
+// ... from the router's logits
+__device__ __forceinline__ uint32_t route_all_rows(const float* logits, int lane) {
+  return route_rows_chunked<float>(
+      [&](int b, float (&v)[ROUTE_EPL]) { route_load(logits + (size_t)b * cfg::E, lane, v); },
+      [&](float (&v)[ROUTE_EPL]) { return route_logits(v, lane, nullptr, nullptr); });
 }
 
 // Routing from the logits the attention chain sums in fixed point (TilePlan.expert_fused: kinds/router.py,
@@ -148,21 +158,11 @@ __device__ __forceinline__ uint32_t route_fixed(const long long (&q)[ROUTE_EPL],
     for (int j = 0; j < cfg::TOPK; ++j) wsel[j] /= total;
   return mine;
 }
-// Every row's choices by one warp (a loader's), as route_all_rows: one round trip for the rows' logits.
+// Every row's choices by one warp (a loader's), from the chain's logits of `layer` (route_rows_chunked).
 __device__ __forceinline__ uint32_t route_all_rows_fixed(const Params& p, int layer, int lane) {
-  constexpr int PER = 8 / ROUTE_EPL > 0 ? 8 / ROUTE_EPL : 1;
-  constexpr int CHUNK = cfg::B < PER ? cfg::B : PER;   // rows: 8 logits (16 registers) a lane at most
-  uint32_t chosen = 0u;
-  for (int b0 = 0; b0 < cfg::B; b0 += CHUNK) {
-    long long q[CHUNK][ROUTE_EPL];
-#pragma unroll
-    for (int j = 0; j < CHUNK; ++j)
-      if (b0 + j < cfg::B) fixed_load(p, layer, b0 + j, lane, q[j]);
-#pragma unroll
-    for (int j = 0; j < CHUNK; ++j)
-      if (b0 + j < cfg::B) chosen |= route_fixed(q[j], 0.f, lane, nullptr, nullptr);
-  }
-  return chosen;
+  return route_rows_chunked<long long>(
+      [&](int b, long long (&q)[ROUTE_EPL]) { fixed_load(p, layer, b, lane, q); },
+      [&](const long long (&q)[ROUTE_EPL]) { return route_fixed(q, 0.f, lane, nullptr, nullptr); });
 }
 
 // The expert of slot `slot` given every lane's union bits over the rows: the slot-th chosen expert in

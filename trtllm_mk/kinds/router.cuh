@@ -45,7 +45,7 @@ __device__ __forceinline__ void router_in_chain(Ctx& c, const TaskArgs& a) {
   constexpr int R = cfg::ROUTER_ROWS, RC = R < 4 ? R : 4, NG = cfg::H / 4;
   static_assert(R <= 32, "ROUTER rows exceed red[]");
   const Params& p = *c.p;
-  const long long* kept = p.expert_sum + (size_t)a.layer * cfg::B * cfg::H;
+  const long long* kept = expert_sum_at(p, a.layer);
   const bf16* g = p.layers[a.layer].ln2;
   const bf16* wr = p.routers[a.layer] + (size_t)a.r0 * cfg::H;
   const int rows = a.r1 - a.r0;
