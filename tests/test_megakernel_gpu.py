@@ -124,7 +124,7 @@ def run_and_compare(spec, batch, weights, steps, schedule=None, budget_s=5.0, fi
     # kernel numerics: bf16 GEMV inputs where the kernel stages them, fp32 elsewhere; both references
     # share one fp32 copy of the weights (two would not fit beside an 8B model on an 80 GB GPU)
     ref = ReferenceDecoder(spec, weights, compute_dtype=torch.float32, gemv_input_dtype=torch.bfloat16,
-                           stage_router=not getattr(getattr(dec, "schedule", None), "plan", TilePlan()).expert_fused)
+                           router_through_o=getattr(getattr(dec, "schedule", None), "plan", TilePlan()).expert_fused)
     plain = ref.with_gemv_input_dtype(None)
     first = ref.prefill(prompts, cache).argmax(-1)             # the reference prefill writes the bf16 cache
     pos = torch.tensor([len(p) for p in prompts], device="cuda")

@@ -212,12 +212,12 @@ def test_the_cpu_executor_decodes_as_the_reference(family, batch, fused):
     """The expert kinds on the task graph, any legal interleaving: the reference decoder's logits (fp32
     with the kernel's bf16 GEMV inputs) and tokens, step after step. The executor's fp32 sums run in
     another order than the reference's (its fixed-point residual, per-tile GEMVs). The fused plan sums
-    the router's logits along the chain from fp32 values (kinds/router.py): its reference's router
-    reads the normed rows unstaged."""
+    the router's logits along the chain (kinds/router.py), as its reference does (router_through_o)."""
     from trtllm_mk.kinds.route import route_slots, route_slots_fixed
     spec = sparse_spec(family)
     w = random_weights(spec, dtype=torch.bfloat16, seed=3)
-    ref = ReferenceDecoder(spec, w, compute_dtype=torch.float32, gemv_input_dtype=torch.bfloat16, stage_router=not fused)
+    ref = ReferenceDecoder(spec, w, compute_dtype=torch.float32, gemv_input_dtype=torch.bfloat16,
+                           router_through_o=fused)
     cache = PagedKVCache.allocate(spec, batch, 64, 16, dtype=torch.bfloat16, seed=1)
     prompts = [[5 + b, 6, 7 + 3 * b, 8][: 2 + b % 3] for b in range(batch)]
     tok = ref.prefill(prompts, cache).argmax(-1)
@@ -309,6 +309,30 @@ def test_the_fused_layer_runs_router_before_oproj_and_prices_it_off_the_ring():
     assert _fused_schedule(spec, 2).predicted_step_us > 0   # list-scheduled and simulated without a deadlock
 
 
+@pytest.mark.parametrize("o_rows", [16, 24, 40])
+def test_oproj_streams_the_router_through_o_under_the_fused_plan(o_rows):
+    """Under TilePlan.expert_fused OPROJ's row tiles cover H + E rows: rows from H on are the router through
+    o, which add into router_acc (a tile may hold both kinds of rows), and their bf16 bytes are priced as
+    OPROJ's own; every OPROJ task waits for ROUTER (which reads x and stores the accumulators first).
+    The search offers OPROJ tiles by waves over those rows. The split plan's OPROJ covers H."""
+    from trtllm_mk.search.plans import field_candidates
+    spec = sparse_spec("qwen3_moe")
+    H, E, QD = spec.hidden_size, spec.num_experts, spec.q_size
+    for fused in (True, False):
+        plan = TilePlan(gateup_rows=32, o_rows=o_rows, o_ksplit=2, expert_fused=fused)
+        tasks = [t for t in build_step_graph(spec, 2, plan).layer if t.kind == Kind.OPROJ]
+        rows = H + (E if fused else 0)
+        assert sorted({(t.r0, t.r1) for t in tasks}) == [(a, min(a + o_rows, rows)) for a in range(0, rows, o_rows)]
+        assert sum(t.weight_bytes for t in tasks) == rows * QD * 2
+        for t in tasks:
+            acc = [a for a in t.writes if a.buf == "router_acc"]
+            assert [(a.lo, a.hi) for a in acc] == ([(max(t.r0, H) - H, t.r1 - H)] if t.r1 > H else [])
+            assert any(a.buf == "x" for a in t.writes) == (t.r0 < H)
+            assert any(w.event == "router_done" for w in t.waits) == fused
+    want = -(-(H + E) * 2 // 132 // 8) * 8
+    assert field_candidates("o_rows", TilePlan(o_ksplit=2, expert_fused=True), spec, 132, 64, 1)[0] == max(want, 8)
+
+
 def test_a_layer_whose_kinds_wait_in_a_cycle_is_refused():
     from trtllm_mk.graph.builder import _dependency_order
     a = (Kind.QKV, [dict(waits=(EventRef("b", 0, 0),), signals=(EventRef("a", 0, 0),))])
@@ -346,21 +370,38 @@ def test_routing_from_fixed_point_logits_ranks_as_the_reference_and_breaks_ties_
     assert route_fixed(tied, x[:1], 5, True, 1e-6)[1].tolist() == [[3, 7, 9, 12, 2]]
 
 
-def test_the_reference_can_leave_the_routers_input_unstaged():
-    """ReferenceDecoder(stage_router=False): bf16 GEMV inputs everywhere but the router's, which reads the
-    normed rows in fp32 (the fused plan's numerics); Staging(router=True) routes on the staged rows."""
+def test_the_reference_sums_the_router_logits_along_the_chain():
+    """DecoderBlock.chain_logits (the fused plan's numerics, Staging(router_through_o=True)): router(ln2 * x)
+    in fp32 plus the router through o_proj (bf16) times the attention output, times 1 / rms of x after
+    o_proj: the normed rows' logits up to the bf16 rounding of router_through_o, which is the same
+    matrix from bf16 or fp32 copies of the weights. The sparse MLP then routes by them."""
     from trtllm_mk.model.decoder_block import DecoderBlock, rms_norm
+    from trtllm_mk.model.moe import router_through_o
     from trtllm_mk.reference import Staging
     spec = sparse_spec("qwen3_moe")
-    w = random_weights(spec, dtype=torch.float32, seed=2)
+    w = random_weights(spec, dtype=torch.bfloat16, seed=2)
     block = DecoderBlock(spec, w, 0, torch.float32)
-    x = torch.randn(3, spec.hidden_size, generator=torch.Generator().manual_seed(5)) * 1.37
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(3, spec.hidden_size, generator=gen) * 1.37
+    o = torch.randn(3, spec.q_size, generator=gen).bfloat16().float()
+    after = x + o @ block.wo.T
+    got = block.chain_logits(x, o, after)
+    m = router_through_o(w[spec.moe_names(0)[0]], w["model.layers.0.post_attention_layernorm.weight"],
+                         w["model.layers.0.self_attn.o_proj.weight"])
+    assert m.dtype == torch.bfloat16 and torch.equal(m, router_through_o(block.moe.router, block.ffn_norm, block.wo))
+    d = torch.float64
+    r, g = block.moe.router.to(d), block.ffn_norm.to(d)
+    exact = (x.to(d) * g) @ r.T + o.to(d) @ m.to(d).T
+    exact *= torch.rsqrt(after.to(d).pow(2).mean(-1, keepdim=True) + spec.rms_norm_eps)
+    assert torch.allclose(got.to(d), exact, rtol=1e-5, atol=1e-6)
+    normed = after.to(d) * torch.rsqrt(after.to(d).pow(2).mean(-1, keepdim=True) + spec.rms_norm_eps) * g
+    err = (got.to(d) - normed @ r.T).norm() / (normed @ r.T).norm()
+    assert 0 < err < 1e-2
     stage = Staging(torch.bfloat16)
-    h = rms_norm(x, block.ffn_norm, spec.rms_norm_eps)
-    got = block.mlp_delta(x, Staging(torch.bfloat16, router=False))
-    assert torch.equal(got, block.moe(stage(h), stage, h))
-    staged = block.mlp_delta(x, stage)
-    assert torch.equal(staged, block.moe(stage(h), stage)) and not torch.equal(got, staged)
+    h = stage(rms_norm(after, block.ffn_norm, spec.rms_norm_eps))
+    chained = block.mlp_delta(after, stage, got)
+    assert torch.equal(chained, block.moe(h, stage, got))
+    assert not torch.equal(chained, block.mlp_delta(after, stage))
 
 
 def test_the_h200_model_ranks_qwen3_30b_a3b_attention_splits_as_measured():

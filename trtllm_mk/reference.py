@@ -109,11 +109,12 @@ def prompt_inputs(prompts: Sequence[Sequence[int]], device) -> Iterable[tuple[to
 
 
 class Staging:
-    """The megakernel's staging of a GEMV input: a round trip through ``dtype``. ``router`` says whether a
-    sparse layer's router input is staged too (model/decoder_block.py mlp_delta)."""
+    """The megakernel's staging of a GEMV input: a round trip through ``dtype``. ``router_through_o``: a
+    sparse layer's router logits are summed as the fused expert plans sum them
+    (model/decoder_block.py DecoderBlock.chain_logits), not computed from the staged normed rows."""
 
-    def __init__(self, dtype: torch.dtype, router: bool = True):
-        self.dtype, self.router = dtype, router
+    def __init__(self, dtype: torch.dtype, router_through_o: bool = False):
+        self.dtype, self.router_through_o = dtype, router_through_o
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return x if self.dtype == x.dtype else x.to(self.dtype).to(x.dtype)
@@ -123,20 +124,20 @@ class ReferenceDecoder:
     """Greedy prefill/decode of a Llama-family model over a ``PagedKVCache``; fp32 logits out."""
 
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], compute_dtype: torch.dtype | None = None,
-                 gemv_input_dtype: torch.dtype | None = None, stage_router: bool = True):
+                 gemv_input_dtype: torch.dtype | None = None, router_through_o: bool = False):
         """``gemv_input_dtype`` (e.g. torch.bfloat16 with fp32 compute) rounds the input of every
         linear layer to that dtype, exactly where the megakernel stages its activations in shared
         memory, and nowhere else: the kernel's numerics up to fp32 summation order, for comparisons
-        that must not flip near-tied argmaxes. ``stage_router=False`` leaves a sparse layer's router
-        input unrounded: the megakernel's numerics under TilePlan.expert_fused, which sums the router's
-        logits from fp32 values (kinds/router.py)."""
+        that must not flip near-tied argmaxes. ``router_through_o`` sums a sparse layer's router logits
+        along the attention chain: the megakernel's numerics under TilePlan.expert_fused
+        (kinds/router.py)."""
         self.spec = spec
         self.model = Decoder(spec, weights, compute_dtype)
         self.dtype = self.model.dtype
         self.device = self.model.tok_embeddings.device
         self.inv_freq = rope_inv_freq(spec).to(self.device)
         self.gemv_input_dtype = gemv_input_dtype
-        self.stage_router = stage_router
+        self.router_through_o = router_through_o
 
     def with_gemv_input_dtype(self, gemv_input_dtype: torch.dtype | None) -> "ReferenceDecoder":
         """This decoder (its weights shared, not copied) rounding GEMV inputs to ``gemv_input_dtype``."""
@@ -150,7 +151,7 @@ class ReferenceDecoder:
         their K/V to the cache and return fp32 logits ``[N, V]`` of each row's last token."""
         cos, sin = rope_cos_sin(pos, self.inv_freq, self.dtype)
         attention = paged_attention(cache, rows, pos, self.spec.sliding_window)
-        stage = None if self.gemv_input_dtype is None else Staging(self.gemv_input_dtype, self.stage_router)
+        stage = None if self.gemv_input_dtype is None else Staging(self.gemv_input_dtype, self.router_through_o)
         return self.model(ids, cos, sin, attention, stage).float()
 
     # -- public API ------------------------------------------------------------------------------

@@ -119,6 +119,8 @@ PARAMS = (
                "[L, B, E, ROUTER_ACC_STRIDE] the router logits in fixed point (word 0), summed along the attention chain"),
     ParamField("expert_sum", "long long*", BUFFER,
                "[L + 1, B, H] row l + 1: layer l's experts' outputs in fixed point, beside x (kinds/router.py)"),
+    ParamField("router_o", "const bf16* const*", WEIGHT,
+               "[L] under TilePlan.expert_fused: the router through the o-projection [E, QD] (kinds/router.py; null otherwise)"),
 )
 
 # mk::ExpertWeights: one expert's matrices, HF layouts ([out, in] row-major), read in place.

@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 
 from .gpus import GpuSpec
-from .kinds import emlp, oproj
+from .kinds import emlp
 from .kinds.combine import merge_scratch_bytes
 from .graph.tasks import Kind, TilePlan
 from .model.families import FAMILIES
@@ -237,18 +237,12 @@ def activation_bytes(hidden: int, q_size: int, intermediate: int, group: int, he
                attention_scratch_bytes(group, head_dim, plan.consumer_warps, batch))
 
 
-def oproj_staged_bytes(q_size: int, head_dim: int, batch: int, plan: TilePlan) -> int:
+def oproj_staging_bytes(q_size: int, head_dim: int, batch: int, plan: TilePlan) -> int:
     """OPROJ's staged input, and under ``o_merge`` the merge factors of its chunk's heads after it
     (kinds/oproj.cuh stage)."""
     kt = q_size // plan.o_ksplit
     rows = batch * (kt + ACT_PAD) * 2
     return rows + (merge_scratch_bytes(batch, kt // head_dim, plan.attn_splits) if plan.o_merge else 0)
-
-
-def oproj_staging_bytes(q_size: int, head_dim: int, batch: int, plan: TilePlan) -> int:
-    """oproj_staged_bytes, and under ``expert_fused`` its outputs' stash after them (kinds/oproj.py)."""
-    staged = oproj_staged_bytes(q_size, head_dim, batch, plan)
-    return (oproj.stash_at(staged) + oproj.stash_bytes(batch, plan)) if plan.expert_fused else staged
 
 
 @dataclass(frozen=True)

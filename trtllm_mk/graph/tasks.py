@@ -18,7 +18,9 @@ GPU applies when it stages an activation in shared memory as the input of a GEMV
   COMBINE group g               attn_out[b, h*d:(h+1)*d] = merge of the S partials of head h
   OPROJ  rows [r0,r1) of H,     x[b,r] += W_o[r, k0:k1]·bf16(attn_out[b, k0:k1])   (K-split: atomic add)
          k [k0,k1) of nh*d      with TilePlan.o_merge there are no COMBINE tasks: OPROJ merges the S
-                                partials of its heads itself (the same merge) as it stages attn_out
+                                partials of its heads itself (the same merge) as it stages attn_out;
+                                under TilePlan.expert_fused rows from H on are the router through o,
+                                router_acc[b,r-H] += M[r-H, k0:k1]·bf16(attn_out) (kinds/router.py)
   GATEUP rows [r0,r1) of I      xn = bf16(rmsnorm(x[b]) * ln2); act[b,r] = silu(W_g[r]·xn) * (W_u[r]·xn)
   DOWN   rows [r0,r1) of H,     x[b,r] += W_d[r, k0:k1]·bf16(act[b, k0:k1])        (K-split: atomic add)
          k [k0,k1) of I

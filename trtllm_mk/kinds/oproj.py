@@ -13,17 +13,22 @@ def execute(ex, t, layer: int) -> None:
     import torch
 
     from ..residual import to_fixed
-    w = ex.layers[layer]["o"][t.r0:t.r1, t.k0:t.k1]
+    from .router import oproj_fold, through_o
+    H = ex.spec.hidden_size
     if ex.graph.plan.o_merge:            # the chunk's heads, merged from the partials here
         n = ex.G * ex.d
         src = torch.cat([ex.merged_attention(g) for g in range(t.k0 // n, t.k1 // n)], dim=1)
     else:
         src = ex.attn_out[:, t.k0:t.k1]
-    y = ex.stage_round(src) @ w.T
-    ex.x[:, t.r0:t.r1] += to_fixed(y)
-    if ex.graph.plan.expert_fused:   # the router's share of the chain (kinds/router.py)
-        from .router import oproj_partial
-        oproj_partial(ex, t, layer, y)
+    src = ex.stage_round(src)
+    if t.r0 < H:
+        r1 = min(t.r1, H)
+        ex.x[:, t.r0:r1] += to_fixed(src @ ex.layers[layer]["o"][t.r0:r1, t.k0:t.k1].T)
+    if t.r1 > H:   # the router through o (kinds/router.py)
+        m = through_o(ex, layer)[max(t.r0, H) - H:t.r1 - H, t.k0:t.k1]
+        ex.router_acc[layer][:, max(t.r0, H) - H:t.r1 - H] += to_fixed(src @ m.T)
+    if ex.graph.plan.expert_fused:
+        oproj_fold(ex, t, layer)
 
 # GEMV cost and ring hooks (kinds/gemv.py)
 MATRICES = 1
@@ -48,13 +53,14 @@ def k_range(spec, plan) -> int:
 
 
 def lower(c) -> list[dict]:
-    """Row tiles of H, each K-split by head groups (``o_ksplit`` chunks), adding into x."""
+    """Row tiles of H (and under the chain the router's E rows after them: kinds/router.py), each K-split
+    by head groups (``o_ksplit`` chunks), adding into x (router_acc)."""
     from ..graph.tasks import Access, EventRef
-    from .router import oproj_accesses
+    from .router import oproj_accesses, oproj_rows
     plan, B, S, d = c.plan, c.B, c.S, c.d
     o_chunk = c.QD // plan.o_ksplit
     out = []
-    for a, b in c.tiles(c.H, plan.o_rows):
+    for a, b in c.tiles(oproj_rows(c.spec, plan), plan.o_rows):
         for k in range(plan.o_ksplit):
             k0, k1 = k * o_chunk, (k + 1) * o_chunk
             split = plan.o_ksplit > 1 or c.tp > 1   # adds with other K-chunks' or other ranks' partials
@@ -70,27 +76,21 @@ def lower(c) -> list[dict]:
             out.append(dict(r0=a, r1=b, k0=k0, k1=k1,
                             waits=((EventRef("qkv_all", 0, 0),) if split else ()) + chain_waits + (ready,),
                             signals=(EventRef("oproj_done", 0, 0),),
-                            reads=source + (() if split else (Access("x", a, b),)) + chain_reads,
-                            writes=(Access("x", a, b, add=split or bool(chain_writes)),) + chain_writes,
-                            weight_bytes=c.linear_bytes(b - a, k1 - k0), act_bytes=B * (staged + (b - a) * 8),
+                            reads=source + (() if split or a >= c.H else (Access("x", a, min(b, c.H)),)) + chain_reads,
+                            writes=((Access("x", a, min(b, c.H), add=split or bool(chain_writes)),) if a < c.H else ())
+                            + chain_writes,
+                            weight_bytes=weight_bytes(c, a, b, k1 - k0), act_bytes=B * (staged + (b - a) * 8),
                             flops=2 * B * (b - a) * (k1 - k0)))
     return out
 
 
-def stash_at(staged: int) -> int:
-    """Under TilePlan.expert_fused a task keeps its partial sums after its staged input (``staged`` bytes,
-    smem.oproj_staged_bytes), 16-byte aligned, for the router's share of the chain (kinds/router.py)."""
-    return staged + -staged % 16
-
-
-def stash_bytes(batch: int, plan) -> int:
-    """The stash: [o_rows][B] fp32."""
-    return plan.o_rows * batch * 4
+def weight_bytes(c, a: int, b: int, k: int) -> int:
+    """A task's weight bytes over rows [a, b), K columns: the o-projection's rows in the layers' format,
+    the router through o's (from H on) in bf16."""
+    x_rows, router_rows = max(min(b, c.H) - a, 0), max(b - max(a, c.H), 0)
+    return c.linear_bytes(x_rows, k) + router_rows * k * 2
 
 
 def device_constants(graph) -> dict[str, int]:
-    """cfg::O_ROWS (the widest OPROJ tile: the stash's rows) and cfg::OPROJ_STASH_AT (its offset in act[])."""
-    from ..smem import oproj_staged_bytes
-    d = graph.dims
-    return dict(O_ROWS=graph.plan.o_rows,
-                OPROJ_STASH_AT=stash_at(oproj_staged_bytes(d.q_dim, d.head_dim, d.batch, graph.plan)))
+    """cfg::O_ROWS: the widest OPROJ tile (the rows a first K-chunk task folds, kinds/router.py)."""
+    return dict(O_ROWS=graph.plan.o_rows)

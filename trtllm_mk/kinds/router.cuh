@@ -1,7 +1,7 @@
 // ROUTER's device part (kinds/router.py): rows of the sparse layer's router weight [E, H]. Beside the split
 // expert kinds, a GEMV: RMS-norm x (ln2) after OPROJ, the experts' logits of every batch row for ROUTE.
 // Under TilePlan.expert_fused (router_in_chain below): at the layer's start, the logits of ln2 * (x +
-// expert_sum), not normed, in fixed point (router_acc), which OPROJ's tasks add to. The GEMV machinery
+// expert_sum), not normed, in fixed point (router_acc), which OPROJ's router rows add to. The GEMV machinery
 // is mk_gemv.cuh; inlined by codegen after the shared device headers.
 #pragma once
 

@@ -8,17 +8,19 @@ the EGATEUP tiles of its own slot.
 
 Under TilePlan.expert_fused the logits are summed along the attention chain instead, so that no phase
 stands between OPROJ and the experts' streams. The router is linear in ln2 * x, and x after OPROJ is x
-at the layer's start plus OPROJ's partial sums; the norm's 1 / rms scales every logit of a row alike,
-so the routing needs it only for the weights. So ROUTER tasks run at the layer's start, beside QKV, and
-store the rows' logits of ln2 * x (not normed, fp32 on the CUDA cores: router.cuh router_in_chain) in
-fixed point (router_acc); each OPROJ task adds the logits of ln2 * its fp32 partial sums
-(``oproj_partial``) once ROUTER is done, so the logits keep the numerics of an fp32 router on the
-normed rows (the reference decoder's ``stage_router=False``); EMLP ranks the experts by
-router_acc and scales by the 1 / rms of x it stages (kinds/route.py ``route_fixed``). Fixed point makes
-the sum the same in every order. EMLP's tiles, which stage x, then add their outputs into expert_sum
-(row l + 1 for layer l) rather than x; layer l + 1's QKV (and the LM head after the last layer) stages
-x + expert_sum[l + 1], ROUTER reads the same, and layer l + 1's first K-chunk OPROJ tasks add their rows
-of it into x and zero the same rows of expert_sum[l + 2], which their own layer's experts then add into.
+at the layer's start plus W_o o (o the attention output); the norm's 1 / rms scales every logit of a
+row alike, so the routing needs it only for the weights. So ROUTER tasks run at the layer's start,
+beside QKV, and store the rows' logits of ln2 * x (not normed, fp32 on the CUDA cores: router.cuh
+router_in_chain) in fixed point (router_acc), and OPROJ adds the logits of ln2 * W_o o as E more rows of
+its GEMV: the router through the o-projection, router diag(ln2) W_o (model/moe.py router_through_o,
+bf16, ``through_o``), whose rows' K-chunk partials add into router_acc as the o-projection's rows add
+into x. The reference decoder sums the same (DecoderBlock.chain_logits). EMLP ranks the experts by
+router_acc and scales by the 1 / rms of x it stages (kinds/route.py ``route_fixed``). Fixed point
+makes the sum the same in every order. EMLP's tiles, which stage x, then add their outputs into
+expert_sum (row l + 1 for layer l) rather than x; layer l + 1's QKV (and the LM head after the last
+layer) stages x + expert_sum[l + 1], ROUTER reads the same, and layer l + 1's first K-chunk OPROJ tasks
+add their rows of it into x and zero the same rows of expert_sum[l + 2], which their own layer's
+experts then add into.
 Row 0 is never written: zero."""
 from __future__ import annotations
 
@@ -124,24 +126,41 @@ def pending_reads(c, layer: int, staged: bool = False) -> tuple:
     return (Access("expert_sum", 0, c.H, layer=layer, staged=staged),) if in_chain(c.spec, c.plan) else ()
 
 
-def oproj_partial(ex, t, layer: int, y) -> None:
-    """An OPROJ task's share of the chain (module docstring), given its partial sums ``y`` [B, rows]:
-    the logits of ln2 * y into router_acc; a first K-chunk task also adds its rows of the experts'
-    outputs kept beside x into x, and zeroes the same rows for this layer's experts."""
-    from ..residual import to_fixed
+def through_o(ex, layer: int):
+    """The executor's router through the o-projection of ``layer`` [E, q_size] (fp32 values of the bf16
+    matrix the kernel streams), made on first use."""
     lw = ex.layers[layer]
-    ex.router_acc[layer] += to_fixed((y * lw["ln2"][t.r0:t.r1]) @ lw["router"][:, t.r0:t.r1].T)
-    if t.k0 == 0:
-        ex.x[:, t.r0:t.r1] += ex.expert_sum[layer][:, t.r0:t.r1]
-        ex.expert_sum[layer + 1][:, t.r0:t.r1] = 0
+    if "router_o" not in lw:
+        from ..model.moe import router_through_o
+        lw["router_o"] = router_through_o(lw["router"], lw["ln2"], lw["o"]).float()
+    return lw["router_o"]
+
+
+def oproj_fold(ex, t, layer: int) -> None:
+    """A first K-chunk OPROJ task's share of the chain (module docstring): its rows of x (below H) get
+    the experts' outputs kept beside x, and the same rows of this layer's expert_sum are zeroed."""
+    H = ex.spec.hidden_size
+    if t.k0 == 0 and t.r0 < H:
+        r1 = min(t.r1, H)
+        ex.x[:, t.r0:r1] += ex.expert_sum[layer][:, t.r0:r1]
+        ex.expert_sum[layer + 1][:, t.r0:r1] = 0
 
 
 def oproj_accesses(c, a: int, b: int, first_chunk: bool) -> tuple[tuple, tuple, tuple]:
-    """(waits, reads, writes) an OPROJ task of rows [a, b) adds for the chain."""
+    """(waits, reads, writes) that the chain adds to an OPROJ task of rows [a, b) (rows from H on: the
+    router through o, into router_acc). Every task waits for ROUTER, which reads x and expert_sum as
+    they were at the layer's start and stores the accumulators."""
     from ..graph.tasks import Access, EventRef
     if not in_chain(c.spec, c.plan):
         return (), (), ()
-    reads = (Access("expert_sum", a, b, layer=0),) if first_chunk else ()
-    writes = (Access("router_acc", 0, c.E, layer=0, add=True),) + (
-        (Access("expert_sum", a, b, layer=1),) if first_chunk else ())
+    H = c.H
+    xa, xb = min(a, H), min(b, H)
+    reads = (Access("expert_sum", xa, xb, layer=0),) if first_chunk and xa < xb else ()
+    writes = ((Access("router_acc", max(a, H) - H, b - H, layer=0, add=True),) if b > H else ()) + (
+        (Access("expert_sum", xa, xb, layer=1),) if first_chunk and xa < xb else ())
     return (EventRef("router_done", 0, 0),), reads, writes
+
+
+def oproj_rows(spec, plan) -> int:
+    """OPROJ's output rows: H, and under the chain E more, the router through o."""
+    return spec.hidden_size + (spec.num_experts if in_chain(spec, plan) else 0)

@@ -25,8 +25,10 @@ Numerics follow HF's eager model in the compute dtype: RMSNorm statistics in fp3
 the gain; RoPE in the dtype of the cos/sin tables it is given (HF rounds them to the activation dtype;
 fp32 tables give fp32 RoPE); everything else in the compute dtype. ``stage`` (optional) is applied to
 the input of every linear layer: the reference uses it to round those inputs where the megakernel
-stages its activations. A decoder layer's weight may also be a module that applies a weight kept in
-another format (``linear``: the int4 benchmark baseline swaps in torch's tinygemm linears).
+stages its activations. A stage whose ``router_through_o`` is true also sums a sparse layer's router
+logits as the megakernel's fused expert plans do (``DecoderBlock.chain_logits``). A decoder layer's
+weight may also be a module that applies a weight kept in another format (``linear``: the int4
+benchmark baseline swaps in torch's tinygemm linears).
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ModelError
-from .moe import MoeMlp
+from .moe import MoeMlp, router_through_o
 from .rope import apply_rotary
 from .spec import ModelSpec
 
@@ -170,6 +172,7 @@ class DecoderBlock(nn.Module):
         self.k_norm = _param(weights[a + "k_norm.weight"].to(dtype)) if spec.qk_norm else None
         self.wo = _weight([weights[a + "o_proj.weight"]], dtype)
         self.ffn_norm = _param(weights[p + "post_attention_layernorm.weight"].to(dtype))
+        self._router_o = None   # chain_logits' router through o_proj, made on first use
         if spec.is_moe_layer(layer):
             self.moe = MoeMlp(spec, weights, layer, dtype)
             self.w_gate_up = self.w_down = None
@@ -181,8 +184,10 @@ class DecoderBlock(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention: Attention,
                 stage: Stage | None = None) -> torch.Tensor:
         """``x [N, T, hidden]`` -> the same, for tokens whose RoPE tables are ``cos, sin [N, T, 1, d]``."""
-        x = x + self.attention_delta(x, cos, sin, attention, stage)
-        return x + self.mlp_delta(x, stage)
+        o = self.attention_output(x, cos, sin, attention, stage)
+        after = x + linear(o, self.wo)
+        logits = self.chain_logits(x, o, after) if getattr(stage, "router_through_o", False) else None
+        return after + self.mlp_delta(after, stage, logits)
 
     # The two residual updates are separate so that a tensor-parallel rank (``trtllm_mk.parallel``) can
     # all-reduce its partial o_proj / down_proj output before it is added to the residual.
@@ -190,6 +195,11 @@ class DecoderBlock(nn.Module):
     def attention_delta(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention: Attention,
                         stage: Stage | None = None) -> torch.Tensor:
         """What the attention half adds to the residual ``x [N, T, hidden]``: o_proj of the attention."""
+        return linear(self.attention_output(x, cos, sin, attention, stage), self.wo)
+
+    def attention_output(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention: Attention,
+                         stage: Stage | None = None) -> torch.Tensor:
+        """The attention's output ``[N, T, q_size]``, o_proj's input (staged)."""
         s = self.spec
         N, T, _ = x.shape
         h = rms_norm(x, self.attention_norm, s.rms_norm_eps)
@@ -204,19 +214,31 @@ class DecoderBlock(nn.Module):
             k = rms_norm(k, self.k_norm, s.rms_norm_eps)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         o = attention(self.layer, q, k, v).reshape(N, T, s.q_size)
-        if stage is not None:
-            o = stage(o)
-        return linear(o, self.wo)
+        return o if stage is None else stage(o)
 
-    def mlp_delta(self, x: torch.Tensor, stage: Stage | None = None) -> torch.Tensor:
-        """What the MLP half adds to the residual ``x``: down_proj of silu(gate) * up (or the routed experts' sum)."""
-        h = routed = rms_norm(x, self.ffn_norm, self.spec.rms_norm_eps)
+    def chain_logits(self, x: torch.Tensor, o: torch.Tensor, after: torch.Tensor) -> torch.Tensor | None:
+        """A sparse layer's router logits as the megakernel's fused expert plans sum them along the
+        attention chain (kinds/router.py), from the residual ``x`` at the layer's start, the staged
+        attention output ``o`` and the residual ``after`` it: router(ln2 * x) in fp32 plus
+        router_through_o(o), times the norm's 1 / rms of ``after``. None for a dense layer."""
+        if self.moe is None:
+            return None
+        if self._router_o is None:
+            self._router_o = router_through_o(self.moe.router, self.ffn_norm, self.wo)
+        f32 = torch.float32
+        u = F.linear(x.to(f32) * self.ffn_norm.to(f32), self.moe.router.to(f32))
+        u = u + F.linear(o.to(f32), self._router_o.to(f32))
+        a = after.to(f32)
+        return u * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + self.spec.rms_norm_eps)
+
+    def mlp_delta(self, x: torch.Tensor, stage: Stage | None = None, logits: torch.Tensor | None = None) -> torch.Tensor:
+        """What the MLP half adds to the residual ``x``: down_proj of silu(gate) * up (or the routed experts'
+        sum; ``logits``: a sparse layer's router logits when they are not those of its normed rows)."""
+        h = rms_norm(x, self.ffn_norm, self.spec.rms_norm_eps)
         if stage is not None:
             h = stage(h)
-            if getattr(stage, "router", True):   # reference.Staging(router=False): the router reads unstaged rows
-                routed = h
         if self.moe is not None:
-            return self.moe(h, stage, routed)
+            return self.moe(h, stage, logits)
         gate, up = linear(h, self.w_gate_up).chunk(2, dim=-1)
         act = F.silu(gate) * up
         if stage is not None:

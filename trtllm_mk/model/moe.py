@@ -45,6 +45,15 @@ def route(logits: torch.Tensor, top_k: int, normalize: bool) -> tuple[torch.Tens
     return weights.gather(-1, perm), experts
 
 
+def router_through_o(router: torch.Tensor, ln2: torch.Tensor, wo: torch.Tensor) -> torch.Tensor:
+    """The router through the o-projection, ``router diag(ln2) wo`` ``[E, q_size]`` in bf16: the logits
+    that the attention output ``o`` adds to a sparse layer's router (its input is ln2 * (x + wo o)
+    before the norm). Computed in fp64 and rounded once, so every device computes the same bf16 matrix
+    from the same weights (the megakernel's fused expert plans stream it: kinds/router.py)."""
+    m = (router.to(torch.float64) * ln2.to(torch.float64)) @ wo.to(torch.float64)
+    return m.to(torch.bfloat16)
+
+
 class MoeMlp(nn.Module):
     """A sparse layer's MLP over HF-named weights: the router ``[E, H]`` and the experts stacked as
     ``w_gate_up [E, 2*Im, H]`` (each expert's gate rows, then its up rows) and ``w_down [E, H, Im]`` (a
@@ -69,13 +78,13 @@ class MoeMlp(nn.Module):
         self.w_gate_up = nn.Parameter(gate_up.view(E, 2 * Im, H).to(dtype), requires_grad=False)
         self.w_down = nn.Parameter(down.to(dtype), requires_grad=False)
 
-    def forward(self, h: torch.Tensor, stage=None, routed: torch.Tensor | None = None) -> torch.Tensor:
-        """``h [..., H]`` (the normed, staged residual) -> the MLP output, same shape and dtype. ``routed``:
-        the rows the router reads when they are not ``h`` (the same rows, not staged)."""
+    def forward(self, h: torch.Tensor, stage=None, logits: torch.Tensor | None = None) -> torch.Tensor:
+        """``h [..., H]`` (the normed, staged residual) -> the MLP output, same shape and dtype. ``logits
+        [..., E]``: the router's logits when they are not those of ``h`` (DecoderBlock.forward)."""
         s = self.spec
         x = h.reshape(-1, s.hidden_size)
-        r = x if routed is None else routed.reshape(-1, s.hidden_size)
-        weights, experts = route(F.linear(r, self.router), s.num_experts_per_tok, s.norm_topk_prob)
+        r = F.linear(x, self.router) if logits is None else logits.reshape(-1, s.num_experts)
+        weights, experts = route(r, s.num_experts_per_tok, s.norm_topk_prob)
         if x.shape[0] * s.num_experts_per_tok <= s.num_experts:
             y = self._gathered(x, experts, stage)
         else:

@@ -163,6 +163,7 @@ class MegakernelDecoder:
         self._layer_table = self._pack_layer_table(weights, LAYER_FIELDS)
         self._scale_table = self._pack_layer_table(weights, SCALE_FIELDS) if spec.quantized else None
         self._routers, self._experts = self._pack_expert_tables(weights) if spec.is_moe else (None, None)
+        self._router_o = self._pack_router_o(weights) if spec.is_moe and schedule.plan.expert_fused else None
         self._params = self._pack_params()
         mkrt = load_runtime()
         with torch.cuda.device(dev):
@@ -238,6 +239,18 @@ class MegakernelDecoder:
         dev = self.device
         return (torch.tensor(routers, dtype=torch.int64, device=dev), torch.tensor(experts, dtype=torch.int64, device=dev))
 
+    def _pack_router_o(self, weights: dict[str, torch.Tensor]) -> torch.Tensor:
+        """[L] pointers to each sparse layer's router through the o-projection (kinds/router.py), which the
+        decoder makes from its weights and keeps: E rows of q_size bf16 a layer."""
+        from ..model.moe import router_through_o
+        self._router_o_mats = []
+        for i in range(self.spec.num_layers):
+            p = f"model.layers.{i}."
+            router, _ = self.spec.moe_names(i)
+            self._router_o_mats.append(router_through_o(weights[router], weights[p + "post_attention_layernorm.weight"],
+                                                        weights[p + "self_attn.o_proj.weight"]).contiguous())
+        return torch.tensor([m.data_ptr() for m in self._router_o_mats], dtype=torch.int64, device=self.device)
+
     def _pack_params(self) -> bytes:
         w, b = self.weights, self.buf
         lm = w["lm_head.weight"] if "lm_head.weight" in w else w["model.embed_tokens.weight"]
@@ -246,7 +259,7 @@ class MegakernelDecoder:
         ptrs = dict(layers=self._layer_table, embed=w["model.embed_tokens.weight"], final_norm=w["model.norm.weight"],
                     lm_head=lm, inv_freq=self.inv_freq, kv_pool=self.cache.pool, block_table=self.cache.block_table,
                     layer_scales=self._scale_table, peers=self._peer_table, routers=self._routers,
-                    experts=self._experts, trace=self._trace)
+                    experts=self._experts, router_o=self._router_o, trace=self._trace)
         ptrs.update((f.name, getattr(b, f.name)) for f in fields(DecodeBuffers))   # every engine-owned buffer
         values = {f: 0 if t is None else t.data_ptr() for f, t in ptrs.items()}
         values.update(rank=self.rank, num_blocks=self.cache.pool.shape[1],

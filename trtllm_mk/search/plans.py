@@ -18,6 +18,7 @@ from dataclasses import replace
 from ..gpus import GpuSpec
 from ..graph.builder import check_plan
 from ..graph.tasks import KV_RUNS, TilePlan
+from ..kinds.router import oproj_rows
 from ..model.spec import ModelSpec
 from ..smem import MMA_ROWS, attention_kv_ring, fits, gemv_k_ranges, geometries, plan_smem
 
@@ -123,7 +124,7 @@ def field_candidates(field: str, plan: TilePlan, spec: ModelSpec, num_sms: int, 
     if field == "qkv_rows":
         return wave_rows(spec.num_kv_heads * gr, 1, num_sms, cap=gr, unit=u)
     if field == "o_rows":
-        return wave_rows(H, plan.o_ksplit, num_sms, unit=u)
+        return wave_rows(oproj_rows(spec, plan), plan.o_ksplit, num_sms, unit=u)
     if field == "gateup_rows":   # EMLP's tiles are whole tensor-core k-steps of its down part
         return wave_rows(I, 1, num_sms, unit=16 if plan.expert_fused else u, copies=copies)
     if field == "down_rows":
@@ -203,8 +204,9 @@ def with_ksplit(plan: TilePlan, field: str, k: int, spec: ModelSpec, num_sms: in
     """Change a K-split factor and rescale that kind's rows to keep the same number of waves."""
     H = spec.hidden_size
     if field == "o_ksplit":
-        waves = max(1, round(-(-H // plan.o_rows) * plan.o_ksplit / num_sms))
-        rows = min(wave_rows(H, k, num_sms, unit=row_unit(spec)), key=lambda r: abs(-(-H // r) * k / num_sms - waves))
+        n = oproj_rows(spec, plan)
+        waves = max(1, round(-(-n // plan.o_rows) * plan.o_ksplit / num_sms))
+        rows = min(wave_rows(n, k, num_sms, unit=row_unit(spec)), key=lambda r: abs(-(-n // r) * k / num_sms - waves))
         return replace(plan, o_ksplit=k, o_rows=rows)
     c = mlp_copies(spec, batch)
     waves = max(1, round(-(-H // plan.down_rows) * plan.down_ksplit * c / num_sms))

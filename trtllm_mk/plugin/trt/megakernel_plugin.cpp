@@ -780,6 +780,7 @@ int32_t DecodeStepPlugin::enqueue(const nvinfer1::PluginTensorDesc* inputDesc, c
         case P::rank: return 0;
         case P::routers:                  // dense models: no experts (mixture-of-experts engines are refused)
         case P::experts:
+        case P::router_o:
         case P::router_logits:
         case P::moe_slot:
         case P::moe_w:
