@@ -55,6 +55,27 @@ def parse_variant(text: str) -> tuple[str, dict, tuple[str, ...], str | None, st
     return name, sets, Diagnostics.parse(switches), src, sched, cp_async
 
 
+def params_fields(source: str) -> list[str]:
+    """The field names of ``struct Params`` in a generated kernel source, in order."""
+    import re
+    if "struct Params {" not in source:
+        return []
+    body = source.split("struct Params {", 1)[1].split("};", 1)[0]
+    return re.findall(r"(\w+);", re.sub(r"//[^\n]*", "", body))
+
+
+def check_params_prefix(source: str, where: str) -> None:
+    """A src= kernel gets this tree's Params (seam.pack_params): it runs only if its own struct is a prefix of
+    this tree's, each field where this tree packs it. Otherwise one line, before anything launches."""
+    from trtllm_mk import seam
+    theirs, ours = params_fields(source), [f.name for f in seam.PARAMS]
+    if not theirs or theirs != ours[:len(theirs)]:
+        at = next((i for i, (t, o) in enumerate(zip(theirs, ours)) if t != o), min(len(theirs), len(ours)))
+        sys.exit(f"error: {where}: its kernel's Params is not a prefix of this tree's (they part at field {at}: "
+                 f"{theirs[at] if at < len(theirs) else 'end'} vs {ours[at] if at < len(ours) else 'end'}); "
+                 "this tree would pass it misplaced pointers")
+
+
 def variant_schedule(spec, batch: int, context: int, gpu, sets: dict, sched: str | None):
     """The variant's schedule: the file's (it must be of this model, batch and context), or the
     benchmark's with ``sets`` applied."""
@@ -82,6 +103,9 @@ def main() -> None:
     a = ap.parse_args()
     spec = weights_spec(resolve_model(a.model).spec, a)
     variants = [parse_variant(v) for v in a.variant]
+    for _, _, _, src, _, _ in variants:
+        if src:
+            check_params_prefix(Path(src).read_text(), src)
     if a.dump_schedule:
         Path(a.dump_schedule).write_text(make_schedule(spec, a.batch, a.context, get_gpu(a.gpu), {}).to_json())
         return

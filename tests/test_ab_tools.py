@@ -10,7 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
-from mk_ab import parse_variant, variant_schedule  # noqa: E402
+from mk_ab import check_params_prefix, params_fields, parse_variant, variant_schedule  # noqa: E402
 from mk_trace import ring_args, summarize_saved  # noqa: E402
 from trtllm_mk.gpus import get_gpu  # noqa: E402
 from trtllm_mk.model.registry import resolve_model  # noqa: E402
@@ -100,3 +100,21 @@ def test_a_plan_variant_the_kernel_cannot_run_is_one_line():
     with pytest.raises(SystemExit) as e:
         parse_variant("x:stages=four")
     assert str(e.value).startswith("--variant x:stages=four: stages=four: expected FIELD=INTEGER")
+
+
+def test_a_src_kernel_must_read_a_prefix_of_this_trees_params():
+    """mk_ab.py packs this tree's Params for a src= kernel: a kernel whose struct is a prefix of it (an older
+    tree's, before fields were appended) runs; one whose fields part from it is refused in one line."""
+    from trtllm_mk import seam
+    ours = [f.name for f in seam.PARAMS]
+    def source(names):
+        return "struct Params {\n" + "".join(f"  long long* {n};  // [B, H] a; b\n" for n in names) + "};\n"
+    assert params_fields(source(ours)) == ours
+    check_params_prefix(source(ours), "same.cu")
+    check_params_prefix(source(ours[:-1]), "older.cu")
+    with pytest.raises(SystemExit) as e:
+        check_params_prefix(source(ours[:3] + ["extra"] + ours[3:]), "moved.cu")
+    assert str(e.value).startswith("error: moved.cu: its kernel's Params is not a prefix of this tree's (they part at "
+                                   "field 3: extra vs ")
+    with pytest.raises(SystemExit):
+        check_params_prefix("__global__ void k() {}", "none.cu")
