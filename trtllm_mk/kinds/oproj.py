@@ -13,20 +13,19 @@ def execute(ex, t, layer: int) -> None:
     import torch
 
     from ..residual import to_fixed
-    from .router import oproj_fold, through_o
-    H = ex.spec.hidden_size
+    from .router import oproj_fold, oproj_parts, through_o
     if ex.graph.plan.o_merge:            # the chunk's heads, merged from the partials here
         n = ex.G * ex.d
         src = torch.cat([ex.merged_attention(g) for g in range(t.k0 // n, t.k1 // n)], dim=1)
     else:
         src = ex.attn_out[:, t.k0:t.k1]
     src = ex.stage_round(src)
-    if t.r0 < H:
-        r1 = min(t.r1, H)
-        ex.x[:, t.r0:r1] += to_fixed(src @ ex.layers[layer]["o"][t.r0:r1, t.k0:t.k1].T)
-    if t.r1 > H:   # the router through o (kinds/router.py)
-        m = through_o(ex, layer)[max(t.r0, H) - H:t.r1 - H, t.k0:t.k1]
-        ex.router_acc[layer][:, max(t.r0, H) - H:t.r1 - H] += to_fixed(src @ m.T)
+    rows, experts = oproj_parts(t.r0, t.r1, ex.spec.hidden_size)
+    if rows:
+        ex.x[:, slice(*rows)] += to_fixed(src @ ex.layers[layer]["o"][slice(*rows), t.k0:t.k1].T)
+    if experts:   # the router through o (kinds/router.py)
+        m = through_o(ex, layer)[slice(*experts), t.k0:t.k1]
+        ex.router_acc[layer][:, slice(*experts)] += to_fixed(src @ m.T)
     if ex.graph.plan.expert_fused:
         oproj_fold(ex, t, layer)
 
@@ -56,7 +55,7 @@ def lower(c) -> list[dict]:
     """Row tiles of H (and under the chain the router's E rows after them: kinds/router.py), each K-split
     by head groups (``o_ksplit`` chunks), adding into x (router_acc)."""
     from ..graph.tasks import Access, EventRef
-    from .router import oproj_accesses, oproj_rows
+    from .router import oproj_accesses, oproj_parts, oproj_rows
     plan, B, S, d = c.plan, c.B, c.S, c.d
     o_chunk = c.QD // plan.o_ksplit
     out = []
@@ -70,25 +69,22 @@ def lower(c) -> list[dict]:
                 staged = S * (k1 - k0) // d * (d + 2) * 4
             else:
                 ready, source, staged = EventRef("combine_done", 0, k), (Access("attn_out", k0, k1),), (k1 - k0) * 4
+            chain_waits, chain_reads, chain_writes = oproj_accesses(c, a, b, k == 0)
+            rows, experts = oproj_parts(a, b, c.H)
+            x_reads = (Access("x", *rows),) if rows and not split else ()
+            x_writes = (Access("x", *rows, add=split or bool(chain_writes)),) if rows else ()
             # qkv_all first: it is long satisfied when the task starts waiting, so its round trip
             # overlaps the wait for the chunk's heads instead of following it on the chain
-            chain_waits, chain_reads, chain_writes = oproj_accesses(c, a, b, k == 0)
             out.append(dict(r0=a, r1=b, k0=k0, k1=k1,
                             waits=((EventRef("qkv_all", 0, 0),) if split else ()) + chain_waits + (ready,),
                             signals=(EventRef("oproj_done", 0, 0),),
-                            reads=source + (() if split or a >= c.H else (Access("x", a, min(b, c.H)),)) + chain_reads,
-                            writes=((Access("x", a, min(b, c.H), add=split or bool(chain_writes)),) if a < c.H else ())
-                            + chain_writes,
-                            weight_bytes=weight_bytes(c, a, b, k1 - k0), act_bytes=B * (staged + (b - a) * 8),
+                            reads=source + x_reads + chain_reads, writes=x_writes + chain_writes,
+                            # the o-projection's rows in the layers' format, the router through o's in bf16
+                            weight_bytes=(c.linear_bytes(rows[1] - rows[0], k1 - k0) if rows else 0)
+                            + ((experts[1] - experts[0]) * (k1 - k0) * 2 if experts else 0),
+                            act_bytes=B * (staged + (b - a) * 8),
                             flops=2 * B * (b - a) * (k1 - k0)))
     return out
-
-
-def weight_bytes(c, a: int, b: int, k: int) -> int:
-    """A task's weight bytes over rows [a, b), K columns: the o-projection's rows in the layers' format,
-    the router through o's (from H on) in bf16."""
-    x_rows, router_rows = max(min(b, c.H) - a, 0), max(b - max(a, c.H), 0)
-    return c.linear_bytes(x_rows, k) + router_rows * k * 2
 
 
 def device_constants(graph) -> dict[str, int]:

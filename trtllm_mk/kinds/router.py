@@ -136,14 +136,19 @@ def through_o(ex, layer: int):
     return lw["router_o"]
 
 
+def oproj_parts(a: int, b: int, hidden: int) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
+    """What OPROJ's rows [a, b) cover: rows of x (below H), and rows of the router through o, counted from
+    H (its experts); None for a part the tile does not reach."""
+    return ((a, min(b, hidden)) if a < hidden else None), ((max(a, hidden) - hidden, b - hidden) if b > hidden else None)
+
+
 def oproj_fold(ex, t, layer: int) -> None:
-    """A first K-chunk OPROJ task's share of the chain (module docstring): its rows of x (below H) get
-    the experts' outputs kept beside x, and the same rows of this layer's expert_sum are zeroed."""
-    H = ex.spec.hidden_size
-    if t.k0 == 0 and t.r0 < H:
-        r1 = min(t.r1, H)
-        ex.x[:, t.r0:r1] += ex.expert_sum[layer][:, t.r0:r1]
-        ex.expert_sum[layer + 1][:, t.r0:r1] = 0
+    """A first K-chunk OPROJ task's share of the chain (module docstring): its rows of x get the experts'
+    outputs kept beside x, and the same rows of this layer's expert_sum are zeroed."""
+    rows, _ = oproj_parts(t.r0, t.r1, ex.spec.hidden_size)
+    if t.k0 == 0 and rows:
+        ex.x[:, slice(*rows)] += ex.expert_sum[layer][:, slice(*rows)]
+        ex.expert_sum[layer + 1][:, slice(*rows)] = 0
 
 
 def oproj_accesses(c, a: int, b: int, first_chunk: bool) -> tuple[tuple, tuple, tuple]:
@@ -153,11 +158,11 @@ def oproj_accesses(c, a: int, b: int, first_chunk: bool) -> tuple[tuple, tuple, 
     from ..graph.tasks import Access, EventRef
     if not in_chain(c.spec, c.plan):
         return (), (), ()
-    H = c.H
-    xa, xb = min(a, H), min(b, H)
-    reads = (Access("expert_sum", xa, xb, layer=0),) if first_chunk and xa < xb else ()
-    writes = ((Access("router_acc", max(a, H) - H, b - H, layer=0, add=True),) if b > H else ()) + (
-        (Access("expert_sum", xa, xb, layer=1),) if first_chunk and xa < xb else ())
+    rows, experts = oproj_parts(a, b, c.H)
+    fold = first_chunk and rows is not None
+    reads = (Access("expert_sum", *rows, layer=0),) if fold else ()
+    writes = ((Access("router_acc", *experts, layer=0, add=True),) if experts else ()) + (
+        (Access("expert_sum", *rows, layer=1),) if fold else ())
     return (EventRef("router_done", 0, 0),), reads, writes
 
 

@@ -163,7 +163,9 @@ class MegakernelDecoder:
         self._layer_table = self._pack_layer_table(weights, LAYER_FIELDS)
         self._scale_table = self._pack_layer_table(weights, SCALE_FIELDS) if spec.quantized else None
         self._routers, self._experts = self._pack_expert_tables(weights) if spec.is_moe else (None, None)
-        self._router_o = self._pack_router_o(weights) if spec.is_moe and schedule.plan.expert_fused else None
+        # the router through o_proj of each sparse layer (kept alive here) and its [L] pointer table
+        self._router_o_mats, self._router_o = (self._pack_router_o(weights) if spec.is_moe and schedule.plan.expert_fused
+                                               else ([], None))
         self._params = self._pack_params()
         mkrt = load_runtime()
         with torch.cuda.device(dev):
@@ -239,17 +241,17 @@ class MegakernelDecoder:
         dev = self.device
         return (torch.tensor(routers, dtype=torch.int64, device=dev), torch.tensor(experts, dtype=torch.int64, device=dev))
 
-    def _pack_router_o(self, weights: dict[str, torch.Tensor]) -> torch.Tensor:
-        """[L] pointers to each sparse layer's router through the o-projection (kinds/router.py), which the
-        decoder makes from its weights and keeps: E rows of q_size bf16 a layer."""
+    def _pack_router_o(self, weights: dict[str, torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """Each sparse layer's router through the o-projection (kinds/router.py), made from the weights (E rows
+        of q_size bf16 a layer), and the [L] table of their pointers."""
         from ..model.moe import router_through_o
-        self._router_o_mats = []
+        mats = []
         for i in range(self.spec.num_layers):
             p = f"model.layers.{i}."
             router, _ = self.spec.moe_names(i)
-            self._router_o_mats.append(router_through_o(weights[router], weights[p + "post_attention_layernorm.weight"],
-                                                        weights[p + "self_attn.o_proj.weight"]).contiguous())
-        return torch.tensor([m.data_ptr() for m in self._router_o_mats], dtype=torch.int64, device=self.device)
+            mats.append(router_through_o(weights[router], weights[p + "post_attention_layernorm.weight"],
+                                         weights[p + "self_attn.o_proj.weight"]).contiguous())
+        return mats, torch.tensor([m.data_ptr() for m in mats], dtype=torch.int64, device=self.device)
 
     def _pack_params(self) -> bytes:
         w, b = self.weights, self.buf
