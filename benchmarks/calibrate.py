@@ -31,6 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.baselines import measure_read_bandwidth  # noqa: E402
+from benchmarks.decode_latency import label_spec  # noqa: E402
 from benchmarks.timing import time_steps  # noqa: E402
 from trtllm_mk.gpus import detect_gpu  # noqa: E402
 from trtllm_mk.kv_cache import PagedKVCache  # noqa: E402
@@ -124,18 +125,21 @@ def schedule_of(entry: dict, gpu, cal: Calibration, where: Path = Path(".")):
         return Schedule.load(where.parent / entry["schedule"])
     known = TilePlan.__dataclass_fields__
     plan = TilePlan.from_dict({k: v for k, v in entry["plan"].items() if k in known})
-    return schedule_plan(resolve_model(entry["model"]).spec, entry["batch"], gpu, plan, entry["context"],
+    return schedule_plan(label_spec(entry["model"]), entry["batch"], gpu, plan, entry["context"],
                          calibration=cal)
 
 
 MEGAKERNEL = "trtllm_mk megakernel"
 MEASURED_FIT_FIELDS = ("task_overhead_us", "mem_latency_us", "loader_task_us", "sync_us", "attn_fixed_us",
-                       "combine_fixed_us", "attn_late_token_us", "slot_overhead_us")
+                       "combine_fixed_us", "attn_late_token_us", "slot_overhead_us", "publish_idle_us",
+                       "quant_consumer_cost", "quant_slot_overhead_us", "l2_bw_factor")
 
 
 def measured_entries(data) -> list[dict]:
     """The measured workloads of a ``--from-measured`` file: a JSON list of {model, batch, context,
-    plan, measured_us[, schedule]}, or a decode_latency report.json, whose megakernel rows carry their plan."""
+    plan, measured_us[, schedule]}, or a decode_latency report.json, whose megakernel rows carry their plan.
+    A model is named as the report names it (``decode_latency.weights_label``: quantized runs carry
+    their format)."""
     if not (isinstance(data, dict) and "configs" in data):
         return data
     out = []

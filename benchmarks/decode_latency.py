@@ -204,6 +204,22 @@ def weights_label(model: str, weights: str, group: int) -> str:
     return model if weights == "bf16" else f"{model}:{weights}-g{group}"
 
 
+def label_spec(label: str) -> ModelSpec:
+    """The spec a report's model name (``weights_label``) stands for: ``<model>``, ``<model>:fp8`` or
+    ``<model>:w4a16-g<group>``."""
+    model, _, weights = label.partition(":")
+    spec = resolve_model(model).spec
+    if not weights:
+        return spec
+    from .w4a16_weights import fp8_spec, w4a16_spec
+    if weights == "fp8":
+        return fp8_spec(spec)
+    fmt, _, group = weights.partition("-g")
+    if fmt != "w4a16" or not group.isdigit():
+        raise UserError(f"model '{label}': expected <model>, <model>:fp8 or <model>:w4a16-g<group>")
+    return w4a16_spec(spec, int(group))
+
+
 def model_weights(spec: ModelSpec, device: torch.device, dtype: torch.dtype, seed: int, weights: str, group: int):
     """(spec, weights) the systems decode: the bf16 random model, or its W4A16 or FP8 form."""
     if weights == "bf16":

@@ -235,3 +235,25 @@ def test_a_measured_entry_naming_its_schedule_is_fitted_on_that_schedule(tmp_pat
     row = [l for l in capsys.readouterr().out.splitlines() if l.startswith("tiny-llama")][0].split()
     assert float(row[-3]) == pytest.approx(want, abs=0.06)      # "before": the saved programs' prediction
     assert float(row[-2]) == pytest.approx(1.1 * want, rel=0.01)   # the fit meets the measurement
+
+
+def test_a_quantized_measurement_is_predicted_on_its_quantized_model():
+    """``--from-measured`` entries name a model as decode_latency's report does: ``<model>:w4a16-g<group>``
+    is the 4-bit model, whose plan is scheduled and predicted on 4-bit weights; an unknown format is a
+    one-line error."""
+    from benchmarks.calibrate import schedule_of
+    from benchmarks.decode_latency import label_spec
+    from trtllm_mk.errors import UserError
+    from trtllm_mk.search import predict
+    plan = TilePlan(qkv_rows=32, o_rows=32, gateup_rows=32, down_rows=32, lm_rows=64, attn_splits=2).to_dict()
+    entry = {"batch": 1, "context": 64, "plan": plan, "measured_us": 100.0}
+    cal = load_calibration(H100)
+    w4 = schedule_of(dict(entry, model="tiny-llama:w4a16-g32"), H100, cal)
+    bf16 = schedule_of(dict(entry, model="tiny-llama"), H100, cal)
+    assert w4.spec.quantized and not bf16.spec.quantized
+    assert w4.graph().weight_bytes() < bf16.graph().weight_bytes()
+    dear = replace(cal, quant_slot_overhead_us=5.0)   # a quantized constant moves only the 4-bit prediction
+    assert predict(w4, H100, dear).step_us > predict(w4, H100, cal).step_us + 1.0
+    assert predict(bf16, H100, dear).step_us == predict(bf16, H100, cal).step_us
+    with pytest.raises(UserError, match="w4a16-g<group>"):
+        label_spec("tiny-llama:w3")

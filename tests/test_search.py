@@ -321,6 +321,31 @@ def test_simulation_hand_computed_publish_and_landing():
     assert r.start[2] == pytest.approx(11.0) and r.end[2] == pytest.approx(19.3)
 
 
+def test_simulation_hand_computed_idle_publish():
+    """A release is ``publish_idle_us`` late where its task's end was set by its consumer, or the task
+    streams nothing (its SM's loader then sits on a full ring), and ``publish_us`` where its stream set
+    the end; a calibration without the idle constant prices both as ``publish_us``."""
+    ev = {"e1": Event("e1", 1, 1, ((1,),), True), "e2": Event("e2", 1, 1, ((1,),), True)}
+    e1, e2 = (EventRef("e1", 0, 0),), (EventRef("e2", 0, 0),)
+    cal = replace(CAL, publish_us=2.0, publish_idle_us=0.5)
+
+    def chain(ring, cal):   # SM0: X (20 us) -> SM1: a GEMV of 100 B at 10 B/us -> SM2: Z (1 us)
+        (x, cx), (z, cz) = _attn(0, 20.0, signals=e1), _attn(2, 1.0, waits=e2)
+        y, cy = _gemv(1, 100.0, ring, waits=e1, signals=e2)
+        return _hand([x, y, z], [cx, cy, cz], [SMProgram(layer=[i]) for i in range(3)], ev, cal)
+
+    # a ring that holds the GEMV: its bytes are in by 10.8, X's release is seen at 20.5, the GEMV stages
+    # by 22.5 and its math (2 us) sets its end, 24.5; its release is seen at 25, Z runs 26..27
+    r = chain(200.0, cal)
+    assert (r.start[1], r.end[1]) == pytest.approx((21.5, 24.5)) and r.end[2] == pytest.approx(27.0)
+    # a 40 B ring: the other 60 B stream 22.5..28.5 and set the end (+ landing 0.8, last slot 0.5)
+    r = chain(40.0, cal)
+    assert r.end[1] == pytest.approx(29.8) and r.start[2] == pytest.approx(29.8 + 2.0 + 1.0)
+    # without publish_idle_us every release takes publish_us
+    r = chain(200.0, replace(cal, publish_idle_us=0.0))
+    assert r.end[1] == pytest.approx(26.0) and r.end[2] == pytest.approx(30.0)
+
+
 def test_simulation_hand_computed_loader_time_per_task():
     """``loader_task_us`` delays the first copy of every GEMV task on the loader: a stream of many
     small tasks pays it once each, a long task once."""
@@ -621,6 +646,42 @@ def test_attn_split_variants_trade_splits_for_row_tiles():
     assert ev(traded).step_us < ev(plan).step_us
     assert ev(replace(plan, attn_splits=8)).step_us > ev(traded).step_us
     assert ev(replace(plan, attn_rows=2)).step_us > ev(traded).step_us
+
+
+def test_oproj_row_variants_move_the_qkv_tiles_too():
+    """The descent's o_rows variants include each OPROJ tile size with every other QKV tile size: the
+    chain's two GEMV kinds share the SMs the list scheduler hands them, and at Qwen3-30B-A3B batch 4 on an
+    H200 the model ranks 40-row QKV with 72-row OPROJ tiles ahead of 24 / 40, while each single move
+    (40 / 40, 24 / 72) ranks behind it: one coordinate at a time, the descent stopped at 24 / 40."""
+    from trtllm_mk.search.planeval import Evaluator, field_variants
+    spec, h200 = spec_of("qwen3-30b-a3b"), get_gpu("H200")
+    ev = Evaluator(spec, 4, h200, load_calibration(h200).resolved(h200), h200.sm_count, 512, 0)
+    plan = TilePlan(qkv_rows=24, o_rows=40, o_ksplit=4, o_merge=True, gateup_rows=192, down_rows=64, lm_rows=1152,
+                    stages=5, slot_bytes=32768, attn_splits=2, attn_rows=1, expert_fused=True, expert_inflight=2)
+    pair = replace(plan, qkv_rows=40, o_rows=72)
+    assert pair in field_variants("o_rows", plan, ev)
+    assert ev(pair).step_us < ev(plan).step_us
+    assert ev(replace(plan, qkv_rows=40)).step_us > ev(plan).step_us
+    assert ev(replace(plan, o_rows=72)).step_us > ev(plan).step_us
+
+
+def test_norm_staging_reads_the_residual_at_its_device_width():
+    """QKV, GATEUP and the LM head stage x, the 8-byte fixed-point residual, and under the fused expert
+    plan QKV and the LM head also the experts' sum beside it: their staged bytes count 8 bytes an element
+    (they counted 4, which priced batch-4 staging at a fifth of what the traces show)."""
+    from trtllm_mk.residual import RESIDUAL_BYTES
+    assert RESIDUAL_BYTES == 8
+    spec, H = spec_of("llama-3.2-1b"), 2048
+    g = build_step_graph(spec, 4, TilePlan(qkv_rows=24, o_rows=128, gateup_rows=64, down_rows=128, lm_rows=976), 512)
+    for t in g.layer + g.tail:
+        if t.kind in (Kind.QKV, Kind.GATEUP, Kind.LMHEAD):
+            assert t.act_bytes == 4 * (H * 8 + t.rows * 4)
+    moe = spec_of("qwen3-30b-a3b")
+    g = build_step_graph(moe, 1, TilePlan(qkv_rows=40, o_rows=72, o_ksplit=4, gateup_rows=48, lm_rows=1152,
+                                          expert_fused=True, expert_inflight=2), 512)
+    for t in g.layer + g.tail:
+        if t.kind in (Kind.QKV, Kind.LMHEAD):
+            assert t.act_bytes == 2 * moe.hidden_size * 8 + t.rows * 4
 
 
 def test_merge_cost_counts_the_load_rounds_of_each_consumer_thread():

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 FRAC_BITS = 32
+RESIDUAL_BYTES = 8   # bytes of one element in device memory: what a staging of x reads per element
 
 
 def to_fixed(v: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """GATEUP: RMS-norms x (ln2) and computes silu(gate) * up for a row range of the MLP."""
 from __future__ import annotations
 
+from ..residual import RESIDUAL_BYTES
 from . import KindDef
 from .gemv import no_staging_extra
 
@@ -63,5 +64,5 @@ def lower(c) -> list[dict]:
                  signals=staged + tuple(EventRef("gateup_done", 0, k) for k in range(a // chunk, (b - 1) // chunk + 1)),
                  staged_signals=len(staged),
                  reads=(Access("x", 0, H, staged=True),), writes=(Access("act", a, b),),
-                 weight_bytes=2 * c.linear_bytes(b - a, H), act_bytes=B * (H * 4 + (b - a) * 4), flops=4 * B * (b - a) * H)
+                 weight_bytes=2 * c.linear_bytes(b - a, H), act_bytes=B * (H * RESIDUAL_BYTES + (b - a) * 4), flops=4 * B * (b - a) * H)
             for a, b in c.tiles(c.I, c.plan.gateup_rows)]

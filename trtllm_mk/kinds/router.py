@@ -24,6 +24,7 @@ experts then add into.
 Row 0 is never written: zero."""
 from __future__ import annotations
 
+from ..residual import RESIDUAL_BYTES
 from . import KindDef
 from .gemv import no_staging_extra
 
@@ -87,13 +88,13 @@ def lower(c) -> list[dict]:
                      signals=(EventRef("router_done", 0, 0),),
                      reads=(Access("x", 0, H), Access("expert_sum", 0, H, layer=0)),
                      writes=(Access("router_acc", a, b, layer=0),),
-                     weight_bytes=(b - a) * H * 2, act_bytes=B * (H * 12 + (b - a) * 8), flops=2 * B * (b - a) * H)
+                     weight_bytes=(b - a) * H * 2, act_bytes=B * (2 * H * RESIDUAL_BYTES + (b - a) * 8), flops=2 * B * (b - a) * H)
                 for a, b in c.tiles(c.E, router_rows(c.E))]
     return [dict(r0=a, r1=b, k0=0, k1=H, waits=(EventRef("oproj_done", 0, 0),),
                  signals=(EventRef("router_done", 0, 0),),
                  reads=(Access("x", 0, H),),
                  writes=(Access("router_logits", a, b), Access("moe_xn", *normed_share(a, b, c.E, H))),
-                 weight_bytes=(b - a) * H * 2, act_bytes=B * (H * 4 + (b - a) * 4), flops=2 * B * (b - a) * H)
+                 weight_bytes=(b - a) * H * 2, act_bytes=B * (H * RESIDUAL_BYTES + (b - a) * 4), flops=2 * B * (b - a) * H)
             for a, b in c.tiles(c.E, router_rows(c.E))]
 
 

@@ -14,7 +14,8 @@ holds the two models to each other on every shipped config:
             consumed byte (bytes so far + head - C) if it did, and byte (bytes so far - C) plus
             head / rate if it did), the rest after the consumer started the
             task; end >= last issue + landing latency + one slot's math; its events are seen
-            ``publish_us`` after its end (the signaller's release).
+            ``publish_us`` after its end (the signaller's release; ``publish_idle_us`` when the
+            consumer set the end, or the task streams nothing).
 Because GEMV tiles of one kind are equal, "finishes first" balances each phase's bytes across SMs
 while letting the SMs that end a phase early take the attention work; the loader's run-ahead makes
 it prefer SMs whose ring is not yet full. Ties go to the SM first in a seeded permutation, so
@@ -48,9 +49,9 @@ class _State:
 
 
 def _place(state: _State, c: TaskCost, ready: float, cal: Calibration, order: np.ndarray,
-           loader_ready: float = -1.0) -> tuple[int, float, float]:
+           loader_ready: float = -1.0) -> tuple[int, float, float, float]:
     """Put one task on the SM (scanned in ``order``) where it ends first; returns (sm, end, when its
-    input is staged: its staged signals go out then, Task.staged_signals).
+    input is staged: its staged signals go out then, Task.staged_signals; its release's publish time).
     ``loader_ready`` (>= 0): when the event its loader waits for is signalled (kinds' LOADER_WAITS)."""
     cons = state.cons[order]
     st = np.maximum(cons, ready + cal.sync_us) if ready >= 0.0 else cons
@@ -75,9 +76,11 @@ def _place(state: _State, c: TaskCost, ready: float, cal: Calibration, order: np
         cs = st + c.pre
         body = c.weight - head
         t_issue = np.maximum(t_head, cs) + body / c.rate if body > 0 else t_head
-        end = np.maximum(t_issue + cal.landing_us + c.slot_t, cs + c.comp)
+        streamed = t_issue + cal.landing_us + c.slot_t
+        end = np.maximum(streamed, cs + c.comp)
         j = int(np.argmin(end))
         s = int(order[j])
+        pub = cal.publish_us if streamed[j] >= cs[j] + c.comp else cal.publish_idle_us
         state.ld[s] = t_issue[j] if body > 0 else t_head[j]
         state.f0[s] = max(float(t_head[j]) - head / c.rate + cal.landing_us, float(cs[j]))
         state.f1[s] = float(end[j])
@@ -89,8 +92,9 @@ def _place(state: _State, c: TaskCost, ready: float, cal: Calibration, order: np
         j = int(np.argmin(end))
         s = int(order[j])
         staged = float(end[j])
+        pub = cal.publish_idle_us
     state.cons[s] = end[j]
-    return s, float(end[j]), staged
+    return s, float(end[j]), staged, pub
 
 
 def list_schedule(graph: StepGraph, costs: CostTable, num_sms: int, cal: Calibration,
@@ -119,13 +123,13 @@ def list_schedule(graph: StepGraph, costs: CostTable, num_sms: int, cal: Calibra
             ready = max((done.get(key(r, tail), 0.0) for r in t.waits), default=-1.0)
             lready = (done.get(key(t.waits[0], tail), 0.0)
                       if t.waits and getattr(t.kind.module, "LOADER_WAITS", False) else -1.0)
-            s, end, staged = _place(state, c, ready, cal, order, lready)
+            s, end, staged, pub = _place(state, c, ready, cal, order, lready)
             if ends is not None:
                 ends.append(end)
             getattr(progs[s], attr).append(i)
             for n, r in enumerate(t.signals):   # done: when a waiter can see the event's last signal
                 k = key(r, tail)
-                seen = (staged if n < t.staged_signals else end) + cal.publish_us + extra[r.event]
+                seen = (staged + cal.publish_us if n < t.staged_signals else end + pub) + extra[r.event]
                 done[k] = max(done.get(k, 0.0), seen)
 
     run(graph.head, costs.head, "head")

@@ -122,6 +122,11 @@ def field_variants(name: str, plan: TilePlan, ev: Evaluator) -> list[TilePlan]:
         traded = [replace(p, attn_rows=r) for p in out if p.attn_splits != plan.attn_splits
                   for r in field_candidates("attn_rows", plan, spec, nsm, ev.context_len, batch) if r != plan.attn_rows]
         out += [p for p in traded if attn_tasks_per_group(p, batch) == tasks]
+    if name == "o_rows":
+        # QKV's and OPROJ's tiles, the chain's two GEMV kinds, share the SMs the list scheduler hands
+        # them: resizing one moves the other's tasks, so a better pair can lie past two worse single moves
+        qkv = [q for q in field_candidates("qkv_rows", plan, spec, nsm, ev.context_len, batch) if q != plan.qkv_rows]
+        out += [replace(p, qkv_rows=q) for p in out if p.o_rows != plan.o_rows for q in qkv]
     return [p for p in out if valid(p, spec, batch, gpu)]
 
 

@@ -9,7 +9,8 @@ Machine model (the megakernel's, see trtllm_mk/device/mk_gemv.cuh):
     activation staging; no staging when the previous task on the SM staged the same input), then
     consumes the ring; the task ends after both its math and the arrival of its last slot, and
     hands its events to the SM's signaller warp, whose release publishes them ``publish_us`` later
-    while the consumer goes on.
+    while the consumer goes on (``publish_idle_us`` when the consumer, not the stream, set the task's
+    end, and for tasks that stream nothing: the SM's loader is then not streaming through the release).
 
 The loader is a fluid model per task (exact for the two regimes that matter, approximate in between):
   head  the first min(W, C) bytes may be prefetched before the consumer reaches the task; the last
@@ -264,7 +265,8 @@ class Simulator:
         waits, signals, target, extra = self.waits, self.signals, self.target, self.extra
         staged = self.staged
         lwait = self.loader_wait
-        sync, lat, pub, ltask = self.cal.sync_us, self.cal.landing_us, self.cal.publish_us, self.cal.loader_task_us
+        sync, lat, ltask = self.cal.sync_us, self.cal.landing_us, self.cal.loader_task_us
+        pub_stream, pub_idle = self.cal.publish_us, self.cal.publish_idle_us
         nsm = len(seqs)
         cnt = [0] * self.ncnt
         rt = [0.0] * self.ncnt
@@ -340,8 +342,10 @@ class Simulator:
                         else:
                             t_issue = t_head
                         end = t_issue + lat + slot_t[u]
-                        if cs + comp[u] > end:
+                        pub = pub_stream
+                        if cs + comp[u] > end:   # consumer-bound: its loader sits on a full ring
                             end = cs + comp[u]
+                            pub = pub_idle
                         first = t_head - head / r + lat
                         h_p0[s].append(pos0)
                         h_p1[s].append(pos0 + w)
@@ -352,11 +356,12 @@ class Simulator:
                     else:
                         end = st + dur[u]
                         cs = end
+                        pub = pub_idle
                     cons[s] = end
                     k = staged[u]   # the first k signals go out once the input is staged (at cs)
                     for i, c in enumerate(signals[u]):   # rt: when a waiter can see the counter's last signal
                         cnt[c] += 1
-                        seen = (cs if i < k else end) + pub + extra[c]
+                        seen = (cs + pub_stream if i < k else end + pub) + extra[c]
                         if seen > rt[c]:
                             rt[c] = seen
                     lu = layer_of[u]
