@@ -204,20 +204,22 @@ def weights_label(model: str, weights: str, group: int) -> str:
     return model if weights == "bf16" else f"{model}:{weights}-g{group}"
 
 
+def format_spec(spec: ModelSpec, weights: str, group: int) -> ModelSpec:
+    """``spec`` with its decoder-layer linears in the ``weights`` format ("bf16": ``spec`` itself)."""
+    if weights == "bf16":
+        return spec
+    from .w4a16_weights import fp8_spec, w4a16_spec
+    return fp8_spec(spec) if weights == "fp8" else w4a16_spec(spec, group)
+
+
 def label_spec(label: str) -> ModelSpec:
     """The spec a report's model name (``weights_label``) stands for: ``<model>``, ``<model>:fp8`` or
     ``<model>:w4a16-g<group>``."""
     model, _, weights = label.partition(":")
-    spec = resolve_model(model).spec
-    if not weights:
-        return spec
-    from .w4a16_weights import fp8_spec, w4a16_spec
-    if weights == "fp8":
-        return fp8_spec(spec)
     fmt, _, group = weights.partition("-g")
-    if fmt != "w4a16" or not group.isdigit():
+    if weights and not (weights == "fp8" or (fmt == "w4a16" and group.isdigit())):
         raise UserError(f"model '{label}': expected <model>, <model>:fp8 or <model>:w4a16-g<group>")
-    return w4a16_spec(spec, int(group))
+    return format_spec(resolve_spec(model), fmt or "bf16", int(group or 0))
 
 
 def model_weights(spec: ModelSpec, device: torch.device, dtype: torch.dtype, seed: int, weights: str, group: int):
@@ -227,8 +229,8 @@ def model_weights(spec: ModelSpec, device: torch.device, dtype: torch.dtype, see
         # a mixture-of-experts model's experts stacked once, in place: the baselines' decoders read
         # them without a copy (61 GB of Qwen3-30B-A3B leave no room for a second one on an H100)
         return spec, share_fused_storage(spec, w) if spec.is_moe else w
-    from .w4a16_weights import fp8_spec, w4a16_spec, w4a16_weights
-    spec = fp8_spec(spec) if weights == "fp8" else w4a16_spec(spec, group)
+    from .w4a16_weights import w4a16_weights
+    spec = format_spec(spec, weights, group)
     return spec, w4a16_weights(spec, device, dtype, seed)
 
 
@@ -497,13 +499,7 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"--systems: unknown {', '.join(unknown)}; registered: {', '.join(SYSTEMS)} "
                         f"(more come from --plugin modules)")
     for m in models:  # fail before any measurement, not after an hour
-        spec = resolve_spec(m)
-        if a.weights == "w4a16":
-            from .w4a16_weights import w4a16_spec
-            w4a16_spec(spec, group)
-        elif a.weights == "fp8":
-            from .w4a16_weights import fp8_spec
-            fp8_spec(spec)
+        format_spec(resolve_spec(m), a.weights, group)
     run_benchmark(models, batches, contexts, systems, steps, warmup, device, dtype, a.seed,
                   on_update=lambda report, model_done: write_outputs(report, a.out, plot=model_done),
                   weights_format=a.weights, group=group)

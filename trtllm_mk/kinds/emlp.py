@@ -125,5 +125,5 @@ def lower(c) -> list[dict]:
                  reads=(Access("x", 0, H), Access("router_acc", 0, c.E, layer=0)),
                  writes=(Access("expert_sum", 0, H, layer=1, add=True),),
                  weight_bytes=2 * c.linear_bytes(b - a, H) + c.linear_bytes(H, b - a),
-                 act_bytes=B * (2 * H * RESIDUAL_BYTES + c.E * 8), flops=6 * B * (b - a) * H)
+                 act_bytes=B * (H * RESIDUAL_BYTES + c.E * 8 + H * RESIDUAL_BYTES), flops=6 * B * (b - a) * H)
             for s in range(c.NSLOT) for a, b in c.tiles(c.I, c.plan.gateup_rows)]

@@ -1,7 +1,6 @@
 """LMHEAD: final RMS norm and one LM-head tile of logits, with the tile's max and first argmax."""
 from __future__ import annotations
 
-from ..residual import RESIDUAL_BYTES
 from . import KindDef
 from .argmax import NO_TOKEN
 from .gemv import no_staging_extra
@@ -38,12 +37,11 @@ def k_range(spec, plan) -> int:
 def lower(c) -> list[dict]:
     """TAIL tasks: row tiles of V after the last layer's residual; each also writes its tile's max."""
     from ..graph.tasks import Access, EventRef
-    from .router import pending_reads
+    from .router import pending_reads, staged_residual_bytes
     B, H = c.B, c.H
     return [dict(r0=a, r1=b, k0=0, k1=H, waits=(EventRef("resid_ready", c.L, 0),),
                  signals=(EventRef("lm_done", 0, 0),),
                  reads=(Access("x", 0, H),) + pending_reads(c, c.L), writes=(Access("logits", a, b), Access("lm_part", i, i + 1)),
-                 weight_bytes=(b - a) * H * c.wb,
-                 act_bytes=B * (H * RESIDUAL_BYTES * (1 + len(pending_reads(c, c.L))) + (b - a) * 4),
+                 weight_bytes=(b - a) * H * c.wb, act_bytes=B * (staged_residual_bytes(c, c.L) + (b - a) * 4),
                  flops=2 * B * (b - a) * H)
             for i, (a, b) in enumerate(c.lm_tiles)]

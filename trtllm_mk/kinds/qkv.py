@@ -1,7 +1,6 @@
 """QKV: RMS-norms x (ln1) and multiplies the grouped q/k/v weight rows (plus bias for Qwen2)."""
 from __future__ import annotations
 
-from ..residual import RESIDUAL_BYTES
 from . import KindDef
 from .gemv import no_staging_extra
 
@@ -34,7 +33,7 @@ def lower(c) -> list[dict]:
     """Row tiles of the grouped QKV rows; q/k-norm and RoPE happen in ATTN."""
     from ..graph.tasks import Access, EventRef
     from .gateup import staged_guard
-    from .router import pending_reads
+    from .router import pending_reads, staged_residual_bytes
     out = []
     for a, b in c.tiles(c.QKVR, c.plan.qkv_rows):
         groups = range(a // c.GR, (b - 1) // c.GR + 1)
@@ -51,6 +50,6 @@ def lower(c) -> list[dict]:
                         signals=(all_sig + done) if staged else (done + all_sig),
                         staged_signals=len(all_sig) if staged else 0,
                         reads=(Access("x", 0, c.H, staged=True),) + pending_reads(c, 0, staged=True), writes=(Access("qkv", a, b),),
-                        weight_bytes=c.linear_bytes(b - a, c.H), act_bytes=c.B * (c.H * RESIDUAL_BYTES * (1 + len(pending_reads(c, 0))) + (b - a) * 4),
+                        weight_bytes=c.linear_bytes(b - a, c.H), act_bytes=c.B * (staged_residual_bytes(c, 0) + (b - a) * 4),
                         flops=2 * c.B * (b - a) * c.H))
     return out

@@ -88,7 +88,7 @@ def lower(c) -> list[dict]:
                      signals=(EventRef("router_done", 0, 0),),
                      reads=(Access("x", 0, H), Access("expert_sum", 0, H, layer=0)),
                      writes=(Access("router_acc", a, b, layer=0),),
-                     weight_bytes=(b - a) * H * 2, act_bytes=B * (2 * H * RESIDUAL_BYTES + (b - a) * 8), flops=2 * B * (b - a) * H)
+                     weight_bytes=(b - a) * H * 2, act_bytes=B * (staged_residual_bytes(c, 0) + (b - a) * 8), flops=2 * B * (b - a) * H)
                 for a, b in c.tiles(c.E, router_rows(c.E))]
     return [dict(r0=a, r1=b, k0=0, k1=H, waits=(EventRef("oproj_done", 0, 0),),
                  signals=(EventRef("router_done", 0, 0),),
@@ -125,6 +125,12 @@ def pending_reads(c, layer: int, staged: bool = False) -> tuple:
     """The Access of that read (``layer`` relative for LAYER tasks)."""
     from ..graph.tasks import Access
     return (Access("expert_sum", 0, c.H, layer=layer, staged=staged),) if in_chain(c.spec, c.plan) else ()
+
+
+def staged_residual_bytes(c, layer: int) -> int:
+    """Bytes a batch row of a kind that norms the residual stages: x, and under the chain the experts'
+    sum beside it (``pending_reads``), each an 8-byte fixed-point element (residual.py)."""
+    return c.H * RESIDUAL_BYTES * (1 + len(pending_reads(c, layer)))
 
 
 def through_o(ex, layer: int):

@@ -172,7 +172,7 @@ class DecoderBlock(nn.Module):
         self.k_norm = _param(weights[a + "k_norm.weight"].to(dtype)) if spec.qk_norm else None
         self.wo = _weight([weights[a + "o_proj.weight"]], dtype)
         self.ffn_norm = _param(weights[p + "post_attention_layernorm.weight"].to(dtype))
-        self._router_o = None   # chain_logits' router through o_proj, made on first use
+        self._router_o = None   # chain_logits' router through o_proj (fp32 values of the bf16 matrix), made on first use
         if spec.is_moe_layer(layer):
             self.moe = MoeMlp(spec, weights, layer, dtype)
             self.w_gate_up = self.w_down = None
@@ -224,10 +224,10 @@ class DecoderBlock(nn.Module):
         if self.moe is None:
             return None
         if self._router_o is None:
-            self._router_o = router_through_o(self.moe.router, self.ffn_norm, self.wo)
+            self._router_o = router_through_o(self.moe.router, self.ffn_norm, self.wo).float()
         f32 = torch.float32
         u = F.linear(x.to(f32) * self.ffn_norm.to(f32), self.moe.router.to(f32))
-        u = u + F.linear(o.to(f32), self._router_o.to(f32))
+        u = u + F.linear(o.to(f32), self._router_o)
         a = after.to(f32)
         return u * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + self.spec.rms_norm_eps)
 

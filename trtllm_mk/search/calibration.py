@@ -53,8 +53,8 @@ class MachineCalibration:
     publish_us: float = 0.0
     # The same release when the task's end was set by its consumer rather than by its stream: its
     # loader then sits on a full ring and refills one freed slot at a time, so the release's fence does
-    # not queue behind a stream's copies (traced: a 4-bit kind's or a prefetched chain kind's handed ->
-    # published, 0.7-1.3 us against 1.5-2.0 for a streaming one); 0 = publish_us.
+    # not queue behind a stream's copies (traced: handed -> published of a prefetched chain kind or a
+    # 4-bit kind); 0 = publish_us.
     publish_idle_us: float = 0.0
     # Activations live in L2; a consumer reads them at this multiple of its HBM share.
     l2_bw_factor: float = 3.0
