@@ -652,7 +652,7 @@ def test_oproj_row_variants_move_the_qkv_tiles_too():
     """The descent's o_rows variants include each OPROJ tile size with every other QKV tile size: the
     chain's two GEMV kinds share the SMs the list scheduler hands them, and at Qwen3-30B-A3B batch 4 on an
     H200 the model ranks 40-row QKV with 72-row OPROJ tiles ahead of 24 / 40, while each single move
-    (40 / 40, 24 / 72) ranks behind it: one coordinate at a time, the descent stopped at 24 / 40."""
+    (40 / 40, 24 / 72) ranks behind it: one coordinate at a time, the descent would stop at 24 / 40."""
     from trtllm_mk.search.planeval import Evaluator, field_variants
     spec, h200 = spec_of("qwen3-30b-a3b"), get_gpu("H200")
     ev = Evaluator(spec, 4, h200, load_calibration(h200).resolved(h200), h200.sm_count, 512, 0)
@@ -667,8 +667,7 @@ def test_oproj_row_variants_move_the_qkv_tiles_too():
 
 def test_norm_staging_reads_the_residual_at_its_device_width():
     """QKV, GATEUP and the LM head stage x, the 8-byte fixed-point residual, and under the fused expert
-    plan QKV and the LM head also the experts' sum beside it: their staged bytes count 8 bytes an element
-    (they counted 4, which priced batch-4 staging at a fifth of what the traces show)."""
+    plan QKV and the LM head also the experts' sum beside it: their staged bytes count 8 bytes an element."""
     from trtllm_mk.residual import RESIDUAL_BYTES
     assert RESIDUAL_BYTES == 8
     spec, H = spec_of("llama-3.2-1b"), 2048
