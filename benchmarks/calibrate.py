@@ -43,7 +43,7 @@ from trtllm_mk.search import Calibration, load_calibration, predict, search  # n
 
 FIT_FIELDS = ("sync_us", "task_overhead_us", "launch_us")
 TRACE_FIELDS = ("sync_us", "l2_latency_us", "attn_fixed_us", "combine_fixed_us", "merge_split_us", "publish_us",
-                "landing_us")
+                "landing_us", "emlp_route_us")
 # the kinds whose tasks stream long enough for their hand-off and landing to be read off a trace
 STREAMING_KINDS = ("GATEUP", "DOWN", "EGATEUP", "EDOWN", "EMLP")
 
@@ -54,6 +54,7 @@ def constants_from_trace(summary: dict, gpu, cal: Calibration) -> dict:
     COMBINE tasks has the former, one whose OPROJ merges the partials (o_merge) the latter."""
     from trtllm_mk.graph import TilePlan, build_step_graph
     from trtllm_mk.graph.tasks import Kind
+    from trtllm_mk.kinds.attn import fixed_scale
     from trtllm_mk.kinds.combine import merge_rounds, merge_units
     from trtllm_mk.search.cost import cost_table
     kinds = summary["kinds"]
@@ -62,22 +63,28 @@ def constants_from_trace(summary: dict, gpu, cal: Calibration) -> dict:
     spec = resolve_model(summary["model"]).spec
     graph = build_step_graph(spec, summary["batch"], plan, summary["context"])
     # the model's ATTN / COMBINE time without the fixed part: what the traced body has beyond it is the fixed part
-    ct = cost_table(graph, gpu, replace(cal, attn_fixed_us=0.0, combine_fixed_us=0.0).resolved(gpu))
-    base, attn_rows = {}, []
+    ct = cost_table(graph, gpu, replace(cal, attn_fixed_us=0.0, combine_fixed_us=0.0, emlp_route_us=0.0).resolved(gpu))
+    base, stage, attn_rows = {}, {}, []
     for t, c in zip(graph.layer, ct.layer):
         base.setdefault(t.kind, c.dur)
+        stage.setdefault(t.kind, c.stage)
         if t.kind == Kind.ATTN:
             attn_rows.append(t.rows)
     # one-pass stagings of a plain slice: DOWN's (EDOWN's in a sparse model), and OPROJ's unless it
-    # merges the partials
-    down = "DOWN" if "DOWN" in kinds else "EDOWN"
+    # merges the partials; a fused expert plan (EMLP) with merged partials has none
+    down = "DOWN" if "DOWN" in kinds else "EDOWN" if "EDOWN" in kinds else None
     staged = [kinds[k]["mean_staging_us"] for k in ((down,) if plan.o_merge else ("OPROJ", down)) if k in kinds]
     out = {
         "sync_us": summary["event_latency_us"]["median"],
-        "l2_latency_us": sum(staged) / len(staged),
-        # per batch row: a task runs its rows one after another
-        "attn_fixed_us": max(0.0, kinds["ATTN"]["mean_body_us"] - base[Kind.ATTN]) / (sum(attn_rows) / len(attn_rows)),
+        # the group's staging (q, k, v from L2, norms, RoPE) and body beyond the model's other terms, per
+        # batch row (a task runs its rows one after another) and for attn.FIXED_WIDTH values of a group
+        "attn_fixed_us": max(0.0, kinds["ATTN"]["mean_staging_us"] + kinds["ATTN"]["mean_body_us"] - base[Kind.ATTN])
+        / (sum(attn_rows) / len(attn_rows)) / fixed_scale(graph.dims),
     }
+    if staged:
+        out["l2_latency_us"] = sum(staged) / len(staged)
+    if "EMLP" in kinds:   # its staging beyond the activation's read is the consumers' routing
+        out["emlp_route_us"] = max(0.0, kinds["EMLP"]["mean_staging_us"] - stage[Kind.EMLP])
     streaming = [k for k in STREAMING_KINDS if "mean_signal_us" in kinds.get(k, {})]   # older summaries lack it
     # hand-off -> published: the signaller's release, which waiters see and the consumer does not wait for
     if streaming:
@@ -87,14 +94,14 @@ def constants_from_trace(summary: dict, gpu, cal: Calibration) -> dict:
         out["landing_us"] = sum(max(0.0, kinds[k]["mean_landing_us"] - slot[k]) for k in streaming) / len(streaming)
     # (the time per bulk copy, copy_issue_us, is not read here: no kind's rows are short enough for a
     # trace to isolate it; benchmarks/micro/ring_stream.cu measures it on one streaming SM)
-    if plan.o_merge:   # OPROJ's staging beyond a plain slice's is the merge of the S splits
+    if plan.o_merge and down:   # OPROJ's staging beyond a plain slice's is the merge of the S splits
         o = next(t for t in graph.layer if t.kind == Kind.OPROJ)
         args = (plan.attn_splits, graph.batch * (o.k1 - o.k0), plan.consumer_warps)
         # a merge round after the first waits one more L2 round trip (kinds/combine.py merge_cost)
         merge = kinds["OPROJ"]["mean_staging_us"] - kinds[down]["mean_staging_us"]
         merge -= (merge_rounds(*args) - 1) * out["l2_latency_us"]
         out["merge_split_us"] = max(0.0, merge) / merge_units(*args)
-    else:
+    elif not plan.o_merge:
         out["combine_fixed_us"] = max(0.0, kinds["COMBINE"]["mean_body_us"] - base[Kind.COMBINE])
     return out
 
@@ -132,7 +139,8 @@ def schedule_of(entry: dict, gpu, cal: Calibration, where: Path = Path(".")):
 MEGAKERNEL = "trtllm_mk megakernel"
 MEASURED_FIT_FIELDS = ("task_overhead_us", "mem_latency_us", "loader_task_us", "sync_us", "attn_fixed_us",
                        "combine_fixed_us", "attn_late_token_us", "slot_overhead_us", "publish_idle_us",
-                       "quant_consumer_cost", "quant_slot_overhead_us", "l2_bw_factor")
+                       "quant_consumer_cost", "quant_slot_overhead_us", "l2_bw_factor", "norm_stage_bw_factor",
+                       "emlp_route_us")
 
 
 def measured_entries(data) -> list[dict]:

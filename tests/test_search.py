@@ -665,6 +665,27 @@ def test_oproj_row_variants_move_the_qkv_tiles_too():
     assert ev(replace(plan, o_rows=72)).step_us > ev(plan).step_us
 
 
+def test_ring_variants_move_the_down_ksplit_too():
+    """For quantized weights the descent's ring variants at another slot size include each of DOWN's
+    K-splits: which K-chunk's packed rows fill a slot whole depends on the slot size. For the 4-bit Llama-3.1-8B at batch 1 on an H200
+    (32 and 48 KB slots allowed) the model ranks 4 x 48 KB with 224-row, 7-way split DOWN tiles ahead of
+    6 x 32 KB with 64-row, 2-way ones, while each single move ranks behind the latter: one coordinate at
+    a time, the descent stopped at 32 KB (measured 10% slower, benchmarks/NOTES.md v33)."""
+    from benchmarks.w4a16_weights import w4a16_spec
+    from trtllm_mk.search.planeval import Evaluator, field_variants
+    from trtllm_mk.search.plans import SLOT_SIZES
+    spec, h200 = w4a16_spec(spec_of("llama-3.1-8b"), 128), get_gpu("H200")
+    cal = load_calibration(h200).resolved(h200)
+    ev = Evaluator(spec, 1, h200, cal, h200.sm_count, 512, 0, slot_sizes=cal.slot_sizes(SLOT_SIZES, quantized=True))
+    plan = TilePlan(qkv_rows=48, o_rows=256, o_ksplit=8, o_merge=True, gateup_rows=112, down_rows=64, down_ksplit=2,
+                    lm_rows=976, stages=6, slot_bytes=32768, attn_splits=8, inflight_slots=4, inflight_chain=4)
+    pair = replace(plan, stages=4, slot_bytes=49152, down_rows=224, down_ksplit=7)
+    assert pair in field_variants("ring", plan, ev)
+    assert ev(pair).step_us < ev(plan).step_us
+    assert ev(replace(plan, stages=4, slot_bytes=49152)).step_us > ev(plan).step_us
+    assert ev(replace(plan, down_rows=224, down_ksplit=7)).step_us > ev(plan).step_us
+
+
 def test_norm_staging_reads_the_residual_at_its_device_width():
     """QKV, GATEUP and the LM head stage x, the 8-byte fixed-point residual, and under the fused expert
     plan QKV and the LM head also the experts' sum beside it: their staged bytes count 8 bytes an element."""
@@ -681,6 +702,61 @@ def test_norm_staging_reads_the_residual_at_its_device_width():
     for t in g.layer + g.tail:
         if t.kind in (Kind.QKV, Kind.LMHEAD):
             assert t.act_bytes == 2 * moe.hidden_size * 8 + t.rows * 4
+
+
+def test_norm_staging_reads_x_at_its_own_rate():
+    """The RMSNorm kinds read x at norm_stage_bw_factor x the SM's HBM share (0: l2_bw_factor, as every
+    other activation); OPROJ and DOWN, which stage L2-resident slices, keep l2_bw_factor."""
+    from trtllm_mk.search.cost import cost_table
+    spec = spec_of("llama-3.2-1b")
+    g = build_step_graph(spec, 4, TilePlan(qkv_rows=24, o_rows=128, gateup_rows=64, down_rows=128, lm_rows=976), 512)
+    base = Calibration(l2_bw_factor=3.0)
+
+    def stages(cal):
+        ct = cost_table(g, H100, cal)
+        return {t.kind: (c.stage, t.act_bytes, ct.rates) for t, c in zip(g.layer, ct.layer)}
+
+    same, slow = stages(base), stages(replace(base, norm_stage_bw_factor=1.0))
+    for k in (Kind.QKV, Kind.GATEUP):
+        stage, act, rates = slow[k]
+        assert rates.norm == pytest.approx(rates.hbm) and same[k][2].norm == pytest.approx(same[k][2].l2)
+        assert stage - same[k][0] == pytest.approx(act / rates.hbm - act / rates.l2)
+    for k in (Kind.OPROJ, Kind.DOWN):
+        assert slow[k][0] == pytest.approx(same[k][0])
+
+
+def test_attention_fixed_part_grows_with_the_groups_width():
+    """ATTN's fixed part stages a KV group's q, k and v and merges its q heads across the warps:
+    attn_fixed_us is given for a group of 4 q heads of 128 (Llama-3.1-8B's) and scales with the group's
+    (q heads + 2) x head_dim, so Qwen3-30B-A3B's 8 heads of 128 pay 10 / 6 of it, Llama-3.2-1B's 4 of
+    64 half."""
+    from trtllm_mk.search.cost import cost_table
+
+    def fixed(model):
+        spec = spec_of(model)
+        g = build_step_graph(spec, 1, TilePlan(slot_bytes=32768, attn_splits=8, stages=5), 512)
+        durs = [next(c.dur for t, c in zip(g.layer, cost_table(g, H100, Calibration(attn_fixed_us=a)).layer)
+                     if t.kind == Kind.ATTN) for a in (0.0, 1.0)]
+        return durs[1] - durs[0]
+
+    assert fixed("llama-3.1-8b") == pytest.approx(1.0)
+    assert fixed("qwen3-30b-a3b") == pytest.approx(10 / 6)
+    assert fixed("llama-3.2-1b") == pytest.approx(0.5)
+
+
+def test_emlp_staging_pays_the_consumers_routing():
+    """An EMLP task's consumers route the rows from the chain's logits before they stage x: its staging
+    costs emlp_route_us more, the split expert kinds' (EGATEUP, which ROUTE routed for) nothing more."""
+    from trtllm_mk.search.cost import cost_table
+    spec = spec_of("qwen3-30b-a3b")
+
+    def stage(kind, fused, route):
+        g = build_step_graph(spec, 1, TilePlan(gateup_rows=48, expert_fused=fused, expert_inflight=2 if fused else 0), 512)
+        ct = cost_table(g, H100, Calibration(emlp_route_us=route))
+        return next(c.stage for t, c in zip(g.layer, ct.layer) if t.kind == kind)
+
+    assert stage(Kind.EMLP, True, 2.5) == pytest.approx(stage(Kind.EMLP, True, 0.0) + 2.5)
+    assert stage(Kind.EGATEUP, False, 2.5) == pytest.approx(stage(Kind.EGATEUP, False, 0.0))
 
 
 def test_merge_cost_counts_the_load_rounds_of_each_consumer_thread():

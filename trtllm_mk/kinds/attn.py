@@ -12,7 +12,8 @@ DEF = KindDef("ATTN", streams_weights=False, args=("layer", "r0", "r1", "group",
 # consumer time of one task. Its cached K/V streams through the ring (duration_us).
 CALIBRATION = {
     "attn_fixed_us": (4.0, "per batch row, beyond the bandwidth terms: the chain of dependent reads (qkv "
-                           "from L2, RoPE, the merge) and the block barriers"),
+                           "from L2, QK-norm, RoPE, the cross-warp merge) and the block barriers, for a group "
+                           "of FIXED_WIDTH values (the model scales it by the group's width)"),
     "attn_tile_us": (0.8, "one round of tensor-core tiles, a 16-token tile per consumer warp (scores, "
                           "softmax, P V for the group's heads), for TILE_GROUP q heads per KV group (the "
                           "model scales it by the group's heads): a split of more tokens takes more rounds"),
@@ -22,6 +23,15 @@ CALIBRATION = {
 }
 # the q heads per KV group attn_tile_us is given for: a round's mma work grows with the group's heads
 TILE_GROUP = 4
+# the group width (q heads + k + v, times head_dim) attn_fixed_us is given for: 4 q heads of 128. The
+# fixed part stages the group's q, k and v (norms, RoPE, cache stores) and merges every warp's
+# [q heads, head_dim] partial across the warps, so it grows with the group's width
+FIXED_WIDTH = (TILE_GROUP + 2) * 128
+
+
+def fixed_scale(dims) -> float:
+    """attn_fixed_us's multiple for one batch row of ``dims``'s KV group."""
+    return dims.group_rows / FIXED_WIDTH
 
 
 def execute(ex, t, layer: int) -> None:
@@ -112,7 +122,7 @@ def duration_us(task, graph, rates, cal) -> float:
     rate = min(rates.hbm, ring_turnover_rate(plan.stages * fill, fill, rates.hbm, slot_t, cal), issue)
     stream_us = late * (token / rate + cal.attn_late_token_us)
     rounds = rows * tile_rounds(split, cap, run, warps)
-    return (cal.task_overhead_us + rows * cal.attn_fixed_us + max(0, task.act_bytes - kv) / rates.l2
+    return (cal.task_overhead_us + rows * cal.attn_fixed_us * fixed_scale(d) + max(0, task.act_bytes - kv) / rates.l2
             + max(rounds * tile_us, stream_us))
 
 

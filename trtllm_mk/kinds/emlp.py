@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from ..residual import RESIDUAL_BYTES
 from . import KindDef
-from .gemv import no_staging_extra
 
 DEF = KindDef("EMLP", streams_weights=True, args=("layer", "r0", "r1", "tile", "stage"), device_file="emlp.cuh",
               device_needs=("GATEUP", "ROUTE"))
@@ -28,8 +27,19 @@ LOADER_WAITS = True
 # from extra_ring_slots
 MATRICES = 2
 NORMS_INPUT = True
-staging_extra_us = no_staging_extra
 BF16_WEIGHTS = False
+
+CALIBRATION = {
+    "emlp_route_us": (0.0, "consumer time an EMLP task's staging spends beyond reading its activation: "
+                           "the consumers route the rows from the chain's logits (top-k over the experts' "
+                           "accumulators, the softmax) while the SM's loader, which routed faster, already "
+                           "streams the expert"),
+}
+
+
+def staging_extra_us(task, graph, cal) -> float:
+    """The consumers' routing of the rows (route.cuh route_row) before they stage x."""
+    return cal.emlp_route_us
 
 MMA_ROWS = 16   # intermediate rows per down slot: one tensor-core k-step
 # TilePlan.expert_inflight of a fused plan: ring slots its loaders keep in flight. Every SM starts its

@@ -58,6 +58,10 @@ class MachineCalibration:
     publish_idle_us: float = 0.0
     # Activations live in L2; a consumer reads them at this multiple of its HBM share.
     l2_bw_factor: float = 3.0
+    # The staging of an RMSNorm kind (QKV, GATEUP, the LM head, the router, the experts) reads the
+    # residual x (8-byte fixed point, written by the previous phase's reductions from every SM) at this
+    # multiple of its HBM share; 0 = l2_bw_factor.
+    norm_stage_bw_factor: float = 0.0
     # One dependent L2 round trip of the consumer while the loaders stream (queued behind their
     # traffic): a staging pass of a GEMV activation costs one (traced: OPROJ / DOWN staging).
     l2_latency_us: float = 0.6

@@ -7,6 +7,7 @@ Per SM rates (bytes or FLOPs per microsecond):
          in a phase share the bandwidth; an SM without work in a phase leaves its share to others.
   hbm    the fair share, for KV-cache and embedding reads (they overlap other SMs' streaming).
   l2     activations (L2-resident): ``l2_bw_factor`` x the fair HBM share.
+  norm   the residual x an RMSNorm kind stages: ``norm_stage_bw_factor`` x the fair share.
   gemv   consumer rate in weight bytes: the tensor-core consumer (mma.m16n8k16, batch <= 8 as the N
          columns) is bound by the shared-memory reads of its weight tiles (ldmatrix), not by math, so
          its rate is shared-memory bytes per clock x clock x ``consumer_efficiency`` at any batch.
@@ -54,6 +55,7 @@ def streaming_key(counts: dict) -> Streaming:
 class Rates:
     hbm: float     # bytes/us, fair share
     l2: float      # bytes/us
+    norm: float    # bytes/us: the RMSNorm kinds' staged x
     gemv: float    # weight bytes/us the consumer warps reduce
     attn: float    # FLOP/us
     stream: dict   # kind (int) -> bytes/us while streaming that kind's weights
@@ -73,7 +75,7 @@ def sm_rates(gpu: GpuSpec, cal: Calibration, batch: int, streaming: Streaming = 
     eff = c.consumer_efficiency * min(1.0, consumer_warps / c.full_rate_warps)
     gemv = eff * clk * c.smem_bytes_per_clk
     attn = 2.0 * eff * clk * c.fp32_lanes
-    return Rates(hbm=fair, l2=c.l2_bw_factor * fair, gemv=gemv, attn=attn, stream=stream)
+    return Rates(hbm=fair, l2=c.l2_bw_factor * fair, norm=(c.norm_stage_bw_factor or c.l2_bw_factor) * fair, gemv=gemv, attn=attn, stream=stream)
 
 
 @dataclass(frozen=True)
@@ -144,7 +146,8 @@ def task_cost(task: Task, graph: StepGraph, rates: Rates, cal: Calibration,
         bw = rates.stream_rate(task.kind)
         issue = geo.copy_bytes / cal.copy_issue_us   # bulk copies issue at a fixed cost each
         rate = min(bw, ring_turnover_rate(ring, fill, bw, slot_t, cal), task.weight_bytes / comp, issue)
-        stage = staging_passes(task.kind, d.hidden, d.batch, plan.consumer_warps) * cal.l2_latency_us + task.act_bytes / rates.l2
+        act_rate = rates.norm if task.kind.module.NORMS_INPUT else rates.l2
+        stage = staging_passes(task.kind, d.hidden, d.batch, plan.consumer_warps) * cal.l2_latency_us + task.act_bytes / act_rate
         stage += task.kind.module.staging_extra_us(task, graph, cal)
         return TaskCost(True, float(task.weight_bytes), cal.task_overhead_us + stage, comp,
                         slot_t, fill, ring, rate, stage=stage)

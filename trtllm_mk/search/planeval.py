@@ -97,7 +97,17 @@ def better(a: PlanEval, b: PlanEval | None) -> bool:
 def field_variants(name: str, plan: TilePlan, ev: Evaluator) -> list[TilePlan]:
     spec, batch, gpu, nsm = ev.spec, ev.batch, ev.gpu, ev.num_sms
     if name == "ring":
-        return ring_candidates(plan, spec, batch, gpu, ev.slot_sizes)
+        rings = ring_candidates(plan, spec, batch, gpu, ev.slot_sizes)
+        # packed 4-bit rows and their scale words fill a slot of another size (quant_max_slot_bytes
+        # allows larger ones) with other whole rows of DOWN's K-chunks, so the K-split that fits one
+        # slot size can lose at the other: for quantized weights the ring moves with each of DOWN's
+        # K-splits too (one at a time, the descent cannot cross from one slot size's best K-split to
+        # the other's)
+        if spec.quantized and not plan.expert_fused:
+            ks = ksplit_candidates(spec)[1]
+            rings += [with_ksplit(p, "down_ksplit", k, spec, nsm, batch) for p in rings
+                      if p.slot_bytes != plan.slot_bytes for k in ks if k != p.down_ksplit]
+        return [p for p in rings if valid(p, spec, batch, gpu)]
     if plan.expert_fused and name in ("down_ksplit", "down_rows"):
         return []   # EMLP's tiles are gateup_rows wide in both halves: these shape no task
     if name in ("o_ksplit", "down_ksplit"):
