@@ -29,6 +29,15 @@ MATRICES = 2
 NORMS_INPUT = True
 BF16_WEIGHTS = False
 
+MMA_ROWS = 16   # intermediate rows per down slot: one tensor-core k-step
+# TilePlan.expert_inflight of a fused plan: ring slots its loaders keep in flight. Every SM starts its
+# tile's stream at once after the routing and streams gate/up and down back to back: the whole ring in
+# flight lengthens each stream's queue, a single slot leaves it waiting on every round trip. The search
+# sets it with expert_fused and does not vary it (the cost model does not price queueing; the
+# measurements are in benchmarks/NOTES.md).
+EXPERT_INFLIGHT = 2
+
+
 CALIBRATION = {
     "emlp_route_us": (0.0, "consumer time an EMLP task's staging spends beyond reading its activation: "
                            "the consumers route the rows from the chain's logits (top-k over the experts' "
@@ -40,14 +49,6 @@ CALIBRATION = {
 def staging_extra_us(task, graph, cal) -> float:
     """The consumers' routing of the rows (route.cuh route_row) before they stage x."""
     return cal.emlp_route_us
-
-MMA_ROWS = 16   # intermediate rows per down slot: one tensor-core k-step
-# TilePlan.expert_inflight of a fused plan: ring slots its loaders keep in flight. Every SM starts its
-# tile's stream at once after the routing and streams gate/up and down back to back: the whole ring in
-# flight lengthens each stream's queue, a single slot leaves it waiting on every round trip. The search
-# sets it with expert_fused and does not vary it (the cost model does not price queueing; the
-# measurements are in benchmarks/NOTES.md).
-EXPERT_INFLIGHT = 2
 
 
 def active(spec, plan) -> bool:

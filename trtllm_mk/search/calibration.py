@@ -131,7 +131,8 @@ class MachineCalibration:
         bw = self.read_bandwidth or gpu.read_bandwidth
         return replace(self, fp32_lanes=lanes, sm_clock_ghz=clock, read_bandwidth=bw,
                        landing_us=self.landing_us or self.mem_latency_us,
-                       publish_idle_us=self.publish_idle_us or self.publish_us)
+                       publish_idle_us=self.publish_idle_us or self.publish_us,
+                       norm_stage_bw_factor=self.norm_stage_bw_factor or self.l2_bw_factor)
 
     def slot_sizes(self, candidates: tuple[int, ...], with_min: bool = True,
                    quantized: bool = False) -> tuple[int, ...]:

@@ -75,7 +75,8 @@ def sm_rates(gpu: GpuSpec, cal: Calibration, batch: int, streaming: Streaming = 
     eff = c.consumer_efficiency * min(1.0, consumer_warps / c.full_rate_warps)
     gemv = eff * clk * c.smem_bytes_per_clk
     attn = 2.0 * eff * clk * c.fp32_lanes
-    return Rates(hbm=fair, l2=c.l2_bw_factor * fair, norm=(c.norm_stage_bw_factor or c.l2_bw_factor) * fair, gemv=gemv, attn=attn, stream=stream)
+    return Rates(hbm=fair, l2=c.l2_bw_factor * fair, norm=c.norm_stage_bw_factor * fair, gemv=gemv, attn=attn,
+                 stream=stream)
 
 
 @dataclass(frozen=True)
