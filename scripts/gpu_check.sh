@@ -30,6 +30,7 @@
 # PACK_OUT=1: leave one archive, $OUT/results.tar.gz, instead of the separate files.
 # Kernels are content-hash cached in .cubin_cache: precompile them on a CPU machine with
 #   TRTLLM_MK_CACHE=.cubin_cache python tests/test_megakernel_gpu.py
+#   TRTLLM_MK_CACHE=.cubin_cache python tests/test_shapes_gpu.py
 #   TRTLLM_MK_CACHE=.cubin_cache python benchmarks/megakernel_system.py --prebuild --context 512
 #   TRTLLM_MK_CACHE=.cubin_cache python tests/test_quant_gpu.py
 #   TRTLLM_MK_CACHE=.cubin_cache python benchmarks/megakernel_system.py --prebuild --context 512 --batch 1 \

@@ -290,6 +290,15 @@ def test_model_the_megakernel_cannot_run_is_a_model_error_of_the_config(tmp_path
     assert msg.startswith(f"{path}: model: ") and "hidden_size=96 must be a multiple of 64" in msg
 
 
+def test_head_width_the_kernel_cannot_split_across_a_warp_is_refused_before_the_search(tmp_path):
+    # head_dim 80 (a multiple of 16, so the spec and the reference take it) leaves a warp's lanes uneven
+    arch = tiny_config("mistral", hidden_size=320, num_attention_heads=4, num_key_value_heads=2, head_dim=80)
+    (tmp_path / "hd80.json").write_text(json.dumps(arch))
+    path = write_yaml(tmp_path / "x.yaml", mk(model="hd80.json"))
+    msg = config_error(path)
+    assert msg.startswith(f"{path}: model: ") and "head_dim=80 must be a multiple of 32" in msg
+
+
 def test_gpu_auto_without_a_gpu(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     path = write_yaml(tmp_path / "x.yaml", mk(gpu="auto"))
