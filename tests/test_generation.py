@@ -150,6 +150,34 @@ def test_text_stream_skips_special_tokens_and_holds_back_stop_prefixes(checkpoin
     assert [s.push(i) for i in ids] == ["ba", " ", "be ko"] and not s.stopped
 
 
+def _byte_level_tokenizer():
+    """A byte-level BPE tokenizer without merges: a two-byte character is two tokens."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import PreTrainedTokenizerFast
+    t = ByteLevelBPETokenizer()
+    t.train_from_iterator(["ascii"], vocab_size=257, min_frequency=1000, show_progress=False)
+    return PreTrainedTokenizerFast(tokenizer_object=t._tokenizer)
+
+
+def test_text_stream_ends_an_unfinished_character_as_the_tokenizer_decodes_it():
+    tok = _byte_level_tokenizer()
+    ids = tok.encode("\u00e9!", add_special_tokens=False)   # é is two byte tokens
+    assert len(ids) == 3
+    s = TextStream(tok)
+    assert [s.push(i) for i in ids] + [s.flush()] == ["", "\u00e9", "!", ""] and s.offsets == [0, 0, 1]
+    s = TextStream(tok)   # the request ends after the first byte (an end-of-sequence token or the budget)
+    assert s.push(ids[0]) == "" and s.flush() == tok.decode(ids[:1]) == "\ufffd" and s.text == "\ufffd"
+    s = TextStream(tok, stop=["!"])   # a stop string held back until the end still stops
+    assert s.push(ids[0]) == "" and s.push(ids[1]) == "\u00e9" and s.push(ids[2]) == "" and s.stopped
+
+
+def test_id_text_offsets_point_at_each_token():
+    from trtllm_mk.serve.text import IdText
+    t = IdText()
+    assert [t.push(i) for i in (409, 7, 12)] == ["409", " 7", " 12"]
+    assert t.text == "409 7 12" and t.offsets == [0, 4, 6]
+
+
 def test_chat_template_renders_messages_for_the_reply(engine2):
     ids = apply_chat_template(engine2.tokenizer, [{"role": "user", "content": "ba be"}])
     tok = engine2.tokenizer

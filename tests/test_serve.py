@@ -131,6 +131,11 @@ def _scratch_cache(eng):
     (dict(prompt=["a", "b"]), 400, "one prompt"),
     (dict(prompt=[1, 99999]), 400, "token ids"),
     (dict(temperature=-1), 400, "temperature"),
+    (dict(logit_bias={"5": 100}), 400, "logit_bias"),   # never answered as if not asked
+    (dict(best_of=2), 400, "best_of"),
+    (dict(suffix="ko"), 400, "suffix"),
+    (dict(seed=2 ** 64), 400, "seed"),                  # not wrapped into another seed's tokens
+    (dict(stream_options={"include_usage": True}), 400, "stream_options"),
 ])
 def test_bad_completion_requests(client, kwargs, status, needle):
     args = dict(model=MODEL, prompt="ba", max_tokens=4) | kwargs
@@ -144,7 +149,9 @@ def test_bad_completion_requests(client, kwargs, status, needle):
 def test_malformed_json_and_bad_chat(server):
     url = server[0]
     r = httpx.post(url + "/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
-    assert r.status_code == 400 and "error" in r.json()
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    r = httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": [1.5]})
+    assert r.status_code == 400 and r.json()["error"]["message"] == "prompt: not one of the accepted forms"
     r = httpx.post(url + "/v1/completions", json={"model": MODEL, "max_tokens": "many", "prompt": "ba"})
     assert r.status_code == 400 and "max_tokens" in r.json()["error"]["message"]
     r = httpx.post(url + "/v1/chat/completions", json={"model": MODEL, "messages": []})
@@ -152,6 +159,42 @@ def test_malformed_json_and_bad_chat(server):
     r = httpx.post(url + "/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "x"}}]}]})
     assert r.status_code == 400 and "text" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+          tool_choice="required"), "tools"),
+    (dict(response_format={"type": "json_object"}), "response_format"),
+    (dict(logprobs=True, top_logprobs=10), "top_logprobs 10"),
+    (dict(max_completion_tokens=0), "max_completion_tokens must be >= 1"),
+])
+def test_bad_chat_requests_name_the_field(client, kwargs, needle):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "ba"}], **kwargs)
+    assert needle in e.value.response.json()["error"]["message"]
+
+
+def test_model_retrieve_and_unknown_routes(server, client):
+    m = client.models.retrieve(MODEL)
+    assert m.id == MODEL and m.object == "model"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-9")
+    r = httpx.get(server[0] + "/v1/nothing-here")
+    assert r.status_code == 404 and "/v1/nothing-here" in r.json()["error"]["message"]
+
+
+def test_streamed_logprob_offsets_continue_across_chunks(client):
+    args = dict(model=MODEL, prompt="ba be ko", max_tokens=6, temperature=0, logprobs=1,
+                extra_body={"ignore_eos": True})
+    full = client.completions.create(**args).choices[0]
+    chunks = [c.choices[0] for c in client.completions.create(stream=True, **args) if c.choices]
+    offs = [o for c in chunks if c.logprobs for o in c.logprobs.text_offset]
+    assert offs == full.logprobs.text_offset and len(offs) == 6
+    # each token's text runs from its offset to the next token's
+    text = full.text
+    pieces = [text[a:b] for a, b in zip(offs, offs[1:] + [len(text)])]
+    assert offs[0] == 0 and "".join(pieces) == text
+    assert all(p.strip() == t for p, t in zip(pieces, full.logprobs.tokens))
 
 
 def test_full_queue_gets_429_and_dropped_clients_free_their_slots(server, client):

@@ -66,6 +66,8 @@ class SamplingParams:
             raise UserError(f"top_k {self.top_k} must be between 0 (off) and {CANDIDATES}")
         if not 0 < self.top_p <= 1:
             raise UserError(f"top_p {self.top_p} must be in (0, 1]")
+        if not -(1 << 63) <= self.seed < (1 << 64):   # a signed or unsigned 64-bit integer, never wrapped
+            raise UserError(f"seed {self.seed} must fit in 64 bits")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
             raise UserError(f"logprobs {self.logprobs} must be between 0 and {MAX_TOP_LOGPROBS}")
 

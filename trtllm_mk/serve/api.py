@@ -1,5 +1,7 @@
-"""The OpenAI-compatible HTTP API over one engine: ``/health``, ``/v1/models``, ``/v1/completions``
-and ``/v1/chat/completions``, streamed (server-sent events) or not, with usage counts.
+"""The OpenAI-compatible HTTP API over one engine: ``/health``, ``/v1/models`` (and
+``/v1/models/{id}``), ``/v1/completions`` and ``/v1/chat/completions``, streamed (server-sent events)
+or not, with usage counts. A field of OpenAI's API that this server cannot honour (``UNSUPPORTED``,
+the penalties, ``n`` > 1, ``echo``) is refused when set, never ignored.
 
 Errors follow OpenAI's body, ``{"error": {"message", "type", "param", "code"}}``: a malformed or
 unsupported request is 400, an unknown model 404, a full queue 429, a server that is shutting down
@@ -22,8 +24,10 @@ from fastapi import FastAPI, Request as HttpRequest
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import UserError
+from ..sampling import MAX_TOP_LOGPROBS
 from .scheduler import Event, QueueFull, SchedulerClosed, make_request
 from .text import apply_chat_template
 
@@ -58,6 +62,7 @@ class _Common(BaseModel):
     ignore_eos: bool | None = False        # extension
     presence_penalty: float | None = 0.0
     frequency_penalty: float | None = 0.0
+    logit_bias: dict[str, float] | None = None
     user: str | None = None
 
 
@@ -65,6 +70,8 @@ class CompletionBody(_Common):
     prompt: Union[str, list[int], list[str], list[list[int]]]
     logprobs: int | None = None
     echo: bool | None = False
+    best_of: int | None = None
+    suffix: str | None = None
 
 
 class ChatBody(_Common):
@@ -72,6 +79,25 @@ class ChatBody(_Common):
     max_completion_tokens: int | None = None
     logprobs: bool | None = False
     top_logprobs: int | None = None
+    tools: list | None = None
+    tool_choice: Union[str, dict, None] = None
+    functions: list | None = None
+    function_call: Union[str, dict, None] = None
+    response_format: dict | None = None
+
+
+# Fields of OpenAI's API this server cannot honour: a request that sets one to anything but its
+# default is refused (400) rather than answered as if it had not asked.
+UNSUPPORTED = {
+    "logit_bias": lambda v: not v,
+    "best_of": lambda v: v in (None, 1),
+    "suffix": lambda v: not v,
+    "tools": lambda v: not v,
+    "tool_choice": lambda v: v in (None, "none"),
+    "functions": lambda v: not v,
+    "function_call": lambda v: v in (None, "none"),
+    "response_format": lambda v: not v or v.get("type") == "text",
+}
 
 
 def create_app(engine, model_name: str, max_queue: int | None = None) -> FastAPI:
@@ -89,10 +115,23 @@ def create_app(engine, model_name: str, max_queue: int | None = None) -> FastAPI
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request, exc: RequestValidationError):
-        first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        if first.get("type") == "json_invalid":
+            return _error(400, f"the request body is not valid JSON ({first.get('msg', '')})")
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        field = loc[0] if loc else ""
+        if sum(1 for e in errors if [str(p) for p in e.get("loc", ()) if p != "body"][:1] == [field]) > 1:
+            # a union field (prompt, stop, ...): pydantic reports one error per accepted form
+            return _error(400, f"{field}: not one of the accepted forms", param=field)
+        where = ".".join(loc)
         msg = f"{where}: {first.get('msg', 'invalid request')}" if where else str(exc)
         return _error(400, msg, param=where or None)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request, exc: StarletteHTTPException):
+        return _error(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
+                      "not_found" if exc.status_code == 404 else "invalid_request_error")
 
     @app.exception_handler(ApiError)
     async def _api_error(request, exc: ApiError):
@@ -108,14 +147,23 @@ def create_app(engine, model_name: str, max_queue: int | None = None) -> FastAPI
             return _error(503, sched.closed, "service_unavailable")
         return {"status": "ok", "busy_slots": sched.busy, "slots": engine.batch, "waiting": len(sched.waiting)}
 
+    def model_card() -> dict:
+        return {"id": model_name, "object": "model", "created": int(time.time()), "owned_by": "trtllm_mk",
+                "max_model_len": engine.max_seq_len, "max_input_len": engine.max_input_len,
+                "vocab_size": engine.spec.vocab_size}
+
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": int(time.time()),
-                                            "owned_by": "trtllm_mk", "max_model_len": engine.max_seq_len,
-                                            "max_input_len": engine.max_input_len,
-                                            "vocab_size": engine.spec.vocab_size}]}
+        return {"object": "list", "data": [model_card()]}
 
-    def check_common(body: _Common, default_max: int) -> dict:
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        if model_id != model_name:
+            raise ApiError(404, f"The model `{model_id}` does not exist; this server serves `{model_name}`",
+                           code="model_not_found", param="model")
+        return model_card()
+
+    def check_common(body: _Common, default_max: int, max_tokens_name: str = "max_tokens") -> dict:
         if body.model is not None and body.model != model_name:
             raise ApiError(404, f"The model `{body.model}` does not exist; this server serves `{model_name}`",
                            code="model_not_found", param="model")
@@ -123,9 +171,14 @@ def create_app(engine, model_name: str, max_queue: int | None = None) -> FastAPI
             raise ApiError(400, "n must be 1 (send concurrent requests instead)", param="n")
         if body.presence_penalty or body.frequency_penalty:
             raise ApiError(400, "presence_penalty and frequency_penalty are not supported", param="presence_penalty")
+        for name, is_default in UNSUPPORTED.items():
+            if name in body.model_fields_set and not is_default(getattr(body, name)):
+                raise ApiError(400, f"{name} is not supported by this server", param=name)
+        if body.stream_options is not None and not body.stream:
+            raise ApiError(400, "stream_options is only allowed with stream: true", param="stream_options")
         max_tokens = default_max if body.max_tokens is None else body.max_tokens
         if max_tokens < 1:
-            raise ApiError(400, f"max_tokens must be >= 1 (got {max_tokens})", param="max_tokens")
+            raise ApiError(400, f"{max_tokens_name} must be >= 1 (got {max_tokens})", param=max_tokens_name)
         top_k = body.top_k or 0
         stop = [body.stop] if isinstance(body.stop, str) else (body.stop or None)
         return dict(max_tokens=max_tokens, temperature=1.0 if body.temperature is None else body.temperature,
@@ -222,15 +275,19 @@ def create_app(engine, model_name: str, max_queue: int | None = None) -> FastAPI
             raise ApiError(400, "empty prompt", param="prompt")
         return engine.tokenizer.encode(p) if isinstance(p, str) else p
 
-    def completion_logprobs(req, evs: list[Event], offset: int) -> dict:
+    def completion_logprobs(req, evs: list[Event], seen: list[int]) -> dict:
+        """``seen``: [the tokens described so far], carried from one streamed chunk to the next. A
+        token's text_offset is where its text starts in the completion's text (an end-of-sequence
+        token, which adds no text, at its end)."""
         toks, lps, tops, offs = [], [], [], []
         for c in (c for ev in evs for c in ev.logprobs):
             t = req.text.token_text(c.token)
             toks.append(t)
             lps.append(c.logprob)
             tops.append({req.text.token_text(i): v for i, v in c.top_logprobs} if c.top_logprobs else None)
-            offs.append(offset)
-            offset += len(t)
+            at = req.text.offsets
+            offs.append(at[seen[0]] if seen[0] < len(at) else len(req.text.text))
+            seen[0] += 1
         return {"tokens": toks, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offs}
 
     @app.post("/v1/completions")
@@ -243,13 +300,14 @@ def create_app(engine, model_name: str, max_queue: int | None = None) -> FastAPI
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         base = {"id": rid, "object": "text_completion", "created": created, "model": model_name}
         want_lp = body.logprobs is not None
+        seen = [0]
 
         if body.stream:
             def chunk(ev: Event | None, first: bool) -> dict:
                 if ev is None:
                     return dict(base)
                 return base | {"choices": [{"index": 0, "text": ev.text, "finish_reason": ev.finish_reason,
-                                            "logprobs": completion_logprobs(req, [ev], 0) if want_lp else None}]}
+                                            "logprobs": completion_logprobs(req, [ev], seen) if want_lp else None}]}
             return stream_response(req, events, chunk, bool((body.stream_options or {}).get("include_usage")))
         evs = await collect(req, events, http)
         if not evs:
@@ -257,7 +315,7 @@ def create_app(engine, model_name: str, max_queue: int | None = None) -> FastAPI
         failed(evs[-1])
         return base | {"choices": [{"index": 0, "text": "".join(e.text for e in evs), "finish_reason":
                                     evs[-1].finish_reason,
-                                    "logprobs": completion_logprobs(req, evs, 0) if want_lp else None}],
+                                    "logprobs": completion_logprobs(req, evs, seen) if want_lp else None}],
                        "usage": usage(req)}
 
     # ------------------------------------------------------------------ chat
@@ -293,12 +351,16 @@ def create_app(engine, model_name: str, max_queue: int | None = None) -> FastAPI
     @app.post("/v1/chat/completions")
     async def chat(body: ChatBody, http: HttpRequest):
         prompt = chat_prompt(body)
+        name = "max_tokens"
         if body.max_tokens is None and body.max_completion_tokens is not None:
-            body.max_tokens = body.max_completion_tokens
-        opts = check_common(body, max(1, engine.max_seq_len - len(prompt)))
+            body.max_tokens, name = body.max_completion_tokens, "max_completion_tokens"
+        opts = check_common(body, max(1, engine.max_seq_len - len(prompt)), name)
         n_top = None
         if body.logprobs:
             n_top = body.top_logprobs or 0
+            if not 0 <= n_top <= MAX_TOP_LOGPROBS:
+                raise ApiError(400, f"top_logprobs {n_top} must be between 0 and {MAX_TOP_LOGPROBS} on this server",
+                               param="top_logprobs")
         elif body.top_logprobs:
             raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         req, events = await submit(prompt, opts, n_top)

@@ -97,6 +97,8 @@ class Request:
                 break
         if reason and self.text is not None:
             text += self.text.flush()
+            if self.text.stopped:   # a stop string completed in the text held back until the end
+                reason = "stop"
         self.logprobs.extend(lps)
         self._finish_with(Event(toks, text, lps), reason)
         return reason is not None

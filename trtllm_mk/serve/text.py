@@ -88,6 +88,7 @@ class TextStream:
         self.prefix_offset = self.read_offset = 0
         self.pending = ""       # decoded, not yet emitted (a possible stop-string prefix)
         self.text = ""          # emitted so far
+        self.offsets: list[int] = []   # where each pushed token's text starts in the request's text
         self.stopped = False
 
     def _decode(self, ids: list[int]) -> str:
@@ -96,6 +97,7 @@ class TextStream:
     def push(self, token: int) -> str:
         if self.stopped:
             return ""
+        self.offsets.append(len(self.text) + len(self.pending))
         self.ids.append(token)
         # Decoding from a few tokens back keeps the spacing a tokenizer derives from the previous
         # token (SentencePiece's leading spaces) without re-decoding the whole sequence.
@@ -133,14 +135,18 @@ class TextStream:
         return out
 
     def flush(self) -> str:
-        """Text still held back, at the end of the request (no stop string completed it)."""
+        """Text still held back, at the end of the request: a stop string may still complete in it,
+        and an unfinished multi-byte character ends as the tokenizer decodes it (U+FFFD), so the text
+        is the decoded tokens however the request finished."""
         if self.stopped:
             return ""
-        tail = self._decode(self.ids[self.prefix_offset:])[len(self._decode(self.ids[self.prefix_offset:
-                                                                                     self.read_offset])):]
-        out = self.pending + (tail if not tail.endswith("\ufffd") else tail.rstrip("\ufffd"))
-        self.pending = ""
-        self.text += out
+        self.pending += self._decode(self.ids[self.prefix_offset:])[
+            len(self._decode(self.ids[self.prefix_offset:self.read_offset])):]
+        self.prefix_offset = self.read_offset = len(self.ids)
+        out = self._release()
+        if not self.stopped and self.pending:   # a stop string's prefix that nothing completed
+            self.text += self.pending
+            out, self.pending = out + self.pending, ""
         return out
 
     def token_text(self, token: int) -> str:
@@ -155,9 +161,11 @@ class IdText:
 
     def __init__(self):
         self.text = ""
+        self.offsets: list[int] = []
 
     def push(self, token: int) -> str:
         out = f"{' ' if self.text else ''}{token}"
+        self.offsets.append(len(self.text) + len(out) - len(str(token)))
         self.text += out
         return out
 
