@@ -8,7 +8,7 @@ from safetensors.torch import load_file, save_file
 
 from trtllm_mk.errors import ModelError
 from trtllm_mk.model import load_checkpoint, load_spec
-from trtllm_mk.model.checkpoint import INDEX_FILE, SINGLE_FILE
+from trtllm_mk.model.checkpoint import INDEX_FILE, SINGLE_FILE, check_checkpoint
 from trtllm_mk.model.tiny import FAMILIES, write_tiny_checkpoint
 
 
@@ -124,12 +124,24 @@ def test_misshaped_tensor_reports_expected_and_actual(tmp_path):
         load_checkpoint(ckpt, load_spec(ckpt))
 
 
-def test_wrong_dtype_is_reported(tmp_path):
+def test_mixed_float_dtypes_load_cast_to_the_model_dtype(tmp_path):
+    # fp32 norms beside bf16 matrices, as some exporters write them (transformers loads them too)
     ckpt = write_tiny_checkpoint(tmp_path / "c", family="mistral")
     name = "model.norm.weight"
     _rewrite(ckpt, lambda t: t.__setitem__(name, t[name].float()))
-    with pytest.raises(ModelError, match=rf"{name} dtype F32 \(expected BF16"):
-        load_checkpoint(ckpt, load_spec(ckpt))
+    spec = load_spec(ckpt)
+    assert check_checkpoint(ckpt, spec) == {"BF16", "F32"}
+    loaded = load_checkpoint(ckpt, spec)
+    assert {t.dtype for t in loaded.values()} == {torch.bfloat16}
+    assert torch.equal(loaded[name], load_file(str(ckpt / SINGLE_FILE))[name].bfloat16())
+
+
+def test_non_float_dtype_is_reported(tmp_path):
+    ckpt = write_tiny_checkpoint(tmp_path / "c", family="mistral")
+    name = "model.norm.weight"
+    _rewrite(ckpt, lambda t: t.__setitem__(name, t[name].to(torch.int16)))
+    with pytest.raises(ModelError, match=rf"{name} dtype I16 \(expected one of BF16, F16, F32\)"):
+        check_checkpoint(ckpt, load_spec(ckpt))
 
 
 @pytest.mark.parametrize("keep", [0.5, 0.999, 6])

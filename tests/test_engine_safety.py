@@ -212,6 +212,43 @@ def test_a_checkpoint_of_another_model_is_refused_naming_the_difference(from_che
         resolve_weights(EngineDir.open(eng), other)
 
 
+def _config_of(ckpt, tmp_path):
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(TINY.read_text().replace("model: tiny-llama", f"model: {ckpt}"))
+    return with_overrides(load_config(cfg_path), {"megakernel": {"search_budget_s": 1.0}})
+
+
+def test_a_checkpoint_without_a_tensor_is_refused_before_the_search(tmp_path, monkeypatch):
+    from safetensors.torch import load_file, save_file
+    ckpt = write_tiny_checkpoint(tmp_path / "ckpt", family="llama", seed=1)
+    tensors = load_file(str(ckpt / "model.safetensors"))
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    save_file(tensors, str(ckpt / "model.safetensors"), metadata={"format": "pt"})
+    cfg = _config_of(ckpt, tmp_path)
+    import trtllm_mk.build as build
+    monkeypatch.setattr(build, "search_candidates", lambda *a, **k: pytest.fail("searched a broken checkpoint"))
+    with pytest.raises(ModelError, match=r"lacks 1 tensor\(s\) the config requires: model.layers.1.mlp.up_proj"):
+        build_engine(cfg, tmp_path / "eng", show_progress=False)
+    assert not (tmp_path / "eng").exists()
+
+
+def test_an_fp32_checkpoint_builds_a_bf16_engine_that_takes_its_bf16_twin(tmp_path):
+    from safetensors.torch import load_file, save_file
+    from trtllm_mk.runtime.hybrid import HybridEngine
+    fp32 = write_tiny_checkpoint(tmp_path / "fp32", family="llama", seed=1)
+    cfg = json.loads((fp32 / "config.json").read_text())
+    (fp32 / "config.json").write_text(json.dumps({**cfg, "torch_dtype": "float32"}))
+    save_file({k: v.float() for k, v in load_file(str(fp32 / "model.safetensors")).items()},
+              str(fp32 / "model.safetensors"), metadata={"format": "pt"})
+    dep = _config_of(fp32, tmp_path)
+    assert dep.model_spec.dtype == "bfloat16"   # the kernel streams (and the search prices) 2-byte weights
+    eng = build_engine(dep, tmp_path / "eng", show_progress=False)[0]
+    bf16 = write_tiny_checkpoint(tmp_path / "bf16", family="llama", seed=1)
+    a = HybridEngine(eng, simulate=True).generate([[1, 2, 3]], 6, eos_ids=()).tokens
+    b = HybridEngine(eng, weights=bf16, simulate=True).generate([[1, 2, 3]], 6, eos_ids=()).tokens
+    assert a == b
+
+
 def test_an_architecture_only_engine_needs_weights_named(built):
     from trtllm_mk.runtime.hybrid import resolve_weights
     with pytest.raises(UserError, match="--weights random"):

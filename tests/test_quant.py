@@ -222,6 +222,26 @@ def test_qwen2_biases_pass_through_unquantized(tmp_path, source_qwen2):
     assert isinstance(layers["model.layers.1.self_attn.k_proj.weight"], IntLinear)
 
 
+@pytest.mark.parametrize("fmt", ["gptq", "ct-w4a16", "fp8"])
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
+def test_mixture_of_experts_routers_stay_unquantized(tmp_path, family, fmt):
+    from trtllm_mk.model.tiny import write_tiny_checkpoint
+    src = write_tiny_checkpoint(tmp_path / family, family=family, seed=2)
+    out = _quantize(src, tmp_path / "q", "--format", fmt, *(["--group-size", "32"] if fmt != "fp8" else []))
+    spec = load_spec(src)
+    router, experts = spec.moe_names(spec.moe_layers[0])
+    layers, original = load_quantized(out, spec, read_scheme(out)), load_checkpoint(src, spec)
+    assert torch.equal(layers[router], original[router])   # stored as it was, not as codes
+    assert isinstance(layers[experts[0][0]], (IntLinear, Fp8Linear))
+    on_disk = {n for f in out.glob("*.safetensors") for n in load_file(str(f))}
+    assert router in on_disk and not any(n.startswith(router[:-len(".weight")] + ".") and n != router for n in on_disk)
+    if fmt == "ct-w4a16":   # compressed-tensors lists every Linear it leaves alone
+        import re
+        ignore = json.loads((out / "config.json").read_text())["quantization_config"]["ignore"]
+        module = router[:-len(".weight")]
+        assert "lm_head" in ignore and any(p.startswith("re:") and re.match(p[3:], module) for p in ignore)
+
+
 @pytest.mark.parametrize("bits", [4, 8])
 def test_packing_is_little_end_first(bits):
     g = torch.Generator().manual_seed(bits)

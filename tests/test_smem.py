@@ -9,7 +9,7 @@ from trtllm_mk.graph import TilePlan, build_step_graph
 from trtllm_mk.model.spec import load_spec
 from trtllm_mk.search.plans import no_k_tiling, no_ksplit, ring_candidates, valid
 from trtllm_mk.smem import (ACT_PAD, FIXED_BYTES, SLOT_PAD, attention_kv_ring, attention_scratch_bytes, fits,
-                            gemv_k_ranges, kv_region_bytes, kv_ring_offset, plan_smem, slot_geometry,
+                            gemv_k_ranges, kv_region_bytes, kv_ring_offset, norm_staging_passes, plan_smem, slot_geometry,
                             without_ksplit)
 
 MODELS = Path(__file__).resolve().parents[1] / "configs" / "models"
@@ -178,3 +178,14 @@ def test_kv_ring_rows_never_overlap_and_keep_the_bank_skew(head_dim):
         for ctx in (64, 512, 8192):
             slots, cap = attention_kv_ring(head_dim, slot, 8, ctx)
             assert (3 - slots) * kv_region_bytes(head_dim, cap) <= slot + SLOT_PAD
+
+
+@pytest.mark.parametrize("hidden,batch,warps,passes", [
+    (4096, 4, 8, 1),   # 16 whole vectors a thread: held in registers
+    (3584, 4, 8, 2),   # 16 with a ragged last one (896 vectors over 256 threads): re-read instead
+    (3584, 3, 8, 1),
+    (4096, 8, 8, 2),   # 32 vectors
+    (128, 8, 8, 1),    # fewer vectors than threads
+])
+def test_norm_staging_passes(hidden, batch, warps, passes):
+    assert norm_staging_passes(hidden, batch, warps) == passes

@@ -25,7 +25,8 @@ from tqdm import tqdm
 
 from .codegen import find_nvcc, kernel_smem_bytes
 from .config import DeploymentConfig, MegakernelConfig
-from .engine import TP_MODEL_KEY, KernelBuild, compile_kernel, kernel_function_name, write_checkpoint_record, write_kernel, write_manifest
+from .engine import (TP_MODEL_KEY, KernelBuild, checkpoint_record, compile_kernel, kernel_function_name,
+                     write_checkpoint_record, write_kernel, write_manifest)
 from .engine_target import EngineTarget
 from .graph.tasks import StepGraph
 from .model.spec import ModelSpec
@@ -64,6 +65,19 @@ def check_buildable(cfg: DeploymentConfig) -> None:
             why = str(e)
         raise ConfigError(f"{where}: quantization: cannot be built into an engine: {why} (the reference decoder and "
                           "the CPU executor read these checkpoints dequantized)")
+
+
+def check_weights(cfg: DeploymentConfig, log=print) -> dict | None:
+    """The checkpoint's tensors checked against the model (names, shapes, dtypes; a quantized checkpoint's
+    packed layers read one at a time), then its fingerprint for the engine's record; None when the model
+    was named by architecture only."""
+    if cfg.checkpoint_dir is None:
+        return None
+    if cfg.quant_scheme is not None:
+        log(f"checking the quantized layers of {cfg.checkpoint_dir} ...")
+    from .model.checkpoint import check_checkpoint
+    check_checkpoint(cfg.checkpoint_dir, cfg.model_spec)
+    return checkpoint_record(cfg.checkpoint_dir)
 
 
 def _candidate(schedule: Schedule, gpu) -> tuple:
@@ -186,7 +200,8 @@ def build_engine(cfg: DeploymentConfig, output_dir: str | Path | None = None, sh
     out = Path(output_dir or mk.output_dir)
     check_buildable(cfg)
     find_nvcc()                                # before the search: a missing compiler is no late surprise
-    with EngineTarget(out) as target:          # likewise a folder the build may not write or replace
+    record = check_weights(cfg, log)           # likewise a checkpoint whose tensors do not fit the model
+    with EngineTarget(out) as target:          # and a folder the build may not write or replace
         t0 = time.perf_counter()
         spilled = SpilledPlans(kernel_function_name)
         candidates = search_candidates(spec, cfg.max_batch_size, gpu, context_len=mk.context_len,
@@ -220,7 +235,7 @@ def build_engine(cfg: DeploymentConfig, output_dir: str | Path | None = None, sh
         rep["build"] = {"search_s": round(t_search, 2), "compile_s": round(t_compile, 2),
                         "validation": chosen.validation.summary()}
         (tmp / "report.json").write_text(json.dumps(rep, indent=1, sort_keys=True) + "\n")
-        write_checkpoint_record(tmp, cfg.checkpoint_dir)
+        write_checkpoint_record(tmp, record)
         write_manifest(tmp)
         out = target.commit()
     return out, rep

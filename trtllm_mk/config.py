@@ -26,7 +26,7 @@ import yaml
 from .deployment import MemoryBudget, memory_budget
 from .errors import ConfigError, ModelError, UserError, read_json_object
 from .gpus import CATALOG, GB, GpuSpec, get_gpu
-from .graph import MAX_BATCH, check_model_supported
+from .graph import MAX_BATCH, check_kernel_supported
 from .model.registry import REPO_CONFIG_DIR, resolve_model
 from .model.spec import ModelSpec
 from .parallel.layout import TP_SIZES, check_tensor_parallel, rank_spec
@@ -399,7 +399,7 @@ def parse_config(data: Any, where: str = "<config>", base_dir: str | Path | None
     resolved = _resolve_model(model, where)
     spec = resolved.spec
     try:
-        check_model_supported(spec)
+        check_kernel_supported(spec)
     except UserError as e:
         raise ConfigError(f"{where}: model: {e}") from None
 
@@ -450,16 +450,18 @@ def _check_tensor_parallel(spec: ModelSpec, tp: int, where: str) -> None:
     if tp == 1:
         return
     try:
-        check_model_supported(rank_spec(spec, tp))
+        check_kernel_supported(rank_spec(spec, tp))
     except UserError as e:
         raise ConfigError(f"{where}: tensor_parallel_size: {tp} leaves each GPU a share the megakernel cannot compute "
                           f"({e}); use a smaller tensor_parallel_size") from None
 
 
 def kernel_spec(spec: ModelSpec, scheme: QuantScheme | None) -> ModelSpec:
-    """The model spec the megakernel is searched and built for: 4-bit weights in the kernel's layout
-    when ``scheme`` is one it streams, else ``spec`` as it is (the builder then refuses the scheme in
-    one line, ``build.check_buildable``; the CPU paths still read it dequantized)."""
+    """The model spec the megakernel is searched and built for: bf16 weights whatever dtype the
+    checkpoint stores them in (they are cast as they load), or 4-bit weights in the kernel's layout
+    when ``scheme`` is one it streams (else the builder refuses the scheme in one line,
+    ``build.check_buildable``; the CPU paths still read it dequantized)."""
+    spec = dataclasses.replace(spec, dtype="bfloat16")
     if scheme is None:
         return spec
     try:
@@ -476,10 +478,10 @@ def _resolve_gpu(name: str, where: str) -> GpuSpec:
 
 
 def _resolve_model(model: str, where: str):
-    from .graph import check_model_supported  # the graph package pulls in the task machinery; load late
+    from .graph import check_kernel_supported  # the graph package pulls in the task machinery; load late
     try:
         resolved = resolve_model(model)
-        check_model_supported(resolved.spec)
+        check_kernel_supported(resolved.spec)
     except UserError as e:
         msg = str(e)
         raise ConfigError(f"{where}: {msg if msg.startswith('model: ') else 'model: ' + msg}") from None

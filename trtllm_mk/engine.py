@@ -128,11 +128,15 @@ def write_kernel(engine_dir: Path, schedule: Schedule, kernel: KernelBuild) -> K
     return kernel.layout
 
 
-def write_checkpoint_record(engine_dir: Path, checkpoint_dir: Path | None) -> None:
-    """checkpoint.json: the checkpoint's path and fingerprint, or null when the model was named by
-    architecture only (then the runtime needs --weights)."""
+def checkpoint_record(checkpoint_dir: Path | None) -> dict | None:
+    """The checkpoint's path and fingerprint, or None when the model was named by architecture only
+    (then the runtime needs --weights)."""
     from .model.consistency import fingerprint
-    record = fingerprint(checkpoint_dir) if checkpoint_dir is not None else None
+    return fingerprint(checkpoint_dir) if checkpoint_dir is not None else None
+
+
+def write_checkpoint_record(engine_dir: Path, record: dict | None) -> None:
+    """checkpoint.json: ``checkpoint_record``'s, taken when the build began."""
     (engine_dir / "checkpoint.json").write_text(json.dumps({"checkpoint": record}, indent=1) + "\n")
 
 

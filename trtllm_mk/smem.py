@@ -224,6 +224,16 @@ def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
+def norm_staging_passes(hidden: int, batch: int, consumer_warps: int) -> int:
+    """Passes over x of the RMSNorm kinds' staging (mk_gemv.cuh stage_normed, generated as
+    cfg::NORM_PASSES): one when the batch's rows fit a thread's registers (at most 16 float4), two
+    otherwise, and two at exactly 16 when the last vector is ragged (H / 4 not a multiple of the
+    consumer threads), whose guards and zero fill then spill the kernel at the register cap."""
+    threads = consumer_warps * 32
+    vectors = -(-(hidden // 4) // threads) * batch
+    return 1 if vectors < 16 or (vectors == 16 and (hidden // 4) % threads == 0) else 2
+
+
 def activation_bytes(hidden: int, q_size: int, intermediate: int, group: int, head_dim: int, batch: int,
                      plan: TilePlan) -> int:
     """The activation region every kind shares: the largest GEMV input (``batch x (K range + ACT_PAD)``

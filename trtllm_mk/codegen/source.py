@@ -11,13 +11,13 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..graph import LAYER, Kind, StepGraph, Task
+from ..graph import LAYER, Kind, StepGraph, Task, check_kernel_supported
 from ..kinds import device_files
 from .diagnostics import Diagnostics
 from ..residual import FRAC_BITS as RESID_FRAC_BITS
 from ..schedule import Schedule
 from ..seam import emit_cuda, emit_cuda_preamble, event_ref_word, task_args_init
-from ..smem import (ACT_PAD, MAX_BLOCKS, ROW_PAD, SIG_SLOTS, SLOT_PAD, TRACE_ACCS, SmemLayout, activation_bytes, geometries, kv_region_bytes,
+from ..smem import (ACT_PAD, MAX_BLOCKS, ROW_PAD, SIG_SLOTS, SLOT_PAD, TRACE_ACCS, SmemLayout, activation_bytes, geometries, kv_region_bytes, norm_staging_passes,
                     kv_ring_offset, plan_kv_ring, smem_layout, split_start)
 
 KERNEL_NAME = "mk_decode_step"
@@ -260,8 +260,7 @@ def generate_source(schedule: Schedule, tokens_per_block: int, max_seq_len: int,
     production kernel. ``loader_warps``: the cp.async ring's loader warps (loader_warps_for)."""
     graph = schedule.graph()
     d, p, spec = graph.dims, graph.plan, schedule.spec
-    if d.head_dim % 32:
-        raise ValueError(f"head_dim {d.head_dim} must be a multiple of 32 for the megakernel")
+    check_kernel_supported(spec)
     offsets, counts, cross = _event_layout(graph)
     smem_map = kernel_smem_layout(graph)
     smem = smem_map.total
@@ -287,7 +286,7 @@ def generate_source(schedule: Schedule, tokens_per_block: int, max_seq_len: int,
                   RESID_FRAC_BITS=RESID_FRAC_BITS, WBITS=spec.weight_bits, QGROUP=spec.weight_group,
                   QTILE=graph.dims.weight_tile, TP=d.tensor_parallel, LM_TILES_ALL=d.tensor_parallel * d.n_lm_tiles,
                   E=d.experts, TOPK=d.experts_per_token, NSLOT=d.expert_slots,
-                  LOADER_WARPS=loader_warps)
+                  LOADER_WARPS=loader_warps, NORM_PASSES=norm_staging_passes(d.hidden, d.batch, p.consumer_warps))
     kinds = {t.kind for t in graph.head + graph.layer + graph.tail}
     for kind in sorted(kinds):   # what the step's kinds' device files read beyond the shared constants
         hook = getattr(kind.module, "device_constants", None)

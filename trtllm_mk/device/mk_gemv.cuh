@@ -409,7 +409,7 @@ __device__ void stage_normed(Ctx& c, const bf16* nw, const long long* pending = 
   constexpr int H4 = cfg::H / 4, VPT = (H4 + CTHREADS - 1) / CTHREADS;
   constexpr bool FULL = H4 % CTHREADS == 0;
   float ss[cfg::B];
-  if constexpr (VPT * cfg::B <= 16) {
+  if constexpr (cfg::NORM_PASSES == 1) {   // smem.norm_staging_passes
     // one pass: x stays in registers between the sum of squares and the scaling; the norm weights
     // are loaded in the same pass, so staging costs one L2 round trip and one barrier
     float4 xv[cfg::B][VPT], wv[VPT];

@@ -63,16 +63,23 @@ MAX_EXPERTS_PER_TOKEN = 8
 
 
 def check_model_supported(spec: ModelSpec) -> None:
-    """Shape constraints of the megakernel (16-byte vectors, 8-row ring stages, 64-column K-chunks, a warp's
-    lanes across a head) and the mixture-of-experts layouts it implements."""
+    """Shape constraints of the megakernel's task graph (16-byte vectors, 8-row ring stages, 64-column
+    K-chunks) and the mixture-of-experts layouts it implements."""
     H, I, V = spec.hidden_size, spec.mlp_intermediate, spec.vocab_size
     width = "moe_intermediate_size" if spec.is_moe else "intermediate_size"
     for name, val, mult in (("hidden_size", H, 64), (width, I, 64), ("vocab_size", V, 8),
-                            ("num_heads*head_dim", spec.q_size, 64), ("head_dim", spec.head_dim, 32)):
+                            ("num_heads*head_dim", spec.q_size, 64)):
         if val % mult:
             raise ModelError(f"{spec.name}: {name}={val} must be a multiple of {mult} for the megakernel")
     if spec.is_moe:
         check_moe_supported(spec)
+
+
+def check_kernel_supported(spec: ModelSpec) -> None:
+    """What the generated kernel adds to the graph's constraints: a warp's 32 lanes split every head."""
+    check_model_supported(spec)
+    if spec.head_dim % 32:
+        raise ModelError(f"{spec.name}: head_dim={spec.head_dim} must be a multiple of 32 for the megakernel")
 
 
 def check_moe_supported(spec: ModelSpec) -> None:

@@ -5,8 +5,11 @@ A mixture-of-experts checkpoint holds each expert's matrices as separate tensors
 ``block_sparse_moe.experts.N.w1.weight``), as transformers' ``save_pretrained`` writes them.
 
 Every file's header is read and checked first (names, shapes, dtypes), so a wrong checkpoint fails in
-well under a second with a message naming the tensors at fault, before gigabytes are read. Tensors
-are then read through ``safe_open`` (memory-mapped) one at a time, straight onto ``device``.
+well under a second with a message naming the tensors at fault, before gigabytes are read
+(``check_checkpoint``: the builder runs it before its search). Tensors are then read through
+``safe_open`` (memory-mapped) one at a time, straight onto ``device``. Any float dtype loads, whatever
+``torch_dtype`` says and tensor by tensor (checkpoints often keep norms in fp32 beside bf16 matrices):
+the engine computes with bf16 weights, and each tensor is cast as it is read.
 """
 from __future__ import annotations
 
@@ -23,8 +26,9 @@ from .spec import ModelSpec
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 
-# safetensors header dtype codes of the checkpoint dtypes a ModelSpec can declare.
+# safetensors header dtype codes of the float dtypes a checkpoint may store weights in.
 _ST_DTYPE = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
+FLOAT_DTYPES = tuple(_ST_DTYPE.values())
 _MAX_LISTED = 5
 
 
@@ -75,12 +79,70 @@ def _open(stack: ExitStack, path: Path, device: str):
                          f"copy or download it again") from None
 
 
+def _checked_sources(stack: ExitStack, d: Path, spec: ModelSpec, dev: str) -> dict[str, object]:
+    """Every expected tensor's open safetensors handle, after the headers were checked against ``spec``."""
+    expected = spec.expected_tensors()
+    where: dict[str, object] = {}  # tensor name -> open safetensors handle
+    for fname, indexed in weight_files(d).items():
+        handle = _open(stack, d / fname, dev)
+        keys = set(handle.keys())
+        if indexed is not None:
+            absent = [n for n in indexed if n not in keys]
+            if absent:
+                raise ModelError(f"{d / fname}: {INDEX_FILE} places {_listing(absent)} in this file "
+                                 f"but it does not hold them; the index and shards do not match")
+            keys = set(indexed)
+        for n in keys:
+            where[n] = handle
+
+    missing = [n for n in expected if n not in where]
+    packed = sorted(n for n in where if n.endswith((".qweight", ".weight_packed")))
+    if missing and packed:
+        raise ModelError(f"{d}: holds packed quantized tensors ({_listing(packed)}) but its config.json has no "
+                         "quantization_config; restore the checkpoint's config.json")
+    fused = sorted(n for n in where if n.endswith((".experts.gate_up_proj", ".experts.down_proj")))
+    if missing and fused:
+        raise ModelError(f"{d}: holds the experts fused into 3-D tensors ({_listing(fused)}); per-expert "
+                         "tensors (experts.N.gate_proj.weight, ...) are expected, as save_pretrained writes them")
+    if missing:
+        raise ModelError(f"{d}: checkpoint lacks {len(missing)} tensor(s) the config requires: "
+                         f"{_listing(missing)}; the config.json does not match these weights")
+    bad: list[str] = []
+    for name, shape in expected.items():
+        sl = where[name].get_slice(name)
+        got_shape, got_dtype = tuple(sl.get_shape()), sl.get_dtype()
+        if got_shape != shape:
+            bad.append(f"{name} shape {list(got_shape)} (expected {list(shape)})")
+        elif got_dtype not in FLOAT_DTYPES:
+            bad.append(f"{name} dtype {got_dtype} (expected one of {', '.join(FLOAT_DTYPES)})")
+    if bad:
+        raise ModelError(f"{d}: {len(bad)} tensor(s) do not match the config: {_listing(bad)}")
+    extra = sorted(n for n in where if n not in expected and not _is_ignorable_extra(n, spec))
+    if extra:
+        warnings.warn(f"{d}: ignoring {len(extra)} tensor(s) the {spec.family} config does not use: "
+                      f"{_listing(extra)}", stacklevel=3)
+    return {n: where[n] for n in expected}
+
+
+def check_checkpoint(ckpt_dir: str | Path, spec: ModelSpec) -> set[str]:
+    """Refuse (ModelError) a checkpoint whose tensors do not match ``spec``: from the headers alone, or for
+    a quantized checkpoint by reading its layers one at a time. Returns the float dtypes it stores."""
+    d = Path(ckpt_dir)
+    from ..quant import check_quantized, read_scheme
+    scheme = read_scheme(d) if (d / "config.json").is_file() else None
+    if scheme is not None:
+        return check_quantized(d, spec, scheme)
+    with ExitStack() as stack:
+        return {h.get_slice(n).get_dtype() for n, h in _checked_sources(stack, d, spec, "cpu").items()}
+
+
 def load_checkpoint(ckpt_dir: str | Path, spec: ModelSpec, device: str | torch.device = "cpu",
                     dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-    """Tensors of ``spec.expected_tensors()`` by HF name, checked, on ``device`` (cast to ``dtype`` if given).
+    """Tensors of ``spec.expected_tensors()`` by HF name, checked, on ``device``, cast to ``dtype``
+    (default: the spec's ``torch_dtype``).
 
-    Missing, misshaped or wrongly typed tensors raise ModelError; unknown extra tensors are not loaded
-    and reported with a warning, since they usually mean the config.json does not match the weights.
+    Missing or misshaped tensors raise ModelError; unknown extra tensors are not loaded and reported
+    with a warning, since they usually mean the config.json does not match the weights.
     A quantized checkpoint (config.json's ``quantization_config``) loads dequantized (``trtllm_mk.quant``).
     """
     d = Path(ckpt_dir)
@@ -88,52 +150,10 @@ def load_checkpoint(ckpt_dir: str | Path, spec: ModelSpec, device: str | torch.d
     scheme = read_scheme(d) if (d / "config.json").is_file() else None
     if scheme is not None:
         return load_dequantized(d, spec, scheme, device=device, dtype=dtype)
-    dev = str(torch.device(device))
-    expected = spec.expected_tensors()
-    want_dtype = _ST_DTYPE[spec.dtype]
+    want = dtype or getattr(torch, spec.dtype)
     with ExitStack() as stack:
-        where: dict[str, object] = {}  # tensor name -> open safetensors handle
-        for fname, indexed in weight_files(d).items():
-            handle = _open(stack, d / fname, dev)
-            keys = set(handle.keys())
-            if indexed is not None:
-                absent = [n for n in indexed if n not in keys]
-                if absent:
-                    raise ModelError(f"{d / fname}: {INDEX_FILE} places {_listing(absent)} in this file "
-                                     f"but it does not hold them; the index and shards do not match")
-                keys = set(indexed)
-            for n in keys:
-                where[n] = handle
-
-        missing = [n for n in expected if n not in where]
-        packed = sorted(n for n in where if n.endswith((".qweight", ".weight_packed")))
-        if missing and packed:
-            raise ModelError(f"{d}: holds packed quantized tensors ({_listing(packed)}) but its config.json has no "
-                             "quantization_config; restore the checkpoint's config.json")
-        fused = sorted(n for n in where if n.endswith((".experts.gate_up_proj", ".experts.down_proj")))
-        if missing and fused:
-            raise ModelError(f"{d}: holds the experts fused into 3-D tensors ({_listing(fused)}); per-expert "
-                             "tensors (experts.N.gate_proj.weight, ...) are expected, as save_pretrained writes them")
-        if missing:
-            raise ModelError(f"{d}: checkpoint lacks {len(missing)} tensor(s) the config requires: "
-                             f"{_listing(missing)}; the config.json does not match these weights")
-        bad: list[str] = []
-        for name, shape in expected.items():
-            sl = where[name].get_slice(name)
-            got_shape, got_dtype = tuple(sl.get_shape()), sl.get_dtype()
-            if got_shape != shape:
-                bad.append(f"{name} shape {list(got_shape)} (expected {list(shape)})")
-            elif got_dtype != want_dtype:
-                bad.append(f"{name} dtype {got_dtype} (expected {want_dtype} from torch_dtype={spec.dtype})")
-        if bad:
-            raise ModelError(f"{d}: {len(bad)} tensor(s) do not match the config: {_listing(bad)}")
-        extra = sorted(n for n in where if n not in expected and not _is_ignorable_extra(n, spec))
-        if extra:
-            warnings.warn(f"{d}: ignoring {len(extra)} tensor(s) the {spec.family} config does not use: "
-                          f"{_listing(extra)}", stacklevel=2)
-
         out: dict[str, torch.Tensor] = {}
-        for name in expected:
-            t = where[name].get_tensor(name)
-            out[name] = t if dtype is None or t.dtype == dtype else t.to(dtype)
+        for name, handle in _checked_sources(stack, d, spec, str(torch.device(device))).items():
+            t = handle.get_tensor(name)
+            out[name] = t if t.dtype == want else t.to(want)
     return out

@@ -4,6 +4,7 @@ The builder records the checkpoint an engine was built from (path and fingerprin
 config.json and of its tensor index, names, dtypes and shapes from the safetensors headers); the
 runtime loads that checkpoint by default and refuses, in one line naming the first difference, a
 checkpoint whose architecture, shapes, tying, rope or norm settings differ from the engine's model.
+The dtype it stores its weights in may differ: every checkpoint loads cast to bf16.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from .spec import ModelSpec, load_spec
 # What must agree between an engine's model and a checkpoint (the name and EOS ids need not).
 COMPARED = ("family", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
             "vocab_size", "tie_word_embeddings", "rope_theta", "rope_scaling", "rms_norm_eps", "sliding_window",
-            "max_position_embeddings", "dtype", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+            "max_position_embeddings", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
             "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers")
 
 

@@ -29,6 +29,16 @@ _MODEL_TYPE_FAMILY = {f.model_type: f.name for f in FAMILIES.values()}
 _DTYPES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
+# A sparse layer's router weight, under each mixture-of-experts family's MLP module (Qwen3-MoE's
+# "mlp.gate", Mixtral's "block_sparse_moe.gate"): a small [E, H] matrix that stays in the model dtype
+# when the layer linears are quantized, as quantization libraries leave it.
+ROUTER_SUFFIXES = tuple(f".{f.moe_block}.gate.weight" for f in FAMILIES.values() if f.moe_block)
+
+
+def is_router_weight(name: str) -> bool:
+    return name.endswith(ROUTER_SUFFIXES)
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
@@ -202,7 +212,7 @@ class ModelSpec:
             n = 1
             for s in shape:
                 n *= s
-            linear = len(shape) == 2 and name.startswith("model.layers.") and not name.endswith("mlp.gate.weight")
+            linear = len(shape) == 2 and name.startswith("model.layers.") and not is_router_weight(name)
             total += self.linear_bytes(*shape) if linear else n * self.dtype_bytes
         return total
 

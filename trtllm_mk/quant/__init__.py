@@ -12,8 +12,8 @@ way back, used by ``python -m trtllm_mk quantize``).
 """
 from .detect import read_scheme, scheme_from_config
 from .linear import Fp8Linear, IntLinear, QuantizedLinear
-from .loader import load_dequantized, load_quantized
+from .loader import check_quantized, load_dequantized, load_quantized
 from .scheme import PER_CHANNEL, PER_TENSOR, QUANT_ALGOS, QuantScheme
 
 __all__ = ["Fp8Linear", "IntLinear", "PER_CHANNEL", "PER_TENSOR", "QUANT_ALGOS", "QuantScheme", "QuantizedLinear",
-           "load_dequantized", "load_quantized", "read_scheme", "scheme_from_config"]
+           "check_quantized", "load_dequantized", "load_quantized", "read_scheme", "scheme_from_config"]

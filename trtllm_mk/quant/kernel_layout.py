@@ -54,6 +54,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..model.spec import is_router_weight
 from ..seam import SCALE_SUFFIX
 from .linear import Fp8Linear, IntLinear
 
@@ -395,7 +396,7 @@ def kernel_dequantize_fp8(lin: Fp8Linear, dtype: torch.dtype = torch.bfloat16) -
 # ---------------------------------------------------------------- whole models
 def is_layer_linear(name: str, shape: tuple[int, ...]) -> bool:
     """Whether ``name`` is a decoder layer's linear weight the kernel streams quantized (not a router)."""
-    return len(shape) == 2 and name.startswith("model.layers.") and not name.endswith("mlp.gate.weight")
+    return len(shape) == 2 and name.startswith("model.layers.") and not is_router_weight(name)
 
 
 def kernel_tensors(spec) -> dict[str, tuple[tuple[int, ...], "torch.dtype"]]:

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from ..errors import ModelError
-from ..model.checkpoint import _ST_DTYPE, _is_ignorable_extra, _listing, _open, weight_files
+from ..model.checkpoint import FLOAT_DTYPES, _is_ignorable_extra, _listing, _open, weight_files
 from ..model.spec import ModelSpec
 from .detect import format_module, marker
 from .linear import Fp8Linear, IntLinear
@@ -26,14 +26,15 @@ EMBEDDING = "model.embed_tokens.weight"
 _FORMAT_EXTRAS = ("input_scale", "k_scale", "v_scale", "output_scale", "input_scale_ub")
 
 
-def load_quantized(ckpt_dir: str | Path, spec: ModelSpec, scheme: QuantScheme, device: str | torch.device = "cpu"
-                   ) -> dict[str, "torch.Tensor | IntLinear | Fp8Linear"]:
-    """``spec.expected_tensors()`` by HF name: packed objects for quantized layers (under the layer's
-    ``.weight`` name), tensors for the rest. Any mismatch with the scheme is one ModelError."""
+def _read_quantized(ckpt_dir: str | Path, spec: ModelSpec, scheme: QuantScheme, device: str | torch.device,
+                    keep: bool) -> tuple[dict[str, object], set[str]]:
+    """(``spec.expected_tensors()`` by HF name, the float dtypes of the plain tensors): packed objects
+    for quantized layers, tensors for the rest, each checked as it is read. ``keep`` False: every layer
+    is read, checked and dropped (the builder's check of a checkpoint larger than memory)."""
     d = Path(ckpt_dir)
     dev = str(torch.device(device))
     mod, mark = format_module(scheme), marker(scheme)
-    want_dtype = _ST_DTYPE[spec.dtype]
+    plain_dtype = getattr(torch, spec.dtype)
     with ExitStack() as stack:
         where: dict[str, object] = {}
         for fname, indexed in weight_files(d).items():
@@ -49,7 +50,8 @@ def load_quantized(ckpt_dir: str | Path, spec: ModelSpec, scheme: QuantScheme, d
             return where[name].get_tensor(name)
 
         out: dict[str, object] = {}
-        missing, bad = [], []
+        dtypes: set[str] = set()
+        missing, bad, any_packed = [], [], False
         for name, shape in spec.expected_tensors().items():
             prefix = name[:-len(".weight")]
             if len(shape) == 2 and f"{prefix}.{mark}" in where:
@@ -57,15 +59,22 @@ def load_quantized(ckpt_dir: str | Path, spec: ModelSpec, scheme: QuantScheme, d
                     raise ModelError(f"{d}: the embedding table is quantized ({prefix}.{mark}); quantized "
                                      "embeddings are not supported")
                 used.add(name)
-                out[name] = mod.read(get, prefix, shape[0], shape[1], scheme, str(d))
+                lin = mod.read(get, prefix, shape[0], shape[1], scheme, str(d))
+                any_packed = True
+                if keep:
+                    out[name] = lin
             elif name in where:
                 sl = where[name].get_slice(name)
                 if tuple(sl.get_shape()) != shape:
                     bad.append(f"{name} shape {list(sl.get_shape())} (expected {list(shape)})")
-                elif sl.get_dtype() != want_dtype:
-                    bad.append(f"{name} dtype {sl.get_dtype()} (expected {want_dtype} from torch_dtype={spec.dtype})")
+                elif sl.get_dtype() not in FLOAT_DTYPES:
+                    bad.append(f"{name} dtype {sl.get_dtype()} (expected one of {', '.join(FLOAT_DTYPES)})")
                 else:
-                    out[name] = get(name)
+                    dtypes.add(sl.get_dtype())
+                    used.add(name)
+                    if keep:
+                        t = get(name)
+                        out[name] = t if t.dtype == plain_dtype else t.to(plain_dtype)
             else:
                 missing.append(name)
         if missing:
@@ -73,15 +82,29 @@ def load_quantized(ckpt_dir: str | Path, spec: ModelSpec, scheme: QuantScheme, d
                              f"requires: {_listing(missing)}; the tensors do not match the quantization_config")
         if bad:
             raise ModelError(f"{d}: {len(bad)} tensor(s) do not match the config: {_listing(bad)}")
-        if not any(isinstance(v, (IntLinear, Fp8Linear)) for v in out.values()):
+        if not any_packed:
             raise ModelError(f"{d}: config.json declares {scheme.describe()} but no layer holds its packed "
                              f"tensors (*.{mark}); the tensors do not match the quantization_config")
         extra = sorted(n for n in where if n not in used and not _is_ignorable_extra(n, spec)
                        and not n.endswith(_FORMAT_EXTRAS))
         if extra:
             warnings.warn(f"{d}: ignoring {len(extra)} tensor(s) the {spec.family} config does not use: "
-                          f"{_listing(extra)}", stacklevel=2)
-    return out
+                          f"{_listing(extra)}", stacklevel=3)
+    return out, dtypes
+
+
+def load_quantized(ckpt_dir: str | Path, spec: ModelSpec, scheme: QuantScheme, device: str | torch.device = "cpu"
+                   ) -> dict[str, "torch.Tensor | IntLinear | Fp8Linear"]:
+    """``spec.expected_tensors()`` by HF name: packed objects for quantized layers (under the layer's
+    ``.weight`` name), tensors for the rest (cast to the spec's dtype). Any mismatch with the scheme
+    is one ModelError."""
+    return _read_quantized(ckpt_dir, spec, scheme, device, keep=True)[0]
+
+
+def check_quantized(ckpt_dir: str | Path, spec: ModelSpec, scheme: QuantScheme) -> set[str]:
+    """Refuse (ModelError) a quantized checkpoint that does not match ``spec`` and ``scheme``, reading one
+    layer at a time; returns the float dtypes of its plain tensors."""
+    return _read_quantized(ckpt_dir, spec, scheme, "cpu", keep=False)[1]
 
 
 def load_dequantized(ckpt_dir: str | Path, spec: ModelSpec, scheme: QuantScheme,

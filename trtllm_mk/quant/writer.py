@@ -1,8 +1,8 @@
 """Write a quantized copy of an HF checkpoint (round-to-nearest), in a format's standard layout with
 the matching ``quantization_config``: the checkpoints ``python -m trtllm_mk quantize`` produces.
 
-Every linear layer of the decoder blocks is quantized; the embedding, the norms and the LM head stay
-as they are. The copy is assembled in a hidden folder beside ``out`` and renamed into place when
+Every linear layer of the decoder blocks is quantized but a mixture-of-experts layer's router (as
+quantization libraries leave it); the embedding, the norms and the LM head stay as they are. The copy is assembled in a hidden folder beside ``out`` and renamed into place when
 complete; an existing ``out`` is replaced only when an earlier run of this command wrote it (its
 ``MARK_FILE``) or when it is empty.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -20,13 +20,16 @@ from tqdm import tqdm
 
 from ..errors import UserError
 from ..model.checkpoint import INDEX_FILE, load_checkpoint
-from ..model.spec import load_spec
+from ..model.spec import ROUTER_SUFFIXES, load_spec
 from . import awq, compressed_tensors, fp8, gptq
 from .detect import read_scheme
+from .kernel_layout import is_layer_linear
 from .rtn import quantize_fp8, quantize_int
 from .scheme import PER_CHANNEL, PER_TENSOR, QuantScheme
 
 MARK_FILE = "trtllm_mk_quantize.json"
+# compressed-tensors' ignore entries of the routers ("re:" patterns over module names)
+ROUTER_IGNORE = tuple("re:.*" + s[1:-len(".weight")].replace(".", r"\.") + "$" for s in ROUTER_SUFFIXES)
 FORMATS = ("gptq", "awq", "fp8", "ct-w4a16", "ct-fp8")
 MAX_SHARD_BYTES = 4 << 30
 _WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".index.json")   # and their indexes
@@ -128,8 +131,9 @@ def quantize_checkpoint(src: str | Path, out: str | Path, scheme: QuantScheme, m
     _check_out(src, out)
     tensors = load_checkpoint(src, spec)
     mod = _MODULE[_format_name(scheme)]
-    layers = [n for n, shape in spec.expected_tensors().items()
-              if len(shape) == 2 and n.startswith("model.layers.") and n.endswith(".weight")]
+    layers = [n for n, shape in spec.expected_tensors().items() if is_layer_linear(n, shape)]   # not the routers
+    if spec.is_moe and scheme.method == "compressed-tensors":   # its ignore list names every Linear left as is
+        scheme = replace(scheme, exclude_modules=(*scheme.exclude_modules, *ROUTER_IGNORE))
     for name in layers:   # every group must be whole before any work is done
         k = tensors[name].shape[1]
         if scheme.weight_type == "int":

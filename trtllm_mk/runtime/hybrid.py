@@ -174,16 +174,18 @@ def _load_bf16(spec, weights: str | Path | dict, device: str, seed: int) -> dict
     if str(weights) == "random":
         from ..model.random_weights import random_weights
         return random_weights(spec, device=device, seed=seed)
-    from ..model.checkpoint import load_checkpoint
+    from ..model.checkpoint import check_checkpoint, load_checkpoint
     from ..quant import read_scheme
     scheme = read_scheme(weights)
     if scheme is not None and device != "cpu":   # never a silent dequantize-to-bf16 run on the GPU
         raise UserError(f"{weights}: holds {scheme.describe()} weights, but this engine was built for bf16 weights; "
                         "build an engine from this checkpoint, or decode it dequantized on the CPU executor "
                         "with --simulate")
-    if spec.dtype != "bfloat16":
+    stored = sorted(check_checkpoint(weights, spec) - {"BF16"}) if scheme is None else []
+    if stored:
         # The megakernel streams bf16 weights (and the CPU executor rounds to bf16 as it does).
-        print(f"note: {weights} holds {spec.dtype} weights; they are cast to bfloat16 at load", file=sys.stderr)
+        print(f"note: {weights} holds {' and '.join(stored)} weights; they are cast to bfloat16 at load",
+              file=sys.stderr)
     return load_checkpoint(weights, spec, device=device, dtype=torch.bfloat16)
 
 

@@ -34,7 +34,7 @@ from ..gpus import GpuSpec
 from ..graph.tasks import HEAD, LAYER, TAIL, Kind, StepGraph, Task
 from ..kinds.attn import ATTN_TILE_TOKENS
 from ..kinds.combine import merge_cost, merge_units
-from ..smem import SlotGeometry, slot_geometry
+from ..smem import SlotGeometry, norm_staging_passes, slot_geometry
 from .calibration import Calibration, load_calibration
 
 __all__ = ["Calibration", "load_calibration", "Rates", "sm_rates", "TaskCost", "CostTable", "task_cost", "staging_passes",
@@ -94,12 +94,9 @@ class TaskCost:
 
 
 def staging_passes(kind: Kind, hidden: int, batch: int, consumer_warps: int) -> int:
-    """Dependent L2 passes of stage_activation (mk_gemv.cuh): RMSNorm kinds take one pass when the
-    batch's x fits in registers (VPT * B <= 16 float4 per thread), else two; OPROJ / DOWN copy a slice."""
-    if kind.module.NORMS_INPUT:
-        vpt = -(-(hidden // 4) // (consumer_warps * 32))
-        return 1 if vpt * batch <= 16 else 2
-    return 1
+    """Dependent L2 passes of the activation staging (mk_gemv.cuh): RMSNorm kinds take
+    ``norm_staging_passes``; OPROJ / DOWN copy a slice."""
+    return norm_staging_passes(hidden, batch, consumer_warps) if kind.module.NORMS_INPUT else 1
 
 
 def remote_add_us(task: Task, dims, cal: Calibration) -> float:
