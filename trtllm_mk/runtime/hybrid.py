@@ -184,7 +184,7 @@ def _load_bf16(spec, weights: str | Path | dict, device: str, seed: int) -> dict
     stored = sorted(check_checkpoint(weights, spec) - {"BF16"}) if scheme is None else []
     if stored:
         # The megakernel streams bf16 weights (and the CPU executor rounds to bf16 as it does).
-        print(f"note: {weights} holds {' and '.join(stored)} weights; they are cast to bfloat16 at load",
+        print(f"note: {weights} stores weights in {' and '.join(stored)}; they are cast to bfloat16 at load",
               file=sys.stderr)
     return load_checkpoint(weights, spec, device=device, dtype=torch.bfloat16)
 
