@@ -17,8 +17,8 @@ from .diagnostics import Diagnostics
 from ..residual import FRAC_BITS as RESID_FRAC_BITS
 from ..schedule import Schedule
 from ..seam import emit_cuda, emit_cuda_preamble, event_ref_word, task_args_init
-from ..smem import (ACT_PAD, MAX_BLOCKS, ROW_PAD, SIG_SLOTS, SLOT_PAD, TRACE_ACCS, SmemLayout, activation_bytes, geometries, kv_region_bytes, norm_staging_passes,
-                    kv_ring_offset, plan_kv_ring, smem_layout, split_start)
+from ..smem import (ACT_PAD, MAX_BLOCKS, ROW_PAD, SIG_SLOTS, SLOT_PAD, TRACE_ACCS, SmemLayout, activation_bytes, geometries,
+                    kv_region_bytes, kv_ring_offset, norm_staging_passes, plan_kv_ring, smem_layout, split_start)
 
 KERNEL_NAME = "mk_decode_step"
 MAX_REFS = 4  # TaskArgs holds up to 4 waits and 4 signals

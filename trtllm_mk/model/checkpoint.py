@@ -27,8 +27,7 @@ SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 
 # safetensors header dtype codes of the float dtypes a checkpoint may store weights in.
-_ST_DTYPE = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
-FLOAT_DTYPES = tuple(_ST_DTYPE.values())
+FLOAT_DTYPES = ("BF16", "F16", "F32")
 _MAX_LISTED = 5
 
 
@@ -79,10 +78,10 @@ def _open(stack: ExitStack, path: Path, device: str):
                          f"copy or download it again") from None
 
 
-def _checked_sources(stack: ExitStack, d: Path, spec: ModelSpec, dev: str) -> dict[str, object]:
-    """Every expected tensor's open safetensors handle, after the headers were checked against ``spec``."""
-    expected = spec.expected_tensors()
-    where: dict[str, object] = {}  # tensor name -> open safetensors handle
+def tensor_handles(stack: ExitStack, d: Path, dev: str) -> dict[str, object]:
+    """Every tensor name of the checkpoint -> its file's open safetensors handle (closed with ``stack``);
+    a shard that lacks what the index places in it is one ModelError."""
+    where: dict[str, object] = {}
     for fname, indexed in weight_files(d).items():
         handle = _open(stack, d / fname, dev)
         keys = set(handle.keys())
@@ -94,7 +93,13 @@ def _checked_sources(stack: ExitStack, d: Path, spec: ModelSpec, dev: str) -> di
             keys = set(indexed)
         for n in keys:
             where[n] = handle
+    return where
 
+
+def _checked_sources(stack: ExitStack, d: Path, spec: ModelSpec, dev: str) -> dict[str, object]:
+    """Every expected tensor's open safetensors handle, after the headers were checked against ``spec``."""
+    expected = spec.expected_tensors()
+    where = tensor_handles(stack, d, dev)
     missing = [n for n in expected if n not in where]
     packed = sorted(n for n in where if n.endswith((".qweight", ".weight_packed")))
     if missing and packed:

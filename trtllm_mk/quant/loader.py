@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from ..errors import ModelError
-from ..model.checkpoint import FLOAT_DTYPES, _is_ignorable_extra, _listing, _open, weight_files
+from ..model.checkpoint import FLOAT_DTYPES, _is_ignorable_extra, _listing, tensor_handles
 from ..model.spec import ModelSpec
 from .detect import format_module, marker
 from .linear import Fp8Linear, IntLinear
@@ -36,11 +36,7 @@ def _read_quantized(ckpt_dir: str | Path, spec: ModelSpec, scheme: QuantScheme, 
     mod, mark = format_module(scheme), marker(scheme)
     plain_dtype = getattr(torch, spec.dtype)
     with ExitStack() as stack:
-        where: dict[str, object] = {}
-        for fname, indexed in weight_files(d).items():
-            handle = _open(stack, d / fname, dev)
-            for n in (indexed if indexed is not None else handle.keys()):
-                where[n] = handle
+        where = tensor_handles(stack, d, dev)
         used: set[str] = set()
 
         def get(name: str):

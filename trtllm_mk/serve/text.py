@@ -165,8 +165,8 @@ class IdText:
 
     def push(self, token: int) -> str:
         out = f"{' ' if self.text else ''}{token}"
-        self.offsets.append(len(self.text) + len(out) - len(str(token)))
         self.text += out
+        self.offsets.append(len(self.text) - len(str(token)))
         return out
 
     def flush(self) -> str:
