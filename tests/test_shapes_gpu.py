@@ -1,7 +1,8 @@
 """Model shapes and batch sizes no shipped config has, on the GPU against the reference decoder.
 
 Users bring their own checkpoints: KV groups of 1 (multi-head attention), 3, 5 and 7 query heads,
-head widths of 64, 96 and 256, hidden sizes that are multiples of 64 but not of 128 or 256, a
+head widths of 64, 96 and 256, hidden sizes that are multiples of 64 but not of 128 or 256, widths
+with large odd factors (rows that stream in uneven pieces), a
 single KV head, biased QKV projections, tied embeddings, large vocabularies, and batches of 1-8.
 Each shape here runs two layers at its real widths through the searched schedule, teacher-forced as
 in tests/test_megakernel_gpu.py (``run_and_compare``): typical steps agree with the kernel-numerics
@@ -31,6 +32,11 @@ SHAPES = {
     # ragged last vector per thread (smem.norm_staging_passes)
     "qwen2.5-7b": (dict(architectures=QWEN2, hidden_size=3584, intermediate_size=18944, num_attention_heads=28,
                         num_key_value_heads=4, vocab_size=152064, rope_theta=1e6), 4),
+    # Qwen3-4B widths: hidden 2560 and intermediate 9728 (2^9 x 19) stream in uneven pieces whose last
+    # is narrower (smem.slot_geometry) on every GEMV kind; tied 152k vocabulary, batch 5
+    "qwen3-4b": (dict(architectures=QWEN3, hidden_size=2560, intermediate_size=9728, num_attention_heads=32,
+                      num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True,
+                      rope_theta=1e6), 5),
     # multi-head attention (Llama-2 style): one q head a KV head
     "mha-2048": (dict(architectures=LLAMA, hidden_size=2048, intermediate_size=5504, num_attention_heads=16,
                       num_key_value_heads=16, vocab_size=32000, rope_theta=10000.0), 2),
@@ -51,9 +57,11 @@ SHAPES = {
                               num_key_value_heads=1, head_dim=64, vocab_size=1000, rope_theta=10000.0), 7),
 }
 BUDGET_S = 5.0
-# (shape, path): 4-bit weights in groups of 128 (hidden 896 and 3072: 7 and 24 groups a row), and the
-# cp.async weight ring of GPUs without bulk copies (L20, A100), compiled for this GPU
-PATHS = [("qwen2.5-0.5b", "w4a16"), ("mha-hd96", "w4a16"), ("qwen2.5-7b", "cp.async")]
+# (shape, path): 4-bit weights in groups of 128 (hidden 896 and 3072: 7 and 24 groups a row; Qwen3-4B's
+# 512-column tiles, 19 to an intermediate row, stream in uneven pieces), FP8 weights on the same shape,
+# and the cp.async weight ring of GPUs without bulk copies (L20, A100), compiled for this GPU
+PATHS = [("qwen2.5-0.5b", "w4a16"), ("mha-hd96", "w4a16"), ("qwen3-4b", "w4a16"), ("qwen3-4b", "fp8"),
+         ("qwen2.5-7b", "cp.async")]
 
 
 def shape_spec(name):
@@ -78,6 +86,11 @@ def test_unshipped_shape_on_other_weight_paths(name, path):
         qspec, bind, dense = quantized(spec, w, 128, False)
         del w
         check(run_and_compare(qspec, batch, dense, steps=64, budget_s=BUDGET_S, bind=bind), 3e-2, exact=5e-3)
+    elif path == "fp8":
+        from test_fp8_gpu import quantized
+        qspec, bind, dense = quantized(spec, w)
+        del w
+        check(run_and_compare(qspec, batch, dense, steps=64, budget_s=BUDGET_S, bind=bind), 3e-2, exact=5e-3)
     else:
         dec = _decoder(spec, batch, w, budget_s=BUDGET_S, use_bulk_copy=False)
         check(run_and_compare(spec, batch, w, steps=64, decoder=dec), 1e-2, exact=5e-3)
@@ -98,6 +111,9 @@ def _prebuild() -> None:
         spec = shape_spec(name)
         if path == "w4a16":
             cases.append((name, dataclasses.replace(spec, weight_bits=4, weight_group=128), gpu.has_tma))
+        elif path == "fp8":
+            from test_fp8_gpu import fp8
+            cases.append((name, fp8(spec), gpu.has_tma))
         else:
             cases.append((name, spec, False))
     for name, spec, bulk in cases:

@@ -3,13 +3,15 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from trtllm_mk.gpus import get_gpu
 from trtllm_mk.graph import TilePlan, build_step_graph
 from trtllm_mk.model.spec import load_spec
 from trtllm_mk.search.plans import no_k_tiling, no_ksplit, ring_candidates, valid
 from trtllm_mk.smem import (ACT_PAD, FIXED_BYTES, SLOT_PAD, attention_kv_ring, attention_scratch_bytes, fits,
-                            gemv_k_ranges, kv_region_bytes, kv_ring_offset, norm_staging_passes, plan_smem, slot_geometry,
+                            gemv_k_ranges, kv_region_bytes, kv_ring_offset, norm_staging_passes, plan_smem, row_bytes, slot_geometry,
                             without_ksplit)
 
 MODELS = Path(__file__).resolve().parents[1] / "configs" / "models"
@@ -61,6 +63,49 @@ def test_slot_geometry_hand_checked():
         slot_geometry(4096, 2, 16, 8)
     with pytest.raises(ValueError):
         slot_geometry(40, 1, 16384, 8)     # K must be a multiple of the mma's 16
+
+
+def test_uneven_pieces_hand_checked():
+    # Qwen2.5-7B's DOWN rows of 18944 = 2^9 x 37 columns: no divisor of 18944 between 512 and 1024 is a
+    # multiple of 16 but 592, so dividing pieces would fill 58% of a 32 KB slot; 19 pieces of 1008
+    # columns (a 16-row block of 32256 bytes) and a last of 800 fill it
+    g = slot_geometry(18944, 1, 32768, 8)
+    assert (g.pieces, g.k_chunk, g.last_chunk, g.rows_per_slot) == (19, 1008, 800, 16)
+    assert g.slots_for(16) == 19 and g.bytes_for(16) == 16 * 18944 * 2
+    assert g.copy_bytes == pytest.approx(2 * 18944 / 19) and g.mean_chunk == pytest.approx(18944 / 19)
+    # a row that divides keeps even pieces
+    g = slot_geometry(14336, 1, 32768, 8)
+    assert (g.pieces, g.k_chunk, g.last_chunk) == (14, 1024, 1024)
+    # 4-bit rows of Llama-2-7B's DOWN (11008 = 86 tiles of 128 = 2 x 43): a 16-row block of 30 tiles
+    # (68 bytes a row each) fills 32 KB; dividing pieces would be 2 tiles (8.5 KB in four blocks)
+    g = slot_geometry(11008, 1, 32768, 8, bits=4, group=128, tile=128)
+    assert (g.pieces, g.k_chunk, g.last_chunk, g.rows_per_slot) == (3, 29 * 128, 28 * 128, 16)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 4096).map(lambda m: 16 * m), st.sampled_from([8192, 16384, 32768, 49152, 65536]),
+       st.sampled_from([1, 2]))
+def test_bf16_pieces_are_few_and_cover_the_row(k_range, slot_bytes, pair):
+    g = slot_geometry(k_range, pair, slot_bytes, 8)
+    widest = slot_bytes // 32 // 16 * 16
+    assert g.pieces == -(-k_range // widest)                       # no fewer pieces fit a 16-row block
+    assert g.k_chunk % 16 == 0 and g.last_chunk % 16 == 0
+    assert 0 < g.last_chunk <= g.k_chunk <= widest
+    assert (g.pieces - 1) * g.k_chunk + g.last_chunk == k_range
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 256), st.sampled_from([(4, 32, 128), (4, 128, 128), (4, 128, 256), (8, 128, 128)]),
+       st.sampled_from([16384, 32768, 49152]), st.sampled_from([1, 2]))
+def test_quantized_pieces_hold_whole_tiles_and_groups(units, fmt, slot_bytes, pair):
+    bits, group, tile = fmt
+    unit = max(group, tile)
+    g = slot_geometry(units * unit, pair, slot_bytes, 8, bits=bits, group=group, tile=tile)
+    assert g.k_chunk % unit == 0 and g.last_chunk % unit == 0 and 0 < g.last_chunk <= g.k_chunk
+    assert (g.pieces - 1) * g.k_chunk + g.last_chunk == units * unit
+    assert 16 * pair * row_bytes(g.k_chunk, bits, group) <= slot_bytes      # a piece fits its slot
+    if g.pieces > 1:   # one piece fewer would not
+        assert 16 * pair * row_bytes(-(-units // (g.pieces - 1)) * unit, bits, group) > slot_bytes
 
 
 def test_plan_smem_hand_checked(qwen8b):

@@ -68,6 +68,16 @@ class SlotGeometry:
     tile: int = 0       # columns per 16-row tile, one bulk copy each (quantized weights)
 
     @property
+    def last_chunk(self) -> int:
+        """KC_LAST: columns of a row's last piece (bf16 rows may end in a narrower piece)."""
+        return self.k_range - (self.pieces - 1) * self.k_chunk
+
+    @property
+    def mean_chunk(self) -> float:
+        """Columns per slot, averaged over a row's pieces."""
+        return self.k_range / self.pieces
+
+    @property
     def out_rows(self) -> int:
         """Output rows completed per slot group."""
         return self.rows_per_slot // self.pair
@@ -89,9 +99,10 @@ class SlotGeometry:
     def copy_bytes(self) -> float:
         """Bytes per copy the loader issues: a row piece (bf16), or per 16-row block its tiles and its
         scale words (4-bit)."""
+        k = self.mean_chunk
         if self.bits == 16:
-            return 2.0 * self.k_chunk
-        return MMA_ROWS * row_bytes(self.k_chunk, self.bits, self.group) / (self.k_chunk // self.tile + 1)
+            return 2.0 * k
+        return MMA_ROWS * (k * self.bits / 8 + 4 * k / self.group) / (k / self.tile + 1)
 
 
 def row_bytes(k: int, bits: int, group: int) -> int:
@@ -101,20 +112,22 @@ def row_bytes(k: int, bits: int, group: int) -> int:
 
 def slot_geometry(k_range: int, pair: int, slot_bytes: int, consumer_warps: int, bits: int = 16,
                   group: int = 0, tile: int = 0) -> SlotGeometry:
-    """Pieces: the smallest n with n | KT, KT/n a multiple of the column unit (16 for bf16; for 4-bit
-    weights the tile and the group) and a block of rows of KT/n columns within slot_bytes (16 rows for
-    bf16, where the gate/up pairs of ``pair`` 2 may share a block; 16 per matrix for quantized tiles);
-    then as many 16-row blocks as fit (1, 2 or 4, at most the consumer warps; quantized: at least ``pair``)."""
+    """Pieces of a row, then as many 16-row blocks as fit (1, 2 or 4, at most the consumer warps;
+    quantized: at least ``pair``). A row streams in as few pieces as a block of slot_bytes allows (16
+    rows, where bf16 gate/up pairs of ``pair`` 2 share a block; 16 per matrix for quantized tiles),
+    each a whole number of column units (16 for bf16; for quantized weights the tile and the group)
+    and as even as they go, the last possibly narrower: a K range such as 18944 = 2^9 x 37 would
+    otherwise stream in pieces that divide it, 592 bf16 columns (58% of a 32 KB slot)."""
     q = bits != 16
     unit = MMA_ROWS if not q else max(tile, group)
     block = pair if q else 1          # 16-row blocks one slot group needs at the least
     if k_range % unit or MMA_ROWS * block * row_bytes(unit, bits, group) > slot_bytes:
         raise ValueError(f"K range {k_range} (pair {pair}, {bits}-bit weights) cannot use {slot_bytes}-byte slots")
-    n = 1
-    while not (k_range % n == 0 and (k_range // n) % unit == 0
-               and MMA_ROWS * block * row_bytes(k_range // n, bits, group) <= slot_bytes):
-        n += 1
-    kc = k_range // n
+    widest = slot_bytes // (MMA_ROWS * block * row_bytes(unit, bits, group)) * unit
+    n = -(-k_range // widest)
+    kc = -(-k_range // (n * unit)) * unit
+    if (n - 1) * kc >= k_range:   # even pieces would leave the last empty: full pieces, then the rest
+        kc = widest
     nb = slot_bytes // (MMA_ROWS * row_bytes(kc, bits, group))
     nb = min(MAX_BLOCKS if nb >= MAX_BLOCKS else 2 if nb >= 2 else 1, consumer_warps)
     return SlotGeometry(k_range, pair, n, kc, MMA_ROWS * max(nb, block), bits, group if q else 0, tile if q else 0)

@@ -218,7 +218,8 @@ def _host_model_checks(schedule: Schedule, kv_cap: int) -> str:
     for kind, g in geometries(schedule.spec, schedule.plan).items():
         k = kind.name
         out.append(f"using {k} = mk::GemvGeometry<mk::{k}>;")
-        out.append(f"static_assert({k}::NKC == {g.pieces} && {k}::KC == {g.k_chunk} && {k}::RS == {g.rows_per_slot}, "
+        out.append(f"static_assert({k}::NKC == {g.pieces} && {k}::KC == {g.k_chunk} && {k}::KC_LAST == {g.last_chunk} "
+                   f"&& {k}::RS == {g.rows_per_slot}, "
                    f"\"{k} ring geometry: smem.py slot_geometry\");")
     run = schedule.plan.attn_kv_run
     out.append(f"static_assert(mk::KV_REGION == {kv_region_bytes(d.head_dim, kv_cap, run)}, "

@@ -16,8 +16,10 @@ __host__ __device__ constexpr int max_i(int a, int b) { return a > b ? a : b; }
 
 // Ring geometry of a GEMV kind with K range KT (mirror: trtllm_mk/smem.py slot_geometry). A slot
 // holds NB blocks of 16 weight rows (the mma M dimension) x KC columns; a row of KT columns takes NKC
-// slots when it does not fit one. KC is as wide as one 16-row block allows: the loader issues one bulk
-// copy per row piece at a fixed cost each, so wider pieces stream faster. Rows sit ROW_STRIDE = 2*KC +
+// slots when it does not fit one, the last holding KC_LAST <= KC columns. The pieces are as few as one
+// 16-row block allows and as even as they go: the loader issues one bulk copy per row piece at a fixed
+// cost each, so wider pieces stream faster (a K range with a large odd factor would otherwise stream
+// in narrow pieces that divide it). Rows sit ROW_STRIDE = 2*KC +
 // 16 bytes apart: the 16-byte skew puts the 8 rows an ldmatrix phase reads in 8 different bank groups.
 // The skew lives in SLOT_PAD, the bytes each slot has beyond SLOT_BYTES of weights. PAIR=2 for
 // GATEUP: gate and up rows of the same output rows travel together (slot rows [0, RS/2) are gate,
@@ -25,10 +27,11 @@ __host__ __device__ constexpr int max_i(int a, int b) { return a > b ? a : b; }
 // ROW_PAD, ACT_PAD and MAX_BLOCKS come with the shared-memory layout (trtllm_mk/smem.py, generated).
 static_assert(cfg::SLOT_PAD >= 16 * MAX_BLOCKS * ROW_PAD, "slot padding must cover the row skew");
 
-constexpr int pieces_for(int kt) {
-  int n = 1;
-  while (!(kt % n == 0 && (kt / n) % 16 == 0 && 16 * (kt / n) * 2 <= cfg::SLOT_BYTES)) ++n;
-  return n;
+constexpr int WIDEST_PIECE = cfg::SLOT_BYTES / (16 * 2) / 16 * 16;   // columns of a 16-row block's slot
+constexpr int pieces_for(int kt) { return (kt + WIDEST_PIECE - 1) / WIDEST_PIECE; }
+constexpr int chunk_for(int kt) {
+  const int n = pieces_for(kt), kc = (kt + 16 * n - 1) / (16 * n) * 16;
+  return (n - 1) * kc >= kt ? WIDEST_PIECE : kc;   // even pieces would leave the last empty: full ones
 }
 constexpr int blocks_for(int kc) {
   int nb = cfg::SLOT_BYTES / (16 * kc * 2);
@@ -38,14 +41,15 @@ constexpr int blocks_for(int kc) {
 template <int KT, int PAIR, int WBITS = 16>
 struct Geometry {
   static constexpr int NKC = pieces_for(KT);
-  static constexpr int KC = KT / NKC;
+  static constexpr int KC = chunk_for(KT);
+  static constexpr int KC_LAST = KT - (NKC - 1) * KC;  // columns of a row's last piece
   static constexpr int NB = blocks_for(KC);            // 16-row mma blocks per slot
   static constexpr int RS = 16 * NB;                   // weight rows per slot
   static constexpr int OUT_ROWS = RS / PAIR;           // output rows per slot group
   static constexpr int ROW_STRIDE = KC * 2 + ROW_PAD;  // bytes between rows in a slot
   static constexpr int NK16 = KC / 16;                 // mma k-steps per slot
   static constexpr int WPB = cfg::CWARPS / NB;         // warps per block: they split the k-steps
-  static_assert(KT % 16 == 0, "K range must be a multiple of 16");
+  static_assert(KT % 16 == 0 && KC_LAST > 0 && KC_LAST <= KC, "K range must be a multiple of 16");
   static_assert(cfg::CWARPS % NB == 0, "blocks per slot must divide the consumer warps");
   static_assert(RS * ROW_STRIDE <= SLOT_STRIDE, "slot overflow");
 };
@@ -55,13 +59,17 @@ struct Geometry {
 // as the layout stores them (one bulk copy each; 16-byte chunks swizzled by row as
 // kernel_layout.swizzle, so no row padding), then at SZ_AT the scale words of its blocks,
 // [NB][NGS groups][16 rows]. A 16-byte chunk holds one step of STEP_COLS columns (32 for 4-bit: two
-// mma k-steps; 16 for 8-bit: one). KC is a multiple of the tile and of the group.
+// mma k-steps; 16 for 8-bit: one). KC and KC_LAST are multiples of the tile and of the group; a row's
+// last piece fills the first tiles and groups of each block's place.
 constexpr int Q_UNIT = cfg::QGROUP > cfg::QTILE ? cfg::QGROUP : cfg::QTILE;
 constexpr int q_row_bytes(int kc, int wb) { return kc * wb / 8 + 4 * (kc / (cfg::QGROUP > 0 ? cfg::QGROUP : 1)); }
-constexpr int q_pieces_for(int kt, int pair, int wb) {
-  int n = 1;
-  while (!(kt % n == 0 && (kt / n) % Q_UNIT == 0 && 16 * pair * q_row_bytes(kt / n, wb) <= cfg::SLOT_BYTES)) ++n;
-  return n;
+constexpr int q_widest(int pair, int wb) {   // columns of the widest piece: whole units, 16 rows per matrix
+  return cfg::SLOT_BYTES / (16 * pair * q_row_bytes(Q_UNIT, wb)) * Q_UNIT;
+}
+constexpr int q_pieces_for(int kt, int pair, int wb) { return (kt + q_widest(pair, wb) - 1) / q_widest(pair, wb); }
+constexpr int q_chunk_for(int kt, int pair, int wb) {
+  const int n = q_pieces_for(kt, pair, wb), kc = (kt / Q_UNIT + n - 1) / n * Q_UNIT;
+  return (n - 1) * kc >= kt ? q_widest(pair, wb) : kc;
 }
 constexpr int q_blocks_for(int kc, int pair, int wb) {
   int nb = cfg::SLOT_BYTES / (16 * q_row_bytes(kc, wb));
@@ -72,7 +80,8 @@ constexpr int q_blocks_for(int kc, int pair, int wb) {
 template <int KT, int PAIR, int WB>
 struct QGeometry {
   static constexpr int NKC = q_pieces_for(KT, PAIR, WB);
-  static constexpr int KC = KT / NKC;
+  static constexpr int KC = q_chunk_for(KT, PAIR, WB);
+  static constexpr int KC_LAST = KT - (NKC - 1) * KC;        // columns of a row's last piece
   static constexpr int NB = q_blocks_for(KC, PAIR, WB);
   static constexpr int RS = 16 * NB;
   static constexpr int OUT_ROWS = RS / PAIR;
@@ -86,12 +95,14 @@ struct QGeometry {
   static constexpr int SZ_BLOCK = NGS * 16 * 4;               // scale bytes of one block per slot
   static constexpr int SZ_AT = NB * BLOCK_BYTES;              // where the slot's scale words start
   static constexpr int NSTEP = KC / STEP_COLS;                // steps per slot
+  static constexpr int NSTEP_LAST = KC_LAST / STEP_COLS;      // steps of a row's last piece
   static constexpr int WPB = cfg::CWARPS / NB;
   static constexpr int ROW_STRIDE = 0;                        // rows are not strided (tiles, swizzled)
   static constexpr int SWZ_SHIFT = TILE_ROW < 128 ? 1 : 0;    // two tile rows per 128-byte line
   static constexpr int SWZ_MASK = (CHUNKS < 8 ? CHUNKS : 8) - 1;
   static_assert(KT < 0 || (cfg::QTILE % 128 == 0 && cfg::QTILE >= 128), "tiles of 128, 256 or 512 columns");
-  static_assert(KT % Q_UNIT == 0, "K range must hold whole tiles and groups");
+  static_assert(KT % Q_UNIT == 0 && KC % Q_UNIT == 0 && KC_LAST > 0 && KC_LAST <= KC,
+                "K range and pieces must hold whole tiles and groups");
   static_assert(cfg::CWARPS % NB == 0, "blocks per slot must divide the consumer warps");
   static_assert(SZ_AT + NB * SZ_BLOCK <= SLOT_STRIDE, "slot overflow");
 };
@@ -141,6 +152,20 @@ template <int KIND> struct WeightSource {
   static __device__ __forceinline__ const Params& of(Ctx& c, const TaskArgs&) { return *c.p; }
 };
 template <int KIND> using GemvGeometry = Geometry<GemvKind<KIND>::KT, GemvKind<KIND>::PAIR, GemvKind<KIND>::WBITS>;
+
+// Columns of piece kc of a row (the last may be narrower).
+template <int KIND>
+__device__ __forceinline__ int piece_cols(int kc) {
+  using G = GemvGeometry<KIND>;
+  if constexpr (G::KC_LAST == G::KC) return G::KC;
+  else return kc == G::NKC - 1 ? G::KC_LAST : G::KC;
+}
+
+// Code tiles per 16-row block and scale bytes per block of piece kc (quantized weights).
+template <int KIND>
+__device__ __forceinline__ int piece_tiles(int kc) { return piece_cols<KIND>(kc) / cfg::QTILE; }
+template <int KIND>
+__device__ __forceinline__ int piece_scale_bytes(int kc) { return piece_cols<KIND>(kc) / cfg::QGROUP * 16 * 4; }
 
 // Global addresses of a slot's pieces: bf16 row j's KC columns of piece kc; for 4-bit weights, tile m
 // of piece kc of the 16-row block that row j starts, and that block's scale words.
@@ -227,31 +252,32 @@ __device__ void gemv_stream(Ctx& c, const TaskArgs& a, const Src& src) {
       unsigned char* dst = c.ring() + (size_t)slot * SLOT_STRIDE;
 #if defined(MK_USE_BULK_COPY)
       if constexpr (QW) {
-        // per 16-row block with valid rows: its TPR code tiles and its scale words, one copy each
-        constexpr int ITEMS = G::TPR + 1;
+        // per 16-row block with valid rows: the piece's code tiles and its scale words, one copy each
+        const int tiles = piece_tiles<KIND>(kc), items = tiles + 1, szb = piece_scale_bytes<KIND>(kc);
         if (c.lane() == 0)
-          mbar_expect_tx(&c.full()[slot], GemvKind<KIND>::PAIR * ((valid + 15) / 16) * (G::BLOCK_BYTES + G::SZ_BLOCK));
+          mbar_expect_tx(&c.full()[slot], GemvKind<KIND>::PAIR * ((valid + 15) / 16) * (tiles * G::TILE_BYTES + szb));
         __syncwarp();
-        for (int i = c.lane(); i < G::NB * ITEMS; i += 32) {
-          const int b = i / ITEMS, m = i % ITEMS;
+        for (int i = c.lane(); i < G::NB * items; i += 32) {
+          const int b = i / items, m = i % items;
           if ((16 * b) % G::OUT_ROWS < valid) {
             const WeightRef r = GemvKind<KIND>::weight_ref(src, a, grp, 16 * b);
-            if (m < G::TPR)
+            if (m < tiles)
               bulk_copy_g2s(dst + b * G::BLOCK_BYTES + m * G::TILE_BYTES, tile_src<KIND>(r, kc, m), G::TILE_BYTES,
                             &c.full()[slot], evict_first);
             else
-              bulk_copy_g2s(dst + G::SZ_AT + b * G::SZ_BLOCK, scale_src<KIND>(r, kc), G::SZ_BLOCK, &c.full()[slot],
+              bulk_copy_g2s(dst + G::SZ_AT + b * G::SZ_BLOCK, scale_src<KIND>(r, kc), szb, &c.full()[slot],
                             evict_first);
           }
         }
       } else {
         // lane 0 announces the bytes, then the lanes issue one bulk copy per weight row each
-        if (c.lane() == 0) mbar_expect_tx(&c.full()[slot], valid * GemvKind<KIND>::PAIR * G::KC * 2);
+        const int cols = piece_cols<KIND>(kc);
+        if (c.lane() == 0) mbar_expect_tx(&c.full()[slot], valid * GemvKind<KIND>::PAIR * cols * 2);
         __syncwarp();
         for (int j = c.lane(); j < G::RS; j += 32) {
           if (j % G::OUT_ROWS < valid)
             bulk_copy_g2s(dst + j * G::ROW_STRIDE, row_src<KIND>(GemvKind<KIND>::weight_ref(src, a, grp, j), kc),
-                          G::KC * 2, &c.full()[slot], evict_first);
+                          cols * 2, &c.full()[slot], evict_first);
         }
       }
 #else
@@ -261,21 +287,22 @@ __device__ void gemv_stream(Ctx& c, const TaskArgs& a, const Src& src) {
           const WeightRef r = GemvKind<KIND>::weight_ref(src, a, grp, 16 * b);
           // the loader warps take every LOADER_WARPS-th 16-byte piece
           const int v0 = c.lane() + 32 * c.loader_index();
-          for (int m = 0; m < G::TPR; ++m) {
+          for (int m = 0; m < piece_tiles<KIND>(kc); ++m) {
             const uint4* from = reinterpret_cast<const uint4*>(tile_src<KIND>(r, kc, m));
             uint4* d = reinterpret_cast<uint4*>(dst + b * G::BLOCK_BYTES + m * G::TILE_BYTES);
             for (int v = v0; v < G::TILE_BYTES / 16; v += 32 * cfg::LOADER_WARPS) cp_async16(d + v, from + v, evict_first);
           }
           const uint4* ssrc = reinterpret_cast<const uint4*>(scale_src<KIND>(r, kc));
           uint4* sd = reinterpret_cast<uint4*>(dst + G::SZ_AT + b * G::SZ_BLOCK);
-          for (int v = v0; v < G::SZ_BLOCK / 16; v += 32 * cfg::LOADER_WARPS) cp_async16(sd + v, ssrc + v, evict_first);
+          for (int v = v0; v < piece_scale_bytes<KIND>(kc) / 16; v += 32 * cfg::LOADER_WARPS)
+            cp_async16(sd + v, ssrc + v, evict_first);
         }
       } else {
         for (int j = c.loader_index(); j < G::RS; j += cfg::LOADER_WARPS) {   // the loader warps take rows in turn
           if (j % G::OUT_ROWS >= valid) continue;
           const bf16x8* from = reinterpret_cast<const bf16x8*>(row_src<KIND>(GemvKind<KIND>::weight_ref(src, a, grp, j), kc));
           bf16x8* d = reinterpret_cast<bf16x8*>(dst + j * G::ROW_STRIDE);
-          for (int v = c.lane(); v < G::KC / 8; v += 32) cp_async16(d + v, from + v, evict_first);
+          for (int v = c.lane(); v < piece_cols<KIND>(kc) / 8; v += 32) cp_async16(d + v, from + v, evict_first);
         }
       }
       cp_async_arrive(&c.full()[slot]);
@@ -311,14 +338,15 @@ __device__ __noinline__ Ctx prefetch_next_step(Ctx c, TaskArgs a) {
         const int valid = min_i(G::OUT_ROWS, a.r1 - a.r0 - grp * G::OUT_ROWS);
         for (int kc = 0; kc < G::NKC && n < cfg::STAGES; ++kc, ++n) {
           if constexpr (GemvKind<KIND>::WBITS != 16) {
-            for (int i = c.lane(); i < G::NB * G::TPR; i += 32)
-              if ((16 * (i / G::TPR)) % G::OUT_ROWS < valid)
-                prefetch_l2(tile_src<KIND>(GemvKind<KIND>::weight_ref(src, a, grp, 16 * (i / G::TPR)), kc, i % G::TPR),
+            const int tiles = piece_tiles<KIND>(kc);
+            for (int i = c.lane(); i < G::NB * tiles; i += 32)
+              if ((16 * (i / tiles)) % G::OUT_ROWS < valid)
+                prefetch_l2(tile_src<KIND>(GemvKind<KIND>::weight_ref(src, a, grp, 16 * (i / tiles)), kc, i % tiles),
                             G::TILE_BYTES);
           } else {
             for (int j = c.lane(); j < G::RS; j += 32)
               if (j % G::OUT_ROWS < valid)
-                prefetch_l2(row_src<KIND>(GemvKind<KIND>::weight_ref(src, a, grp, j), kc), G::KC * 2);
+                prefetch_l2(row_src<KIND>(GemvKind<KIND>::weight_ref(src, a, grp, j), kc), piece_cols<KIND>(kc) * 2);
           }
         }
       }
@@ -559,22 +587,22 @@ __device__ __forceinline__ void dequant_fp8(uint32_t q, uint32_t sz, uint32_t (&
 // (GPK 1) folds each chain with its own step's scale.
 // 8-bit: weights dequantized to bf16 per pair of steps (scale words read once per pair, twice when a
 // group is one step), the steps alternating over NACC accumulators.
-template <int KIND, int NACC>
+template <int KIND, int NACC, int NSTEP>
 __device__ __forceinline__ void q_slot_mma(float (&acc)[NACC][4], uint32_t slot0, uint32_t act0, int blk, int kw, int lane) {
   using G = GemvGeometry<KIND>;
   constexpr int WB = GemvKind<KIND>::WBITS;
-  constexpr int SPW = ((G::NSTEP + G::WPB - 1) / G::WPB + 1) / 2 * 2;   // steps per warp and slot (even)
-  constexpr bool EXACT = SPW * G::WPB == G::NSTEP;                     // else the last warps run short or idle
+  constexpr int SPW = ((NSTEP + G::WPB - 1) / G::WPB + 1) / 2 * 2;     // steps per warp and slot (even)
+  constexpr bool EXACT = SPW * G::WPB == NSTEP;                        // else the last warps run short or idle
   constexpr int GPK = cfg::QGROUP / G::STEP_COLS;                       // steps per group
   constexpr int STEP_ACT = G::STEP_COLS * 2;                            // activation bytes per step
-  static_assert(G::NSTEP % 2 == 0, "steps come in pairs");
+  static_assert(NSTEP % 2 == 0, "steps come in pairs");
   static_assert(WB != 4 || GPK == 1 || GPK % 2 == 0, "a pair of 4-bit steps lies in one scale group");
   const int g = lane >> 2, r = lane & 7, mi = lane >> 3, swz = (r >> G::SWZ_SHIFT) & G::SWZ_MASK;
   const uint32_t wl = slot0 + blk * G::BLOCK_BYTES + (r + (mi & 1) * 8) * G::TILE_ROW;   // this lane's ldmatrix row
   const uint32_t z0 = slot0 + G::SZ_AT + blk * G::SZ_BLOCK + g * 4;                      // row g's scale word, group 0
   const uint32_t al = act0 + mi * 16;                                                     // act: column 8 mi
   if constexpr (WB == 4) {
-    const int s_end = EXACT ? (kw + 1) * SPW : min_i((kw + 1) * SPW, G::NSTEP);
+    const int s_end = EXACT ? (kw + 1) * SPW : min_i((kw + 1) * SPW, NSTEP);
     // where a pair falls in its group: known at compile time when every warp's range starts on a group
     constexpr bool ALIGNED = GPK <= 1 || SPW % GPK == 0;
     float t0[4], t1[4];
@@ -582,7 +610,7 @@ __device__ __forceinline__ void q_slot_mma(float (&acc)[NACC][4], uint32_t slot0
 #pragma unroll
     for (int p = 0; p < SPW / 2; ++p) {
       const int s = kw * SPW + 2 * p;
-      if (!EXACT && s >= G::NSTEP) break;
+      if (!EXACT && s >= NSTEP) break;
       const bool first = GPK <= 2 || (ALIGNED ? (2 * p) % GPK == 0 : p == 0 || s % GPK == 0);
       const bool last = GPK <= 2 || (ALIGNED ? (2 * p + 2) % GPK == 0 : (s + 2) % GPK == 0 || s + 2 >= s_end);
       if (first) {
@@ -626,7 +654,7 @@ __device__ __forceinline__ void q_slot_mma(float (&acc)[NACC][4], uint32_t slot0
 #pragma unroll
     for (int p = 0; p < SPW / 2; ++p) {
       const int s = kw * SPW + 2 * p;
-      if (!EXACT && s >= G::NSTEP) break;
+      if (!EXACT && s >= NSTEP) break;
       const int c = s % G::CHUNKS + (mi >> 1);
       uint32_t q[4], fb[4], sz0[2], sz1[2];
       ldmatrix_x4(wl + (s / G::CHUNKS) * G::TILE_BYTES + ((c ^ swz) << 4), q[0], q[1], q[2], q[3]);
@@ -649,6 +677,35 @@ __device__ __forceinline__ void q_slot_mma(float (&acc)[NACC][4], uint32_t slot0
       dequant_fp8(q[3], sz1[1], b1);
       mma_bf16_16816(x, a0[0], a1[0], a0[1], a1[1], fb[0], fb[1]);
       mma_bf16_16816(y, b0[0], b1[0], b0[1], b1[1], fb[2], fb[3]);
+    }
+  }
+}
+
+// One bf16 slot of NK k-steps: warp kw of a block takes every WPB-th k-step from kw, round-robin
+// over the NACC accumulators, loads first, so NACC mma run in flight instead of one dependent chain.
+template <int NK, int WPB, int NACC>
+__device__ __forceinline__ void bf16_slot_mma(float (&acc)[NACC][4], uint32_t wbase, uint32_t ak, bool bvalid, int kw) {
+  constexpr int STEPS = (NK + WPB - 1) / WPB;   // k-steps per warp
+#pragma unroll
+  for (int j0 = 0; j0 < STEPS; j0 += NACC) {
+    uint32_t fa[NACC][4], fb[NACC][2];
+#pragma unroll
+    for (int j = 0; j < NACC; ++j) {
+      const int s = kw + (j0 + j) * WPB;
+      fb[j][0] = fb[j][1] = 0u;
+      if (j0 + j < STEPS && (NK % WPB == 0 || s < NK)) {
+        if (bvalid) {
+          fb[j][0] = lds32(ak + s * 32);
+          fb[j][1] = lds32(ak + s * 32 + 16);
+        }
+        ldmatrix_x4(wbase + s * 32, fa[j][0], fa[j][1], fa[j][2], fa[j][3]);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < NACC; ++j) {
+      const int s = kw + (j0 + j) * WPB;
+      if (j0 + j < STEPS && (NK % WPB == 0 || s < NK))
+        mma_bf16_16816(acc[j], fa[j][0], fa[j][1], fa[j][2], fa[j][3], fb[j][0], fb[j][1]);
     }
   }
 }
@@ -703,30 +760,17 @@ __device__ void gemv_compute(Ctx& c, const TaskArgs& a) {
       const uint32_t wbase = ring0 + slot * SLOT_STRIDE + a_lane;
       const uint32_t ak = act_lane + kc * G::KC * 2;
       if constexpr (QW) {
-        q_slot_mma<KIND, NACC>(acc, ring0 + slot * SLOT_STRIDE, act_ldm + kc * G::KC * 2, blk, kw, lane);
+        const uint32_t at = ring0 + slot * SLOT_STRIDE, act = act_ldm + kc * G::KC * 2;
+        if (G::KC_LAST != G::KC && kc == G::NKC - 1)
+          q_slot_mma<KIND, NACC, G::NSTEP_LAST>(acc, at, act, blk, kw, lane);
+        else
+          q_slot_mma<KIND, NACC, G::NSTEP>(acc, at, act, blk, kw, lane);
+      } else if constexpr (G::KC_LAST == G::KC) {
+        bf16_slot_mma<G::NK16, G::WPB, NACC>(acc, wbase, ak, bvalid, kw);
+      } else if (kc == G::NKC - 1) {
+        bf16_slot_mma<G::KC_LAST / 16, G::WPB, NACC>(acc, wbase, ak, bvalid, kw);
       } else {
-#pragma unroll
-      for (int j0 = 0; j0 < STEPS; j0 += NACC) {
-        uint32_t fa[NACC][4], fb[NACC][2];
-#pragma unroll
-        for (int j = 0; j < NACC; ++j) {
-          const int s = kw + (j0 + j) * G::WPB;
-          fb[j][0] = fb[j][1] = 0u;
-          if (j0 + j < STEPS && (G::NK16 % G::WPB == 0 || s < G::NK16)) {
-            if (bvalid) {
-              fb[j][0] = lds32(ak + s * 32);
-              fb[j][1] = lds32(ak + s * 32 + 16);
-            }
-            ldmatrix_x4(wbase + s * 32, fa[j][0], fa[j][1], fa[j][2], fa[j][3]);
-          }
-        }
-#pragma unroll
-        for (int j = 0; j < NACC; ++j) {
-          const int s = kw + (j0 + j) * G::WPB;
-          if (j0 + j < STEPS && (G::NK16 % G::WPB == 0 || s < G::NK16))
-            mma_bf16_16816(acc[j], fa[j][0], fa[j][1], fa[j][2], fa[j][3], fb[j][0], fb[j][1]);
-        }
-      }
+        bf16_slot_mma<G::NK16, G::WPB, NACC>(acc, wbase, ak, bvalid, kw);
       }
       c.release_slot(slot);
       // trace: where "computed" is taken (diag::GEMV_MARK, trtllm_mk/codegen/diagnostics.py)

@@ -135,7 +135,7 @@ def task_cost(task: Task, graph: StepGraph, rates: Rates, cal: Calibration,
         # copies only a partial last group's rows: a task whose rows are not a multiple of the slot
         # group's streams fewer bytes per slot through the same ring (fill) at the same consumer cost
         # the consumer's work is per weight: a quantized slot costs its bf16-equivalent bytes, dequantized
-        work = geo.rows_per_slot * geo.k_chunk * 2 * cal.quant_consumer_cost if qw else geo.fill_bytes
+        work = geo.rows_per_slot * geo.mean_chunk * 2 * (cal.quant_consumer_cost if qw else 1.0)
         comp = nslots * work / rates.gemv + nslots * cal.slot_overhead(qw) + ngroups * cal.group_overhead_us
         comp += remote_add_us(task, d, cal)
         slot_t = comp / nslots
