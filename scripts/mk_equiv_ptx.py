@@ -76,6 +76,7 @@ d._layer_table = Fake(next(n))
 d._scale_table = None
 d.rank, d._peer_table = 0, None   # one GPU (tensor parallelism: MegakernelDecoder.connect)
 d._routers, d._experts = (Fake(next(n)), Fake(next(n))) if spec.is_moe else (None, None)   # the expert tables
+d._router_o = Fake(next(n)) if spec.is_moe and schedule.plan.expert_fused else None   # the router through o_proj
 for trace in (None, Fake(next(n))):
     d._trace = trace
     sys.stdout.write(d._pack_params().hex() + "\n")
