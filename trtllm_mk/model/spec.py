@@ -39,6 +39,12 @@ def is_router_weight(name: str) -> bool:
     return name.endswith(ROUTER_SUFFIXES)
 
 
+def is_layer_linear(name: str, shape: tuple[int, ...]) -> bool:
+    """Whether ``name`` is a decoder layer's linear weight (not a router): what quantized checkpoints
+    pack and the kernel streams quantized."""
+    return len(shape) == 2 and name.startswith("model.layers.") and not is_router_weight(name)
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
@@ -212,8 +218,7 @@ class ModelSpec:
             n = 1
             for s in shape:
                 n *= s
-            linear = len(shape) == 2 and name.startswith("model.layers.") and not is_router_weight(name)
-            total += self.linear_bytes(*shape) if linear else n * self.dtype_bytes
+            total += self.linear_bytes(*shape) if is_layer_linear(name, shape) else n * self.dtype_bytes
         return total
 
     def decode_weight_bytes(self, batch: int = 1, worst_case: bool = False) -> int:

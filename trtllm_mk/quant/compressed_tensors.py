@@ -175,5 +175,5 @@ def hf_config(scheme: QuantScheme) -> dict:
     return {"quant_method": "compressed-tensors", "format": fmt, "quantization_status": "compressed",
             "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": act,
                                           "output_activations": None, "format": fmt}},
-            "ignore": list(scheme.exclude_modules) or ["lm_head"], "kv_cache_scheme": None, "sparsity_config": {}, "transform_config": {},
-            "global_compression_ratio": None}
+            "ignore": list(scheme.exclude_modules) or ["lm_head"], "kv_cache_scheme": None, "sparsity_config": {},
+            "transform_config": {}, "global_compression_ratio": None}

@@ -54,7 +54,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..model.spec import is_router_weight
+from ..model.spec import is_layer_linear
 from ..seam import SCALE_SUFFIX
 from .linear import Fp8Linear, IntLinear
 
@@ -394,11 +394,6 @@ def kernel_dequantize_fp8(lin: Fp8Linear, dtype: torch.dtype = torch.bfloat16) -
 
 
 # ---------------------------------------------------------------- whole models
-def is_layer_linear(name: str, shape: tuple[int, ...]) -> bool:
-    """Whether ``name`` is a decoder layer's linear weight the kernel streams quantized (not a router)."""
-    return len(shape) == 2 and name.startswith("model.layers.") and not is_router_weight(name)
-
-
 def kernel_tensors(spec) -> dict[str, tuple[tuple[int, ...], "torch.dtype"]]:
     """What a megakernel of ``spec`` binds, by name: (shape, dtype). bf16 specs bind the HF tensors;
     quantized ones bind each layer linear as ``name`` (packed codes) and ``name + "_sz"`` (scale words),

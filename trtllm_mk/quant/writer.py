@@ -2,9 +2,10 @@
 the matching ``quantization_config``: the checkpoints ``python -m trtllm_mk quantize`` produces.
 
 Every linear layer of the decoder blocks is quantized but a mixture-of-experts layer's router (as
-quantization libraries leave it); the embedding, the norms and the LM head stay as they are. The copy is assembled in a hidden folder beside ``out`` and renamed into place when
-complete; an existing ``out`` is replaced only when an earlier run of this command wrote it (its
-``MARK_FILE``) or when it is empty.
+quantization libraries leave it); the embedding, the norms and the LM head stay as they are. The copy
+is assembled in a hidden folder beside ``out`` and renamed into place when complete; an existing
+``out`` is replaced only when an earlier run of this command wrote it (its ``MARK_FILE``) or when it
+is empty.
 """
 from __future__ import annotations
 
@@ -20,10 +21,9 @@ from tqdm import tqdm
 
 from ..errors import UserError
 from ..model.checkpoint import INDEX_FILE, load_checkpoint
-from ..model.spec import ROUTER_SUFFIXES, load_spec
+from ..model.spec import ROUTER_SUFFIXES, is_layer_linear, load_spec
 from . import awq, compressed_tensors, fp8, gptq
 from .detect import read_scheme
-from .kernel_layout import is_layer_linear
 from .rtn import quantize_fp8, quantize_int
 from .scheme import PER_CHANNEL, PER_TENSOR, QuantScheme
 
