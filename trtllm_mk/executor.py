@@ -299,4 +299,4 @@ class CpuExecutor:
         f = torch.exp(m - M)                   # empty splits have m = -inf: weight 0
         num = (f[..., None] * self.part_o[:, g]).sum(1)                   # [B, G, d]
         den = (f * l).sum(1)[..., None]
-        return (num / den).reshape(self.B, self.G * self.d)
+        return (num * (1.0 / den)).reshape(self.B, self.G * self.d)   # the kernel's one division per head

@@ -3,7 +3,7 @@
 #pragma once
 #include <cuda_bf16.h>
 #include <stdint.h>
-
+#include <type_traits>
 
 namespace mk {
 

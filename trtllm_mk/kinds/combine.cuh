@@ -6,8 +6,8 @@ namespace mk {
 
 // The split-merge factors of heads [head0, head0 + NH) (the rank's q-head numbers) of every batch
 // row, into shared `w`: per (row, head) S + 1 floats, f_s = exp(m_s - M) (0 for an empty split) and
-// den = sum_s f_s l_s. They are per head, not per element: one thread per (row, head) loads its S
-// (max, sum) pairs together.
+// 1 / sum_s f_s l_s. They are per head, not per element: one thread per (row, head) loads its S
+// (max, sum) pairs together and divides once, so that the elements multiply.
 template <int NH>
 __device__ __forceinline__ void merge_factors(const Params& p, int head0, float* w) {
   for (int i = threadIdx.x; i < cfg::B * NH; i += CTHREADS) {
@@ -27,22 +27,32 @@ __device__ __forceinline__ void merge_factors(const Params& p, int head0, float*
       f[s] = e;
       if (e != 0.f) den += e * ml[s].y;
     }
-    f[cfg::S] = den;
+    f[cfg::S] = 1.f / den;
   }
 }
 
 // W consecutive floats, loaded in one instruction.
 template <int W> struct FloatVec;
-template <> struct FloatVec<4> { using T = float4; };
-template <> struct FloatVec<2> { using T = float2; };
-template <> struct FloatVec<1> { using T = float; };
+template <> struct FloatVec<4> {
+  using T = float4;
+  static __device__ __forceinline__ T of(const float (&r)[4]) { return make_float4(r[0], r[1], r[2], r[3]); }
+};
+template <> struct FloatVec<2> {
+  using T = float2;
+  static __device__ __forceinline__ T of(const float (&r)[2]) { return make_float2(r[0], r[1]); }
+};
+template <> struct FloatVec<1> {
+  using T = float;
+  static __device__ __forceinline__ T of(const float (&r)[1]) { return r[0]; }
+};
 
 // The attention output of heads [head0, head0 + NH) of every batch row, merged from ATTN's S split
-// partials: element i of [B][NH * D] goes to out(i, value). The one merge of COMBINE and of OPROJ's
-// staging under TilePlan.o_merge. A thread loads the partials of 32 / S elements together (U vectors
-// of W consecutive elements of one head: a 16-byte load per split where S <= 8), the first ones before
-// merge_factors' loads, so a merge of up to 32 / S * CTHREADS elements is one L2 round trip and a
-// barrier. `w`: shared scratch of B * NH * (S + 1) floats (trtllm_mk/kinds/combine.py merge_scratch_bytes).
+// partials: elements i0 .. i0 + W - 1 of [B][NH * D] go to out(i0, V), one store of W consecutive
+// elements of one head (i0 a multiple of W). The one merge of COMBINE and of OPROJ's staging under
+// TilePlan.o_merge. A thread loads the partials of 32 / S elements together (U vectors of W: a 16-byte
+// load per split where S <= 8), the first ones before merge_factors' loads, so a merge of up to
+// 32 / S * CTHREADS elements is one L2 round trip and a barrier. `w`: shared scratch of
+// B * NH * (S + 1) floats (trtllm_mk/kinds/combine.py merge_scratch_bytes).
 template <int NH, typename Out>
 __device__ __forceinline__ void merge_heads(const Params& p, int head0, float* w, Out out) {
   constexpr int W = cfg::S <= 8 ? 4 : cfg::S <= 16 ? 2 : 1, U = max_i(1, 32 / (cfg::S * W));
@@ -71,14 +81,16 @@ __device__ __forceinline__ void merge_heads(const Params& p, int head0, float* w
       const int v = v0 + u * CTHREADS, i = v * W;
       if (v >= NV) break;
       const float* f = w + (i / cfg::D) * (cfg::S + 1);   // (row, head) = i / D
+      float r[W];
 #pragma unroll
       for (int e = 0; e < W; ++e) {
         float num = 0.f;
 #pragma unroll
         for (int s = 0; s < cfg::S; ++s)
           if (f[s] != 0.f) num += f[s] * reinterpret_cast<const float*>(&o[u][s])[e];
-        out(i + e, num / f[cfg::S]);
+        r[e] = num * f[cfg::S];
       }
+      out(i, FloatVec<W>::of(r));
     }
   }
 }
@@ -87,9 +99,10 @@ __device__ void combine_compute(Ctx& c, const TaskArgs& a) {
   const Params& p = *c.p;
   // the merge factors take the activation region, which COMBINE does not stage into
   static_assert(cfg::B * cfg::G * (cfg::S + 1) * 4 <= cfg::ACT_SMEM_BYTES, "merge factors exceed the activation region");
-  merge_heads<cfg::G>(p, a.group * cfg::G, reinterpret_cast<float*>(c.act()), [&](int i, float v) {
+  merge_heads<cfg::G>(p, a.group * cfg::G, reinterpret_cast<float*>(c.act()), [&](int i, const auto& v) {
     const int b = i / (cfg::G * cfg::D);
-    p.attn_out[(size_t)b * cfg::QD + a.group * cfg::G * cfg::D + i % (cfg::G * cfg::D)] = v;
+    using V = std::decay_t<decltype(v)>;
+    *reinterpret_cast<V*>(p.attn_out + (size_t)b * cfg::QD + a.group * cfg::G * cfg::D + i % (cfg::G * cfg::D)) = v;
   });
   consumer_sync(CTHREADS);
 }
