@@ -31,12 +31,9 @@ __device__ __forceinline__ void merge_factors(const Params& p, int head0, float*
   }
 }
 
-// W consecutive floats, loaded in one instruction.
+// W consecutive floats, loaded (and, up to two, stored) in one instruction.
 template <int W> struct FloatVec;
-template <> struct FloatVec<4> {
-  using T = float4;
-  static __device__ __forceinline__ T of(const float (&r)[4]) { return make_float4(r[0], r[1], r[2], r[3]); }
-};
+template <> struct FloatVec<4> { using T = float4; };
 template <> struct FloatVec<2> {
   using T = float2;
   static __device__ __forceinline__ T of(const float (&r)[2]) { return make_float2(r[0], r[1]); }
@@ -47,15 +44,17 @@ template <> struct FloatVec<1> {
 };
 
 // The attention output of heads [head0, head0 + NH) of every batch row, merged from ATTN's S split
-// partials: elements i0 .. i0 + W - 1 of [B][NH * D] go to out(i0, V), one store of W consecutive
-// elements of one head (i0 a multiple of W). The one merge of COMBINE and of OPROJ's staging under
-// TilePlan.o_merge. A thread loads the partials of 32 / S elements together (U vectors of W: a 16-byte
+// partials: elements i0, i0 + 1 of [B][NH * D] go to out(i0, float2), one store of two consecutive
+// elements of one head (i0 even; out(i0, float) one at a time where S > 16). Pairs, not whole vectors:
+// four merged values held for one store tip the register allocation of the 8B batch-4 kernels at the
+// cap. The one merge of COMBINE and of OPROJ's staging under TilePlan.o_merge. A thread loads the partials of 32 / S elements together (U vectors of W: a 16-byte
 // load per split where S <= 8), the first ones before merge_factors' loads, so a merge of up to
 // 32 / S * CTHREADS elements is one L2 round trip and a barrier. `w`: shared scratch of
 // B * NH * (S + 1) floats (trtllm_mk/kinds/combine.py merge_scratch_bytes).
 template <int NH, typename Out>
 __device__ __forceinline__ void merge_heads(const Params& p, int head0, float* w, Out out) {
   constexpr int W = cfg::S <= 8 ? 4 : cfg::S <= 16 ? 2 : 1, U = max_i(1, 32 / (cfg::S * W));
+  constexpr int P = W < 2 ? W : 2;   // elements a store takes
   constexpr int N = cfg::B * NH * cfg::D, NV = N / W;
   static_assert(cfg::D % W == 0, "a vector holds elements of one head");
   using V = typename FloatVec<W>::T;
@@ -81,16 +80,19 @@ __device__ __forceinline__ void merge_heads(const Params& p, int head0, float* w
       const int v = v0 + u * CTHREADS, i = v * W;
       if (v >= NV) break;
       const float* f = w + (i / cfg::D) * (cfg::S + 1);   // (row, head) = i / D
-      float r[W];
 #pragma unroll
-      for (int e = 0; e < W; ++e) {
-        float num = 0.f;
+      for (int e0 = 0; e0 < W; e0 += P) {
+        float r[P];
 #pragma unroll
-        for (int s = 0; s < cfg::S; ++s)
-          if (f[s] != 0.f) num += f[s] * reinterpret_cast<const float*>(&o[u][s])[e];
-        r[e] = num * f[cfg::S];
+        for (int e = 0; e < P; ++e) {
+          float num = 0.f;
+#pragma unroll
+          for (int s = 0; s < cfg::S; ++s)
+            if (f[s] != 0.f) num += f[s] * reinterpret_cast<const float*>(&o[u][s])[e0 + e];
+          r[e] = num * f[cfg::S];
+        }
+        out(i + e0, FloatVec<P>::of(r));
       }
-      out(i, FloatVec<W>::of(r));
     }
   }
 }

@@ -68,16 +68,12 @@ struct GemvKind<OPROJ> : OprojFold<cfg::EXPERT_FUSED>, AddsToResidual {
       static_assert(!cfg::O_MERGE || cfg::B * AS * 2 + cfg::B * (KT / cfg::D) * (cfg::S + 1) * 4 <= cfg::ACT_SMEM_BYTES,
                     "merge factors exceed the activation region");
       bf16* act = c.act();
-      // a vector of W merged elements lies in one staged row (KT holds whole heads): one store each
+      // a pair of merged elements lies in one staged row (KT holds whole heads): one bf16x2 store
       merge_heads<KT / cfg::D>(*c.p, a.k0 / cfg::D, reinterpret_cast<float*>(act + cfg::B * AS), [&](int i, const auto& v) {
-        using V = std::decay_t<decltype(v)>;
-        if constexpr (std::is_same_v<V, float4>) {
-          store_act4<OPROJ>(c, i / KT, i % KT / 4, v);
-        } else {
-          const float* e = reinterpret_cast<const float*>(&v);
-#pragma unroll
-          for (int k = 0; k < (int)(sizeof(V) / 4); ++k) act[(i / KT) * AS + i % KT + k] = f_to_bf16(e[k]);
-        }
+        if constexpr (std::is_same_v<std::decay_t<decltype(v)>, float2>)
+          *reinterpret_cast<__nv_bfloat162*>(act + (i / KT) * AS + i % KT) = __floats2bfloat162_rn(v.x, v.y);
+        else
+          act[(i / KT) * AS + i % KT] = f_to_bf16(v);
       });
       consumer_sync(CTHREADS);
     } else {
