@@ -44,13 +44,14 @@ template <> struct FloatVec<1> {
 };
 
 // The attention output of heads [head0, head0 + NH) of every batch row, merged from ATTN's S split
-// partials: elements i0, i0 + 1 of [B][NH * D] go to out(i0, float2), one store of two consecutive
-// elements of one head (i0 even; out(i0, float) one at a time where S > 16). Pairs, not whole vectors:
-// four merged values held for one store tip the register allocation of the 8B batch-4 kernels at the
-// cap. The one merge of COMBINE and of OPROJ's staging under TilePlan.o_merge. A thread loads the partials of 32 / S elements together (U vectors of W: a 16-byte
-// load per split where S <= 8), the first ones before merge_factors' loads, so a merge of up to
-// 32 / S * CTHREADS elements is one L2 round trip and a barrier. `w`: shared scratch of
-// B * NH * (S + 1) floats (trtllm_mk/kinds/combine.py merge_scratch_bytes).
+// partials: the one merge of COMBINE and of OPROJ's staging under TilePlan.o_merge. A thread loads the
+// partials of 32 / S elements together (U vectors of W consecutive elements of one head: a 16-byte load
+// per split where S <= 8), the first ones before merge_factors' loads, so a merge of up to
+// 32 / S * CTHREADS elements is one L2 round trip and a barrier. Elements i0, i0 + 1 of [B][NH * D] go
+// to out(i0, float2) in one store (i0 even; out(i0, float) one at a time where S > 16): pairs, not whole
+// vectors, since four merged values held for one store push kernels whose task bodies sit at the
+// register cap into spilling. `w`: shared scratch of B * NH * (S + 1) floats
+// (trtllm_mk/kinds/combine.py merge_scratch_bytes).
 template <int NH, typename Out>
 __device__ __forceinline__ void merge_heads(const Params& p, int head0, float* w, Out out) {
   constexpr int W = cfg::S <= 8 ? 4 : cfg::S <= 16 ? 2 : 1, U = max_i(1, 32 / (cfg::S * W));
