@@ -27,12 +27,15 @@ __host__ __device__ constexpr int max_i(int a, int b) { return a > b ? a : b; }
 // ROW_PAD, ACT_PAD and MAX_BLOCKS come with the shared-memory layout (trtllm_mk/smem.py, generated).
 static_assert(cfg::SLOT_PAD >= 16 * MAX_BLOCKS * ROW_PAD, "slot padding must cover the row skew");
 
-constexpr int WIDEST_PIECE = cfg::SLOT_BYTES / (16 * 2) / 16 * 16;   // columns of a 16-row block's slot
-constexpr int pieces_for(int kt) { return (kt + WIDEST_PIECE - 1) / WIDEST_PIECE; }
-constexpr int chunk_for(int kt) {
-  const int n = pieces_for(kt), kc = (kt + 16 * n - 1) / (16 * n) * 16;
-  return (n - 1) * kc >= kt ? WIDEST_PIECE : kc;   // even pieces would leave the last empty: full ones
+// A row of kt columns (a multiple of unit) in as few pieces of at most `widest` columns as it takes,
+// each a whole number of units and as even as they go, the last possibly narrower: the pieces and
+// the columns of all but the last (bf16 and quantized weights alike).
+constexpr int pieces_for(int kt, int widest) { return (kt + widest - 1) / widest; }
+constexpr int chunk_for(int kt, int widest, int unit) {
+  const int n = pieces_for(kt, widest), kc = (kt / unit + n - 1) / n * unit;
+  return (n - 1) * kc >= kt ? widest : kc;   // even pieces would leave the last empty: full ones
 }
+constexpr int WIDEST_PIECE = cfg::SLOT_BYTES / (16 * 2) / 16 * 16;   // columns of a 16-row block's slot
 constexpr int blocks_for(int kc) {
   int nb = cfg::SLOT_BYTES / (16 * kc * 2);
   nb = nb >= MAX_BLOCKS ? MAX_BLOCKS : nb >= 2 ? 2 : 1;
@@ -40,8 +43,8 @@ constexpr int blocks_for(int kc) {
 }
 template <int KT, int PAIR, int WBITS = 16>
 struct Geometry {
-  static constexpr int NKC = pieces_for(KT);
-  static constexpr int KC = chunk_for(KT);
+  static constexpr int NKC = pieces_for(KT, WIDEST_PIECE);
+  static constexpr int KC = chunk_for(KT, WIDEST_PIECE, 16);
   static constexpr int KC_LAST = KT - (NKC - 1) * KC;  // columns of a row's last piece
   static constexpr int NB = blocks_for(KC);            // 16-row mma blocks per slot
   static constexpr int RS = 16 * NB;                   // weight rows per slot
@@ -66,11 +69,6 @@ constexpr int q_row_bytes(int kc, int wb) { return kc * wb / 8 + 4 * (kc / (cfg:
 constexpr int q_widest(int pair, int wb) {   // columns of the widest piece: whole units, 16 rows per matrix
   return cfg::SLOT_BYTES / (16 * pair * q_row_bytes(Q_UNIT, wb)) * Q_UNIT;
 }
-constexpr int q_pieces_for(int kt, int pair, int wb) { return (kt + q_widest(pair, wb) - 1) / q_widest(pair, wb); }
-constexpr int q_chunk_for(int kt, int pair, int wb) {
-  const int n = q_pieces_for(kt, pair, wb), kc = (kt / Q_UNIT + n - 1) / n * Q_UNIT;
-  return (n - 1) * kc >= kt ? q_widest(pair, wb) : kc;
-}
 constexpr int q_blocks_for(int kc, int pair, int wb) {
   int nb = cfg::SLOT_BYTES / (16 * q_row_bytes(kc, wb));
   nb = nb >= MAX_BLOCKS ? MAX_BLOCKS : nb >= 2 ? 2 : 1;
@@ -79,8 +77,8 @@ constexpr int q_blocks_for(int kc, int pair, int wb) {
 }
 template <int KT, int PAIR, int WB>
 struct QGeometry {
-  static constexpr int NKC = q_pieces_for(KT, PAIR, WB);
-  static constexpr int KC = q_chunk_for(KT, PAIR, WB);
+  static constexpr int NKC = pieces_for(KT, q_widest(PAIR, WB));
+  static constexpr int KC = chunk_for(KT, q_widest(PAIR, WB), Q_UNIT);
   static constexpr int KC_LAST = KT - (NKC - 1) * KC;        // columns of a row's last piece
   static constexpr int NB = q_blocks_for(KC, PAIR, WB);
   static constexpr int RS = 16 * NB;
@@ -153,12 +151,15 @@ template <int KIND> struct WeightSource {
 };
 template <int KIND> using GemvGeometry = Geometry<GemvKind<KIND>::KT, GemvKind<KIND>::PAIR, GemvKind<KIND>::WBITS>;
 
-// Columns of piece kc of a row (the last may be narrower).
+// Whether piece kc of a row is a narrower last one, and its columns.
+template <int KIND>
+__device__ __forceinline__ bool narrow_last(int kc) {
+  using G = GemvGeometry<KIND>;
+  return G::KC_LAST != G::KC && kc == G::NKC - 1;
+}
 template <int KIND>
 __device__ __forceinline__ int piece_cols(int kc) {
-  using G = GemvGeometry<KIND>;
-  if constexpr (G::KC_LAST == G::KC) return G::KC;
-  else return kc == G::NKC - 1 ? G::KC_LAST : G::KC;
+  return narrow_last<KIND>(kc) ? GemvGeometry<KIND>::KC_LAST : GemvGeometry<KIND>::KC;
 }
 
 // Code tiles per 16-row block and scale bytes per block of piece kc (quantized weights).
@@ -761,13 +762,11 @@ __device__ void gemv_compute(Ctx& c, const TaskArgs& a) {
       const uint32_t ak = act_lane + kc * G::KC * 2;
       if constexpr (QW) {
         const uint32_t at = ring0 + slot * SLOT_STRIDE, act = act_ldm + kc * G::KC * 2;
-        if (G::KC_LAST != G::KC && kc == G::NKC - 1)
+        if (narrow_last<KIND>(kc))
           q_slot_mma<KIND, NACC, G::NSTEP_LAST>(acc, at, act, blk, kw, lane);
         else
           q_slot_mma<KIND, NACC, G::NSTEP>(acc, at, act, blk, kw, lane);
-      } else if constexpr (G::KC_LAST == G::KC) {
-        bf16_slot_mma<G::NK16, G::WPB, NACC>(acc, wbase, ak, bvalid, kw);
-      } else if (kc == G::NKC - 1) {
+      } else if (narrow_last<KIND>(kc)) {
         bf16_slot_mma<G::KC_LAST / 16, G::WPB, NACC>(acc, wbase, ak, bvalid, kw);
       } else {
         bf16_slot_mma<G::NK16, G::WPB, NACC>(acc, wbase, ak, bvalid, kw);
