@@ -925,6 +925,24 @@ def test_quantized_weights_take_their_own_slot_limit_and_slot_cost():
         assert grow == pytest.approx(0.4 * geo.slots_for(task.rows) if quantized else 0.0)
 
 
+def test_quantized_gemv_tasks_take_their_own_fixed_cost():
+    """quant_task_overhead_us replaces task_overhead_us in a quantized layer GEMV task's consumer
+    time (0 keeps task_overhead_us); a bf16 task and the bf16 LM head of a quantized model keep
+    task_overhead_us."""
+    bf16 = spec_of("llama-3.2-1b")
+    w4 = replace(bf16, weight_bits=4, weight_group=128)
+    plan = TilePlan(stages=4, slot_bytes=32768)
+    base = replace(Calibration(), task_overhead_us=2.0).resolved(H100)
+    own = replace(base, quant_task_overhead_us=0.25)
+    for spec, kind, quantized in ((w4, Kind.GATEUP, True), (w4, Kind.LMHEAD, False), (bf16, Kind.GATEUP, False)):
+        g = build_step_graph(spec, 1, plan, 512)
+        task = next(t for t in g.head + g.layer + g.tail if t.kind == kind)
+        rates = sm_rates(H100, base, 1)
+        drop = task_cost(task, g, rates, base).pre - task_cost(task, g, rates, own).pre
+        assert drop == pytest.approx(1.75 if quantized else 0.0), (spec.weight_bits, kind)
+    assert base.task_overhead(True) == base.task_overhead(False) == 2.0
+
+
 def test_the_calibrations_slot_limits_bound_the_ring_unless_none_fits():
     """min_slot_bytes / max_slot_bytes bound the slots the search walks; where no ring of the allowed
     slots fits at all, the search falls back to the smaller slots instead of failing."""

@@ -97,6 +97,12 @@ class MachineCalibration:
     # the slot is full and must end before the slot is released, so each slot pays that chain's
     # latency once: slots that hold few 4-bit weights are consumer-bound on it.
     quant_slot_overhead_us: float = 0.0
+    # Fixed consumer cost of a GEMV task with quantized weights, in place of task_overhead_us; 0 =
+    # task_overhead_us. task_overhead_us is fitted to bf16 steps, whose weight kinds stream: their
+    # fixed cost hides behind the stream and the constant absorbs what else those steps spend. A
+    # quantized task is consumer-bound (its loader sits on a full ring), so its fixed cost adds to its
+    # end: traced, the 4-bit tasks' staging and body take about their model's stage and slot work.
+    quant_task_overhead_us: float = 0.0
     # Largest ring slot (bytes) for quantized weights; 0 = max_slot_bytes. A 4-bit block of a slot is
     # about a quarter of a bf16 one's bytes, so the bf16 limit leaves quantized slots short.
     quant_max_slot_bytes: int = 0
@@ -145,6 +151,10 @@ class MachineCalibration:
     def slot_overhead(self, quantized: bool) -> float:
         """Consumer time per ring slot (slot_overhead_us, or quant_slot_overhead_us for quantized weights)."""
         return (self.quant_slot_overhead_us or self.slot_overhead_us) if quantized else self.slot_overhead_us
+
+    def task_overhead(self, quantized: bool) -> float:
+        """Fixed consumer cost of a GEMV task (task_overhead_us, or quant_task_overhead_us for quantized weights)."""
+        return (self.quant_task_overhead_us or self.task_overhead_us) if quantized else self.task_overhead_us
 
     def link(self) -> LinkModel:
         """The all-reduce cost model's view of the link (parallel.allreduce_cost)."""

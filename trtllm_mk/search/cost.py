@@ -147,7 +147,7 @@ def task_cost(task: Task, graph: StepGraph, rates: Rates, cal: Calibration,
         act_rate = rates.norm if task.kind.module.NORMS_INPUT else rates.l2
         stage = staging_passes(task.kind, d.hidden, d.batch, plan.consumer_warps) * cal.l2_latency_us + task.act_bytes / act_rate
         stage += task.kind.module.staging_extra_us(task, graph, cal)
-        return TaskCost(True, float(task.weight_bytes), cal.task_overhead_us + stage, comp,
+        return TaskCost(True, float(task.weight_bytes), cal.task_overhead(qw) + stage, comp,
                         slot_t, fill, ring, rate, stage=stage)
     dur = task.kind.module.duration_us(task, graph, rates, cal)
     return TaskCost(False, dur=dur)
