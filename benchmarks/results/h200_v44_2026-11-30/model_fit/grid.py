@@ -6,7 +6,7 @@ sys.path.insert(0, ".")
 from benchmarks.calibrate import measured_entries, schedule_of
 from trtllm_mk.gpus import get_gpu
 from trtllm_mk.search import load_calibration, predict
-path = Path("benchmarks/results/h200_v44_2026-11-30/model_fit/measured_w4a16.json")
+path = Path(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/results/h200_v44_2026-11-30/model_fit/measured_w4a16.json")
 gpu = get_gpu("H200")
 cal0 = load_calibration(gpu)
 entries = measured_entries(json.loads(path.read_text()))
@@ -35,9 +35,9 @@ if __name__ == "__main__":
     for (e, s, m), pi, er in zip(wl, p, errs):
         print(f"  {e['model'][-40:]:40s} b{e['batch']} {s.plan.stages}x{s.plan.slot_bytes//1024}K dks{s.plan.down_ksplit} {m:8.1f} {pi:8.1f} {100*er:+6.1f}%")
     best = []
-    for qt in [0.2, 0.4, 0.6, 0.8, 1.0]:
-        for qs in [0.2, 0.25, 0.3, 0.35, 0.4]:
-            for qc in [0.9, 1.0, 1.2, 1.4, 1.7]:
+    for qt in [0.2, 0.4, 0.8, 1.4]:
+        for qs in [0.05, 0.15, 0.25, 0.35, 0.5]:
+            for qc in [0.6, 0.8, 1.0, 1.3]:
                 cal = replace(cal0, quant_task_overhead_us=qt or 1e-9, quant_slot_overhead_us=qs, quant_consumer_cost=qc)
                 p = preds(cal)
                 errs = [pi / m - 1 for pi, (_, _, m) in zip(p, wl)]
