@@ -81,10 +81,13 @@ def variant_schedule(spec, batch: int, context: int, gpu, sets: dict, sched: str
     benchmark's with ``sets`` applied."""
     if sched is None:
         return make_schedule(spec, batch, context, gpu, sets)
+    if sets:
+        sys.exit(f"error: {sched}: a schedule= variant takes no field= ({', '.join(sorted(sets))}): save the changed "
+                 "plan as a schedule of its own")
     s = saved_schedule(sched, gpu)
-    if (s.spec.name, s.batch, s.context_len) != (spec.name, batch, context) or sets:
+    if (s.spec.name, s.batch, s.context_len) != (spec.name, batch, context):
         sys.exit(f"error: {sched}: a schedule of {s.spec.name} b{s.batch} ctx {s.context_len}, not of "
-                 f"{spec.name} b{batch} ctx {context}" + (" (and a schedule= variant takes no field=)" if sets else ""))
+                 f"{spec.name} b{batch} ctx {context}")
     return s
 
 

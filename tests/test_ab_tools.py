@@ -51,6 +51,17 @@ def test_a_schedule_of_another_deployment_is_one_line():
                                              "llama-3.2-1b b4 ctx 512"]
 
 
+def test_a_schedule_variant_with_plan_fields_is_one_line_that_says_so():
+    """schedule= runs the saved programs as they are: a field= beside it is refused for what it is,
+    even when the schedule is of this very deployment."""
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "mk_ab.py"), "llama-3.2-1b", "--batch", "1",
+                        "--prebuild", "--gpu", "H200", "--variant", f"old:schedule={SAVED},stages=4,o_rows=64"],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines() == [f"error: {SAVED}: a schedule= variant takes no field= (o_rows, stages): "
+                                             "save the changed plan as a schedule of its own"]
+
+
 def test_a_trace_of_a_saved_schedule_of_other_weights_is_one_line():
     """mk_trace --schedule traces a saved schedule; one of bf16 weights asked for with --weights w4a16 (the
     kernel would bind other tensors) ends in one line, as does a --set beside it."""
