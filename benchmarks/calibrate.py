@@ -139,8 +139,8 @@ def schedule_of(entry: dict, gpu, cal: Calibration, where: Path = Path(".")):
 MEGAKERNEL = "trtllm_mk megakernel"
 MEASURED_FIT_FIELDS = ("task_overhead_us", "mem_latency_us", "loader_task_us", "sync_us", "attn_fixed_us",
                        "combine_fixed_us", "attn_late_token_us", "slot_overhead_us", "publish_idle_us",
-                       "quant_consumer_cost", "quant_slot_overhead_us", "quant_task_overhead_us", "l2_bw_factor", "norm_stage_bw_factor",
-                       "emlp_route_us")
+                       "quant_consumer_cost", "quant_slot_overhead_us", "quant_task_overhead_us", "l2_bw_factor",
+                       "norm_stage_bw_factor", "emlp_route_us")
 
 
 def measured_entries(data) -> list[dict]:

@@ -42,24 +42,25 @@ def test_a_cp_async_variant_compiles_the_cp_async_ring_with_its_loader_warps():
     assert ring_args(get_gpu("H200")) == {"use_bulk_copy": True} and ring_args(get_gpu("L20")) == {"use_bulk_copy": False}
 
 
-def test_a_schedule_of_another_deployment_is_one_line():
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "mk_ab.py"), "llama-3.2-1b", "--batch", "4",
-                        "--prebuild", "--gpu", "H200", "--variant", f"old:schedule={SAVED}"],
-                       capture_output=True, text=True, cwd=ROOT)
+def _mk_ab_error(batch: int, variant: str) -> list[str]:
+    """The stderr lines of a ``scripts/mk_ab.py --prebuild`` of the 1B that fails without a traceback."""
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "mk_ab.py"), "llama-3.2-1b", "--batch", str(batch),
+                        "--prebuild", "--gpu", "H200", "--variant", variant], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode != 0 and "Traceback" not in r.stderr
-    assert r.stderr.strip().splitlines() == [f"error: {SAVED}: a schedule of llama-3.2-1b b1 ctx 512, not of "
-                                             "llama-3.2-1b b4 ctx 512"]
+    return r.stderr.strip().splitlines()
+
+
+def test_a_schedule_of_another_deployment_is_one_line():
+    assert _mk_ab_error(4, f"old:schedule={SAVED}") == [f"error: {SAVED}: a schedule of llama-3.2-1b b1 ctx 512, not of "
+                                                        "llama-3.2-1b b4 ctx 512"]
 
 
 def test_a_schedule_variant_with_plan_fields_is_one_line_that_says_so():
     """schedule= runs the saved programs as they are: a field= beside it is refused for what it is,
     even when the schedule is of this very deployment."""
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "mk_ab.py"), "llama-3.2-1b", "--batch", "1",
-                        "--prebuild", "--gpu", "H200", "--variant", f"old:schedule={SAVED},stages=4,o_rows=64"],
-                       capture_output=True, text=True, cwd=ROOT)
-    assert r.returncode != 0 and "Traceback" not in r.stderr
-    assert r.stderr.strip().splitlines() == [f"error: {SAVED}: a schedule= variant takes no field= (o_rows, stages): "
-                                             "save the changed plan as a schedule of its own"]
+    assert _mk_ab_error(1, f"old:schedule={SAVED},stages=4,o_rows=64") == [
+        f"error: {SAVED}: a schedule= variant takes no field= (o_rows, stages): save the changed plan as a schedule "
+        "of its own"]
 
 
 def test_a_trace_of_a_saved_schedule_of_other_weights_is_one_line():

@@ -145,16 +145,20 @@ class MachineCalibration:
         """The ring slot sizes among ``candidates`` the search may use (see max_slot_bytes or, for
         ``quantized`` layer weights, quant_max_slot_bytes and, unless ``with_min`` is false,
         min_slot_bytes)."""
-        top = (self.quant_max_slot_bytes or self.max_slot_bytes) if quantized else self.max_slot_bytes
+        top = self._for_weights("max_slot_bytes", quantized)
         return tuple(s for s in candidates if (not top or s <= top) and (not with_min or s >= self.min_slot_bytes))
+
+    def _for_weights(self, name: str, quantized: bool):
+        """Constant ``name``, or for quantized weights its ``quant_`` twin where that is set (0 = unset)."""
+        return (getattr(self, "quant_" + name) or getattr(self, name)) if quantized else getattr(self, name)
 
     def slot_overhead(self, quantized: bool) -> float:
         """Consumer time per ring slot (slot_overhead_us, or quant_slot_overhead_us for quantized weights)."""
-        return (self.quant_slot_overhead_us or self.slot_overhead_us) if quantized else self.slot_overhead_us
+        return self._for_weights("slot_overhead_us", quantized)
 
     def task_overhead(self, quantized: bool) -> float:
         """Fixed consumer cost of a GEMV task (task_overhead_us, or quant_task_overhead_us for quantized weights)."""
-        return (self.quant_task_overhead_us or self.task_overhead_us) if quantized else self.task_overhead_us
+        return self._for_weights("task_overhead_us", quantized)
 
     def link(self) -> LinkModel:
         """The all-reduce cost model's view of the link (parallel.allreduce_cost)."""
