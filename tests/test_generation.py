@@ -171,6 +171,27 @@ def test_text_stream_ends_an_unfinished_character_as_the_tokenizer_decodes_it():
     assert s.push(ids[0]) == "" and s.push(ids[1]) == "\u00e9" and s.push(ids[2]) == "" and s.stopped
 
 
+def test_text_stream_offsets_and_bytes_of_a_stray_byte_token():
+    tok = _byte_level_tokenizer()
+    stray = tok.encode("\u00e9", add_special_tokens=False)[1]   # a continuation byte on its own: U+FFFD
+    ids = [stray] + tok.encode("le", add_special_tokens=False)
+    s = TextStream(tok)
+    out = [s.push(i) for i in ids] + [s.flush()]
+    assert "".join(out) == s.text == "\ufffdle"
+    assert s.offsets == [0, 1, 2]   # "l" starts after the replacement character, not with it
+    assert s.token_bytes(stray) == [0xA9] and s.token_bytes(ids[1]) == [ord("l")]   # the byte, not U+FFFD's
+    e = tok.encode("\u00e9", add_special_tokens=False)
+    assert [b for t in e for b in s.token_bytes(t)] == list("\u00e9".encode())
+
+
+def test_a_chat_template_that_raises_is_a_user_error(tmp_path):
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(str(tiny_checkpoint(tmp_path)), local_files_only=True)
+    tok.chat_template = "{{ raise_exception('Conversation roles must alternate user/assistant') }}"
+    with pytest.raises(UserError, match="chat template refused them: Conversation roles must alternate"):
+        apply_chat_template(tok, [{"role": "system", "content": "x"}, {"role": "user", "content": "y"}])
+
+
 def test_id_text_offsets_point_at_each_token():
     from trtllm_mk.serve.text import IdText
     t = IdText()

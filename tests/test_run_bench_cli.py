@@ -63,3 +63,41 @@ def test_bench_simulate_reports_trtllm_bench_fields(built, tmp_path):
     assert "request latency ms" in r.stdout and "req/s" in r.stdout
     bad = cli("bench", "--engine", str(eng), "--weights", str(ck), "--simulate", "--input-len", "500")
     assert bad.returncode == 2 and "max_input_len" in bad.stderr
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["run", "--top-p", "1e-300", "--temperature", "1"], None),        # keeps the first candidate, no crash
+    (["run", "--temperature", "1e-300"], None),                          # greedy
+    (["bench", "--json", "/nonexistent-dir/x.json"], "--json"),         # before the runs, not after them
+    (["bench", "--json", "."], "--json"),
+    (["serve", "--port", "99999"], "--port 99999"),
+    (["serve", "--port", "-5"], "--port -5"),
+])
+def test_cli_edges(built, args, needle):
+    eng, ck = built
+    cmd, rest = args[0], args[1:]
+    extra = {"run": ["--prompt", "ba", "--max-new-tokens", "3"], "bench": ["--input-len", "4", "--output-len", "2",
+                                                                         "--runs", "1"], "serve": []}[cmd]
+    r = cli(cmd, "--engine", str(eng), "--weights", str(ck), "--simulate", *extra, *rest)
+    if needle is None:
+        assert r.returncode == 0 and r.stdout.startswith("[0] "), r.stderr
+    else:
+        assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_serve_on_a_busy_port_is_one_line(built):
+    import socket
+    eng, ck = built
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        r = cli("serve", "--engine", str(eng), "--weights", str(ck), "--simulate", "--port", str(s.getsockname()[1]))
+    assert r.returncode == 2 and "cannot listen on 127.0.0.1" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert "serving" not in r.stdout   # nothing claims to serve before the socket is bound
+
+
+def test_subcommand_usage_names_the_command():
+    r = cli("build", "--help")
+    assert r.returncode == 0 and r.stdout.startswith("usage: python -m trtllm_mk build")
+    r = cli("bench", "--help")   # the description is a whole sentence, not a docstring's first line cut short
+    assert "an engine, reported as trtllm-bench reports them." in " ".join(r.stdout.split())

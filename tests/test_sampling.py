@@ -120,6 +120,24 @@ def test_top_k_and_top_p_keep_the_right_tokens():
     assert seen == {1}
 
 
+@pytest.mark.parametrize("top_p", [1e-300, 1e-46, 1e-38, 1e-6])
+def test_a_vanishing_top_p_keeps_the_first_candidate(top_p):
+    # 1e-46 and below round to 0 in fp32, where the kept set was empty and the draw failed
+    logits = torch.tensor([0.0, 3.0, 1.0, 3.0, -1.0])
+    got = {sample(logits, SamplingParams(temperature=1.0, top_p=top_p, seed=3), n).token for n in range(40)}
+    assert got == {1}
+
+
+@pytest.mark.parametrize("temperature", [1e-46, 1e-40, 1e-20, 9e-6])
+def test_a_temperature_below_the_threshold_is_greedy(temperature):
+    # l / T overflows fp32 for such T (1e-40: every large logit became inf, and the noise picked among them)
+    logits = torch.tensor([0.5, 2.0, -1.0, 1.99, 1.9]) * 100
+    p = SamplingParams(temperature=temperature, top_k=3, seed=7)
+    assert p.greedy and p.temperature == 0.0
+    assert {sample(logits, p, n).token for n in range(20)} == {1}
+    assert not SamplingParams(temperature=1e-5).greedy
+
+
 def test_nucleus_larger_than_the_candidate_set_is_cut_there():
     flat = torch.zeros(4 * CANDIDATES)
     got = {sample(flat, SamplingParams(temperature=1.0, top_p=0.99, seed=5), n).token for n in range(2000)}

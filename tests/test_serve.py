@@ -88,6 +88,8 @@ def test_chat_streaming_equals_non_streaming_for_a_seed(client):
     assert chunks[0].choices[0].delta.role == "assistant"
     assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) >= 2   # streamed, not one blob
     assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+    # with include_usage every chunk has the key, null before the last (OpenAI's stream)
+    assert all("usage" in c.model_fields_set and c.usage is None for c in chunks[:-1])
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == full.choices[0].finish_reason
 
 
@@ -125,8 +127,9 @@ def _scratch_cache(eng):
 @pytest.mark.parametrize("kwargs,status,needle", [
     (dict(top_p=1.5), 400, "top_p"),
     (dict(max_tokens=0), 400, "max_tokens"),
-    (dict(max_tokens=500), 400, "max_seq_len"),
+    (dict(max_tokens=500), 400, "max_tokens 500 with the prompt's"),
     (dict(n=2), 400, "n must be 1"),
+    (dict(n=0), 400, "n must be 1"),
     (dict(model="gpt-9"), 404, "does not exist"),
     (dict(prompt=["a", "b"]), 400, "one prompt"),
     (dict(prompt=[1, 99999]), 400, "token ids"),
@@ -144,6 +147,35 @@ def test_bad_completion_requests(client, kwargs, status, needle):
     assert e.value.status_code == status
     body = e.value.response.json()["error"]
     assert needle in body["message"] and body["type"]
+    if status == 400 and len(kwargs) == 1 and next(iter(kwargs)) != "prompt":
+        assert body["param"] == next(iter(kwargs))   # the field the client sent, by its API name
+
+
+@pytest.mark.parametrize("body,needle", [
+    ({"prompt": "ba", "max_tokens": True}, "max_tokens"),      # not read as 1
+    ({"prompt": "ba", "stream": "yes"}, "stream"),              # not read as true
+    ({"prompt": "ba", "n": 1.5}, "n"),
+])
+def test_counts_and_switches_are_strictly_typed(server, body, needle):
+    r = httpx.post(server[0] + "/v1/completions", json={"model": MODEL} | body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == needle
+
+
+def test_a_body_that_is_not_a_json_object_is_one_clean_line(server):
+    url = server[0] + "/v1/completions"
+    for r in (httpx.post(url, data={"prompt": "ba"}), httpx.post(url, json=[]), httpx.post(url, json=None)):
+        msg = r.json()["error"]["message"]
+        assert r.status_code == 400 and msg.startswith("the request body must be a JSON object"), msg
+        assert "\n" not in msg and "File" not in msg
+
+
+def test_extreme_sampling_values_neither_fail_nor_stop_the_server(server, client):
+    args = dict(model=MODEL, prompt="ba be", max_tokens=4, extra_body={"ignore_eos": True})
+    greedy = client.completions.create(temperature=0, **args).choices[0].text
+    # fp32 rounds this top_p to 0, where the kept set was empty and the engine's thread failed
+    assert client.completions.create(temperature=1, top_p=1e-300, seed=3, **args).choices[0].text == greedy
+    assert client.completions.create(temperature=1e-300, seed=3, **args).choices[0].text == greedy
+    assert health(server[0])["status"] == "ok"
 
 
 def test_malformed_json_and_bad_chat(server):
@@ -159,6 +191,15 @@ def test_malformed_json_and_bad_chat(server):
     r = httpx.post(url + "/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "x"}}]}]})
     assert r.status_code == 400 and "text" in r.json()["error"]["message"]
+    for text in (5, None, ["a"]):   # a text part whose text is not a string
+        r = httpx.post(url + "/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": [
+            {"type": "text", "text": text}]}]})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].content"
+    r = httpx.post(url + "/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "robot", "content": "x"}]})
+    assert r.status_code == 400 and "messages[0].role 'robot'" in r.json()["error"]["message"]
+    r = httpx.post(url + "/v1/chat/completions", json={"model": MODEL, "max_tokens": 2, "messages": [
+        {"role": "developer", "content": "be brief"}, {"role": "user", "content": "ba"}]})
+    assert r.status_code == 200, r.text   # OpenAI's developer role is the template's system role
 
 
 @pytest.mark.parametrize("kwargs,needle", [

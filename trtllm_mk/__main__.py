@@ -23,6 +23,7 @@ def _main() -> int:
             return 2
         return 0
     mod = importlib.import_module(f".cli.{argv[0]}", __package__)
+    sys.argv[0] = f"python -m trtllm_mk {argv[0]}"   # argparse's usage line names the command typed
     return mod.main(argv[1:])
 
 

@@ -5,6 +5,8 @@ The function, for one sequence, its fp32 logits ``l[0..V)`` and the position ``n
 chosen (the number of tokens before it in the sequence, prompt included):
 
 1. ``temperature == 0``: greedy, the first index of the maximum logit (what the ARGMAX task returns).
+   A temperature below ``MIN_TEMPERATURE`` (1e-5, vLLM's threshold) is greedy too: dividing fp32 logits
+   by it could overflow, and the distribution it would draw from is the argmax's to within rounding.
 2. Otherwise ``z = l / temperature`` (fp32). Each vocabulary entry gets Gumbel noise
    ``g[i] = -log(-log(u))`` with ``u = ((h >> 9) + 0.5) * 2**-23`` (exact in fp32, strictly inside
    (0, 1): 23 bits, as fp32 cannot hold 1 - 2**-25) and ``h = gumbel_hash(seed, n, i)`` (below).
@@ -19,7 +21,10 @@ chosen (the number of tokens before it in the sequence, prompt included):
    top-k set when top-k is given, over the whole vocabulary otherwise. This equals HF / vLLM /
    TensorRT-LLM top-k-then-top-p exactly whenever ``top_k <= 256`` and the nucleus fits in the 256
    candidates; when it does not (a nearly flat distribution with ``top_p`` close to 1) the nucleus is
-   cut at 256 tokens. The prefix sums run in fp32 in candidate order.
+   cut at 256 tokens. The prefix sums run in fp32 in candidate order. The first candidate is always
+   kept; a ``top_p`` below ``MIN_TOP_P`` (1e-30, far below any first candidate's probability, which is
+   at least 1 / vocabulary) is taken as ``MIN_TOP_P``, so that it keeps the first candidate alone in
+   fp32 too, where it would round to 0.
 
 ``gumbel_hash`` uses 32-bit unsigned integer operations only (wrapping multiply, xor, shift), so a
 CUDA implementation is bit-identical; ``fmix32`` is MurmurHash3's finalizer::
@@ -49,6 +54,8 @@ from .seam import CANDIDATES, MAX_TOP_LOGPROBS  # shared with the kernel
 __all__ = ["CANDIDATES", "MAX_TOP_LOGPROBS", "Choice", "SamplingParams", "sample", "with_logprobs"]
 
 _M32 = 0xFFFFFFFF
+MIN_TEMPERATURE = 1e-5   # below it sampling is greedy (module docstring, step 1)
+MIN_TOP_P = 1e-30        # smaller top_p values keep the first candidate alone, as this one does (step 3)
 
 
 @dataclass(frozen=True)
@@ -66,6 +73,9 @@ class SamplingParams:
             raise UserError(f"top_k {self.top_k} must be between 0 (off) and {CANDIDATES}")
         if not 0 < self.top_p <= 1:
             raise UserError(f"top_p {self.top_p} must be in (0, 1]")
+        if self.temperature < MIN_TEMPERATURE:
+            object.__setattr__(self, "temperature", 0.0)
+        object.__setattr__(self, "top_p", max(float(self.top_p), MIN_TOP_P))
         if not -(1 << 63) <= self.seed < (1 << 64):   # a signed or unsigned 64-bit integer, never wrapped
             raise UserError(f"seed {self.seed} must fit in 64 bits")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:

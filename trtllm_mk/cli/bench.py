@@ -1,9 +1,10 @@
-"""``bench``: latency and throughput of an engine with the fields trtllm-bench reports: request
-latency, time to first token (TTFT) and time per output token (TPOT) as avg / P50 / P90 / P95 / P99 /
-min / max, request and output-token throughput, per-user output tokens/s, and a JSON report.
+"""``bench``: latency and throughput of an engine, reported as trtllm-bench reports them.
 
+Request latency, time to first token (TTFT) and time per output token (TPOT) as avg / P50 / P90 / P95 /
+P99 / min / max, request and output-token throughput, per-user output tokens/s, and a JSON report.
 Each run fills every batch slot with a random prompt of --input-len tokens and decodes exactly
---output-len tokens per request (end-of-sequence ignored). Random weights unless --weights is given.
+--output-len tokens per request (end-of-sequence ignored). Weights: the checkpoint the engine was built
+from, another one with --weights, or --weights random.
 
     python -m trtllm_mk bench --engine engines/h100_bs1 [--input-len 512 --output-len 128 --runs 5] [--simulate]
 
@@ -52,6 +53,10 @@ def main(argv=None) -> int:
             raise UserError(f"--{name.replace('_', '-')} must be >= 1")
     if args.warmup < 0:
         raise UserError("--warmup must be >= 0")
+    if args.json:   # checked before the runs, not after them
+        out = Path(args.json)
+        if out.is_dir() or not out.parent.is_dir():
+            raise UserError(f"--json {args.json}: not a file in an existing directory")
     import torch
     from tqdm import tqdm
 

@@ -9,6 +9,7 @@ requests wait in a queue of ``--max-queue`` (then 429).
 from __future__ import annotations
 
 import argparse
+import socket
 from pathlib import Path
 
 from ..errors import UserError
@@ -25,13 +26,40 @@ def parse_args(argv):
                          "token ids)")
     ap.add_argument("--simulate", action="store_true", help="decode on the CPU executor instead of the GPU")
     ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--port", type=int, default=8000, help="TCP port, 0-65535 (0: any free one)")
     ap.add_argument("--served-model-name", help="the model id clients send (default: the engine directory's name)")
     ap.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
                     help="requests that may wait for a free slot; more get HTTP 429")
     ap.add_argument("--seed", type=int, default=0, help="seed of random weights")
     ap.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
-    return ap.parse_args(argv)
+    ap.add_argument("--shutdown-timeout", type=float, default=30.0,
+                    help="seconds a stop signal waits for requests in flight before closing them")
+    args = ap.parse_args(argv)
+    if not 0 <= args.port <= 65535:
+        raise UserError(f"--port {args.port}: not a TCP port (0-65535)")
+    if args.shutdown_timeout < 0:
+        raise UserError("--shutdown-timeout must be >= 0")
+    return args
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The server's listening socket, bound before the engine loads: an address in use or a host that
+    cannot be bound is one line, not a traceback after minutes of loading."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise UserError(f"--host {host}: {e.strerror}") from None
+    family, _, _, _, addr = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+    except OSError as e:
+        sock.close()
+        raise UserError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
 
 
 def main(argv=None) -> int:
@@ -45,6 +73,7 @@ def main(argv=None) -> int:
         raise UserError("--max-queue must be >= 0")
     from ..engine import EngineDir
     from ..runtime.hybrid import HybridEngine
+    sock = listen(args.host, args.port)
     tp = EngineDir.open(args.engine).schedule.spec.tensor_parallel
     if tp > 1:   # one server would have to drive every rank's process
         raise UserError(f"{args.engine}: a tensor-parallel engine ({tp} GPUs) is not served yet; run it with "
@@ -54,7 +83,9 @@ def main(argv=None) -> int:
     eng.tokenizer   # read it now: a broken tokenizer fails at start, not on the first request
     name = args.served_model_name or Path(args.engine).resolve().name
     app = create_app(eng, name, max_queue=args.max_queue)
+    port = sock.getsockname()[1]
     print(f"serving {name} ({eng.batch} slots, {'CPU executor' if args.simulate else 'megakernel'}) on "
-          f"http://{args.host}:{args.port}/v1", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+          f"http://{args.host}:{port}/v1", flush=True)
+    config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=args.shutdown_timeout)
+    uvicorn.Server(config).run(sockets=[sock])
     return 0

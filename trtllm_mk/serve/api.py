@@ -23,7 +23,7 @@ from typing import Any, Union
 from fastapi import FastAPI, Request as HttpRequest
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import UserError
@@ -46,20 +46,22 @@ def _error(status: int, message: str, type_: str = "invalid_request_error", para
                         content={"error": {"message": message, "type": type_, "param": param, "code": code}})
 
 
+# Counts and switches are strict: pydantic's lax mode would read "max_tokens": true as 1 and
+# "stream": "yes" as true, where OpenAI's API refuses them.
 class _Common(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: str | None = None
-    max_tokens: int | None = None
+    max_tokens: StrictInt | None = None
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None               # extension (vLLM, TensorRT-LLM): 0 or -1 = off
-    n: int | None = 1
-    stream: bool | None = False
+    top_k: StrictInt | None = None         # extension (vLLM, TensorRT-LLM): 0 or -1 = off
+    n: StrictInt | None = 1
+    stream: StrictBool | None = False
     stream_options: dict | None = None
     stop: Union[str, list[str], None] = None
-    stop_token_ids: list[int] | None = None  # extension
-    seed: int | None = None
-    ignore_eos: bool | None = False        # extension
+    stop_token_ids: list[StrictInt] | None = None  # extension
+    seed: StrictInt | None = None
+    ignore_eos: StrictBool | None = False  # extension
     presence_penalty: float | None = 0.0
     frequency_penalty: float | None = 0.0
     logit_bias: dict[str, float] | None = None
@@ -67,24 +69,27 @@ class _Common(BaseModel):
 
 
 class CompletionBody(_Common):
-    prompt: Union[str, list[int], list[str], list[list[int]]]
-    logprobs: int | None = None
-    echo: bool | None = False
-    best_of: int | None = None
+    prompt: Union[str, list[StrictInt], list[str], list[list[StrictInt]]]
+    logprobs: StrictInt | None = None
+    echo: StrictBool | None = False
+    best_of: StrictInt | None = None
     suffix: str | None = None
 
 
 class ChatBody(_Common):
     messages: list[dict[str, Any]]
-    max_completion_tokens: int | None = None
-    logprobs: bool | None = False
-    top_logprobs: int | None = None
+    max_completion_tokens: StrictInt | None = None
+    logprobs: StrictBool | None = False
+    top_logprobs: StrictInt | None = None
     tools: list | None = None
     tool_choice: Union[str, dict, None] = None
     functions: list | None = None
     function_call: Union[str, dict, None] = None
     response_format: dict | None = None
 
+
+# Chat roles a reply can follow here (tool and function messages need tools, which are refused).
+CHAT_ROLES = ("system", "developer", "user", "assistant")
 
 # Fields of OpenAI's API this server cannot honour: a request that sets one to anything but its
 # default is refused (400) rather than answered as if it had not asked.
@@ -125,8 +130,10 @@ def create_app(engine, model_name: str, max_queue: int | None = None) -> FastAPI
             # a union field (prompt, stop, ...): pydantic reports one error per accepted form
             return _error(400, f"{field}: not one of the accepted forms", param=field)
         where = ".".join(loc)
-        msg = f"{where}: {first.get('msg', 'invalid request')}" if where else str(exc)
-        return _error(400, msg, param=where or None)
+        if not where:   # the body itself: not a JSON object (a form post, [], null, nothing)
+            return _error(400, "the request body must be a JSON object (send it with Content-Type: "
+                               "application/json)")
+        return _error(400, f"{where}: {first.get('msg', 'invalid request')}", param=where)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request, exc: StarletteHTTPException):
@@ -139,7 +146,10 @@ def create_app(engine, model_name: str, max_queue: int | None = None) -> FastAPI
 
     @app.exception_handler(UserError)
     async def _user_error(request, exc: UserError):
-        return _error(400, str(exc))
+        # the sampling parameters' messages start with the field they are about
+        field = str(exc).split(" ", 1)[0].rstrip(":")
+        known = set(CompletionBody.model_fields) | set(ChatBody.model_fields)
+        return _error(400, str(exc), param=field if field in known else None)
 
     @app.get("/health")
     async def health():
@@ -167,7 +177,7 @@ def create_app(engine, model_name: str, max_queue: int | None = None) -> FastAPI
         if body.model is not None and body.model != model_name:
             raise ApiError(404, f"The model `{body.model}` does not exist; this server serves `{model_name}`",
                            code="model_not_found", param="model")
-        if (body.n or 1) != 1:
+        if body.n is not None and body.n != 1:
             raise ApiError(400, "n must be 1 (send concurrent requests instead)", param="n")
         if body.presence_penalty or body.frequency_penalty:
             raise ApiError(400, "presence_penalty and frequency_penalty are not supported", param="presence_penalty")
@@ -184,6 +194,15 @@ def create_app(engine, model_name: str, max_queue: int | None = None) -> FastAPI
         return dict(max_tokens=max_tokens, temperature=1.0 if body.temperature is None else body.temperature,
                     top_k=0 if top_k == -1 else top_k, top_p=1.0 if body.top_p is None else body.top_p,
                     seed=body.seed, stop=stop, stop_token_ids=body.stop_token_ids, ignore_eos=bool(body.ignore_eos))
+
+    def check_length(prompt: list[int], max_tokens: int, name: str) -> None:
+        """The prompt and the tokens asked for must fit the engine's sequence length."""
+        if len(prompt) > engine.max_input_len:
+            raise ApiError(400, f"the prompt has {len(prompt)} tokens, more than this server's {engine.max_input_len}",
+                           param="prompt" if name == "max_tokens" else "messages")
+        if len(prompt) + max_tokens > engine.max_seq_len:
+            raise ApiError(400, f"{name} {max_tokens} with the prompt's {len(prompt)} tokens exceeds this model's "
+                                f"context of {engine.max_seq_len} tokens", param=name)
 
     async def submit(prompt, opts: dict, logprobs: int | None):
         loop = asyncio.get_running_loop()
@@ -248,7 +267,8 @@ def create_app(engine, model_name: str, max_queue: int | None = None) -> FastAPI
                     if ev.finish_reason == "cancelled":
                         break
                     if ev.tokens or ev.finish_reason or first:
-                        yield _sse(chunk_of(ev, first))
+                        # with include_usage every chunk carries "usage", null until the last one
+                        yield _sse(chunk_of(ev, first) | ({"usage": None} if final_usage else {}))
                         first = False
                     if ev.finish_reason is not None:
                         if final_usage:
@@ -296,6 +316,7 @@ def create_app(engine, model_name: str, max_queue: int | None = None) -> FastAPI
             raise ApiError(400, "echo is not supported", param="echo")
         prompt = prompt_of(body)
         opts = check_common(body, 16)
+        check_length(prompt, opts["max_tokens"], "max_tokens")
         req, events = await submit(prompt, opts, body.logprobs)
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         base = {"id": rid, "object": "text_completion", "created": created, "model": model_name}
@@ -325,9 +346,15 @@ def create_app(engine, model_name: str, max_queue: int | None = None) -> FastAPI
             role, content = m.get("role"), m.get("content")
             if not isinstance(role, str):
                 raise ApiError(400, f"messages[{i}].role must be a string", param=f"messages[{i}].role")
+            if role not in CHAT_ROLES:
+                raise ApiError(400, f"messages[{i}].role {role!r}: this server takes {', '.join(CHAT_ROLES)}",
+                               param=f"messages[{i}].role")
             if isinstance(content, list):   # content parts: only text can be served here
                 if any(not isinstance(p, dict) or p.get("type") != "text" for p in content):
                     raise ApiError(400, f"messages[{i}].content: only text parts are supported",
+                                   param=f"messages[{i}].content")
+                if any(not isinstance(p.get("text", ""), str) for p in content):
+                    raise ApiError(400, f"messages[{i}].content: a text part's text must be a string",
                                    param=f"messages[{i}].content")
                 content = "".join(p.get("text", "") for p in content)
             if content is None:
@@ -335,15 +362,15 @@ def create_app(engine, model_name: str, max_queue: int | None = None) -> FastAPI
             if not isinstance(content, str):
                 raise ApiError(400, f"messages[{i}].content must be a string or text parts",
                                param=f"messages[{i}].content")
-            msgs.append({"role": role, "content": content})
+            # OpenAI's "developer" messages are what chat templates know as "system"
+            msgs.append({"role": "system" if role == "developer" else role, "content": content})
         if not msgs:
             raise ApiError(400, "messages must not be empty", param="messages")
         return apply_chat_template(engine.tokenizer, msgs)
 
     def chat_logprobs(req, evs: list[Event]) -> dict:
         def entry(tok: int, lp: float) -> dict:
-            t = req.text.token_text(tok)
-            return {"token": t, "logprob": lp, "bytes": list(t.encode())}
+            return {"token": req.text.token_text(tok), "logprob": lp, "bytes": req.text.token_bytes(tok)}
         return {"content": [entry(c.token, c.logprob) | {"top_logprobs": [entry(i, v) for i, v in
                                                                            (c.top_logprobs or [])]}
                             for ev in evs for c in ev.logprobs]}
@@ -355,6 +382,7 @@ def create_app(engine, model_name: str, max_queue: int | None = None) -> FastAPI
         if body.max_tokens is None and body.max_completion_tokens is not None:
             body.max_tokens, name = body.max_completion_tokens, "max_completion_tokens"
         opts = check_common(body, max(1, engine.max_seq_len - len(prompt)), name)
+        check_length(prompt, opts["max_tokens"], name)
         n_top = None
         if body.logprobs:
             n_top = body.top_logprobs or 0

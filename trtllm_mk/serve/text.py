@@ -9,6 +9,9 @@ line naming the fix.
 from __future__ import annotations
 
 import json
+import os
+import re
+from functools import lru_cache
 from pathlib import Path
 
 from ..errors import UserError
@@ -67,7 +70,13 @@ def apply_chat_template(tokenizer, messages: list[dict]) -> list[int]:
         raise UserError("chat needs a tokenizer: pass --weights with a checkpoint directory that has one")
     if not getattr(tokenizer, "chat_template", None):
         raise UserError("this checkpoint's tokenizer has no chat template; use the completions API instead")
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    try:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    except Exception as e:   # the template's own checks (raise_exception) or its reading of the messages
+        from jinja2 import TemplateError
+        if not isinstance(e, (TemplateError, TypeError, ValueError, KeyError)):
+            raise
+        raise UserError(f"messages: the model's chat template refused them: {' '.join(str(e).split())[:300]}") from None
     # The template writes the special tokens (BOS included) itself.
     return tokenizer.encode(text, add_special_tokens=False)
 
@@ -105,6 +114,14 @@ class TextStream:
         now = self._decode(self.ids[self.prefix_offset:])
         if len(now) <= len(before) or now.endswith("\ufffd"):
             return ""
+        # The tokens held back since read_offset (their bytes ended inside a character) and this one:
+        # each starts at the first character it changes (the common prefix of the text decoded without
+        # and with it), so a token that completes a character starts where the character does.
+        start, added = self.offsets[self.read_offset], len(now) - len(before)
+        for j in range(self.read_offset + 1, len(self.ids)):
+            upto, with_j = (self._decode(self.ids[self.prefix_offset:k]) for k in (j, j + 1))
+            common = len(os.path.commonprefix([upto, with_j])) - len(before)
+            self.offsets[j] = start + min(max(common, 0), added)
         self.pending += now[len(before):]
         self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
         return self._release()
@@ -153,6 +170,35 @@ class TextStream:
         """One token's own text (for log-probability entries)."""
         return self.tok.decode([token], skip_special_tokens=False)
 
+    def token_bytes(self, token: int) -> list[int]:
+        """One token's own bytes (OpenAI's ``bytes`` of a log-probability entry): a byte-level BPE
+        token's vocabulary characters stand for bytes, a SentencePiece byte-fallback token is
+        ``<0xNN>``; a token whose bytes end inside a character has no text of its own (U+FFFD)."""
+        piece = self.tok.convert_ids_to_tokens(int(token))
+        if isinstance(piece, str):
+            m = re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", piece)
+            if m:
+                return [int(m.group(1), 16)]
+            table = _unicode_to_bytes()
+            if _byte_level(self.tok) and piece and all(ch in table for ch in piece):
+                return [table[ch] for ch in piece]
+        return list(self.token_text(token).encode())
+
+
+def _byte_level(tokenizer) -> bool:
+    """Whether a (fast) tokenizer decodes with byte-level BPE (GPT-2, Llama 3, Qwen)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    return backend is not None and "ByteLevel" in repr(backend.decoder)
+
+
+@lru_cache(maxsize=1)
+def _unicode_to_bytes() -> dict[str, int]:
+    try:
+        from transformers.convert_slow_tokenizer import bytes_to_unicode
+    except ImportError:
+        from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
+    return {ch: b for b, ch in bytes_to_unicode().items()}
+
 
 class IdText:
     """The text of a checkpoint without a tokenizer: each token id, space-separated (as ``run`` prints)."""
@@ -174,3 +220,6 @@ class IdText:
 
     def token_text(self, token: int) -> str:
         return str(token)
+
+    def token_bytes(self, token: int) -> list[int]:
+        return list(str(token).encode())
