@@ -130,3 +130,47 @@ def test_a_src_kernel_must_read_a_prefix_of_this_trees_params():
                                    "field 3: extra vs ")
     with pytest.raises(SystemExit):
         check_params_prefix("__global__ void k() {}", "none.cu")
+
+
+def _tiny_kernel_cubin(tmp_path):
+    """A cubin with a kernel and two non-inlined device functions named as the megakernel's task bodies."""
+    import shutil
+    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    if not Path(nvcc).exists():
+        pytest.skip("nvcc is not installed")
+    src = tmp_path / "k.cu"
+    src.write_text("""
+namespace mk { struct Ctx { int v; };
+template <int K> __device__ __noinline__ Ctx run_task(Ctx c) { for (int i = 0; i < K * 8; ++i) c.v = c.v * 3 + i; return c; } }
+__global__ void mk_decode_step(int* out) { mk::Ctx c{(int)threadIdx.x}; c = mk::run_task<1>(c); c = mk::run_task<5>(c); out[threadIdx.x] = c.v; }
+""")
+    cubin = tmp_path / "k.cubin"
+    subprocess.run([nvcc, "-cubin", "-arch=sm_90a", "-O3", "-o", str(cubin), str(src)], check=True)
+    return cubin
+
+
+def test_stall_samples_land_in_the_kind_whose_function_holds_them(tmp_path):
+    from mk_stalls import by_kind, function_symbols, read_rows, report
+    from trtllm_mk.kinds import Kind
+    funcs = function_symbols(_tiny_kernel_cubin(tmp_path))
+    names = {n: (v, s) for v, s, n in funcs}
+    qkv = next(vs for n, vs in names.items() if "run_taskILi1E" in n)
+    gateup = next(vs for n, vs in names.items() if "run_taskILi5E" in n)
+    assert qkv[1] > 0 and gateup[1] > 0 and qkv[0] != gateup[0]
+    # an ncu source page: the kernel's first instruction, then one inside each task body
+    base = 0x7F0000000000
+    header = ["Address", "Source", "Warp Stall Sampling (All Samples)", "stall_barrier", "stall_long_sb",
+              "stall_barrier (Not Issued)"]
+    rows = [[hex(base), "LDC R1", "3", "0", "0", "0"],
+            [hex(base + qkv[0] + 16), "BAR.SYNC", "10", "9", "1", "9"],
+            [hex(base + gateup[0] + gateup[1] - 16), "BRA", "7", "0", "7", "0"]]
+    path = tmp_path / "src.csv"
+    path.write_text('"Kernel Name","mk_decode_step"\n' + "\n".join(",".join(f'"{c}"' for c in r)
+                                                                   for r in [header] + rows) + "\n")
+    h, r = read_rows(path)
+    kinds, placed = by_kind(h, r, funcs)
+    assert kinds[Kind(1).name]["all"] == 10 and kinds[Kind(1).name]["barrier"] == 9
+    assert kinds[Kind(5).name]["all"] == 7 and kinds[Kind(5).name]["long_sb"] == 7
+    assert kinds["kernel entry"]["all"] == 3
+    text = report(kinds, placed, top=3)
+    assert f"| {Kind(1).name} | 10 | 50.0% | barrier 90%, long_sb 10% |" in text
