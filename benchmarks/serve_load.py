@@ -428,11 +428,11 @@ def summarize(records: list[RequestRecord], duration_s: float, step: tuple[float
     }
     if step is not None:
         step_ms, source = step
-        tpot = rep["tpot_ms"]["p50"]
-        ratio = tpot / step_ms if math.isfinite(tpot) else math.nan
+        tpot = rep["tpot_ms"]["p50"]   # None when no request had a second token
+        ratio = tpot / step_ms if tpot is not None else None
         rep["step_comparison"] = {
             "step_ms": step_ms, "step_source": source, "served_tpot_p50_ms": tpot, "ratio": ratio,
-            "tolerance": TPOT_TOLERANCE, "within_tolerance": bool(ratio <= 1 + TPOT_TOLERANCE),
+            "tolerance": TPOT_TOLERANCE, "within_tolerance": ratio is not None and ratio <= 1 + TPOT_TOLERANCE,
             "max_concurrency": max_concurrency,
             "batch1": max_concurrency == 1,
         }
@@ -464,7 +464,9 @@ def describe(report) -> list[str]:
              f"{report['output_throughput_tok_per_s']:.1f} output tok/s, "
              f"{report['total_throughput_tok_per_s']:.1f} total tok/s"]
     sc = report.get("step_comparison")
-    if sc:
+    if sc and sc["ratio"] is None:
+        lines.append("no request decoded a second token: no TPOT to set against the decode step")
+    elif sc:
         verdict = ("within" if sc["within_tolerance"] else "NOT within") + f" {100 * sc['tolerance']:.0f}%"
         note = "" if sc["batch1"] else " (the comparison is meant for --max-concurrency 1)"
         lines.append(f"served TPOT p50 {sc['served_tpot_p50_ms']:.3f} ms against the decode step "

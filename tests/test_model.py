@@ -73,6 +73,33 @@ def test_llama3_rope_scaling_and_eos_of_llama_3_2_1b():
     assert resolve_model("llama-3.1-8b").spec.rope_scaling["factor"] == 8.0
 
 
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 64}
+
+
+def test_rope_settings_in_either_form_and_conflicts_refused():
+    spec = lambda **kw: spec_from_hf_config(tiny_config("llama", **kw), name="tiny")   # noqa: E731
+    base = {k: v for k, v in tiny_config("llama").items() if not k.startswith("rope")}
+    form = lambda **kw: spec_from_hf_config(base | kw, name="tiny")   # noqa: E731
+    new = form(rope_parameters=dict(LLAMA3, rope_theta=5e5))   # transformers >= 5
+    old = form(rope_theta=5e5, rope_scaling=LLAMA3)             # transformers 4
+    assert new.rope_theta == old.rope_theta == 5e5 and new.rope_scaling["factor"] == old.rope_scaling["factor"] == 8.0
+    # transformers 5 reads a legacy rope_scaling beside a default rope_parameters
+    both = form(rope_parameters={"rope_type": "default", "rope_theta": 1e4}, rope_scaling=LLAMA3)
+    assert both.rope_scaling["rope_type"] == "llama3" and both.rope_theta == 1e4
+    assert form(rope_theta=1e4, rope_parameters={"rope_type": "default", "rope_theta": 1e4}).rope_theta == 1e4
+    with pytest.raises(ModelError, match="rope_theta 500000 and rope_parameters.rope_theta 10000 disagree"):
+        form(rope_theta=5e5, rope_parameters={"rope_type": "default", "rope_theta": 1e4})
+    with pytest.raises(ModelError, match="describe different rope scaling"):
+        form(rope_parameters=dict(LLAMA3, rope_theta=1e4), rope_scaling=dict(LLAMA3, factor=4.0))
+    # every llama3 key is required (the rope tables would otherwise fail at run time, or guess)
+    short = {k: v for k, v in LLAMA3.items() if k not in ("low_freq_factor", "original_max_position_embeddings")}
+    with pytest.raises(ModelError, match="llama3 rope scaling needs low_freq_factor, original_max_position_embeddings"):
+        form(rope_parameters=dict(short, rope_theta=1e4))
+    with pytest.raises(ModelError, match="rope_scaling: rope type 'yarn' unsupported"):
+        spec(rope_scaling={"rope_type": "yarn", "factor": 2.0})
+
+
 def test_names_are_case_insensitive():
     assert resolve_model("Qwen3-8B").spec == resolve_model("qwen3-8b").spec
 

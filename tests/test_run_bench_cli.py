@@ -101,3 +101,31 @@ def test_subcommand_usage_names_the_command():
     assert r.returncode == 0 and r.stdout.startswith("usage: python -m trtllm_mk build")
     r = cli("bench", "--help")   # the description is a whole sentence, not a docstring's first line cut short
     assert "an engine, reported as trtllm-bench reports them." in " ".join(r.stdout.split())
+
+
+def test_one_output_token_has_no_tpot_and_the_report_stays_json(built, tmp_path):
+    eng, ck = built
+    out = tmp_path / "b.json"
+    r = cli("bench", "--engine", str(eng), "--weights", str(ck), "--simulate", "--input-len", "4", "--output-len", "1",
+            "--runs", "1", "--warmup", "0", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+
+    def no_constants(name):
+        raise AssertionError(f"{name} in a JSON report")
+    rep = json.loads(out.read_text(), parse_constant=no_constants)
+    assert rep["tpot_ms"]["avg"] is None and rep["tpot_ms"]["n"] == 0 and rep["tokens_per_sec_per_user"] is None
+    assert "n/a" in r.stdout and "nan" not in r.stdout
+    run = cli("run", "--engine", str(eng), "--weights", str(ck), "--simulate", "--prompt", "ba", "--max-new-tokens", "1")
+    assert run.returncode == 0 and "nan" not in run.stdout and "no CPU executor step" in run.stdout, run.stdout
+    long = cli("bench", "--engine", str(eng), "--weights", str(ck), "--simulate", "--input-len", "100",
+               "--output-len", "200")
+    assert long.returncode == 2 and "--input-len 100 + --output-len 200 exceeds" in long.stderr, long.stderr
+
+
+def test_cli_warnings_are_one_line_once():
+    code = ("import warnings; from trtllm_mk.errors import run_cli\n"
+            "def main():\n    for _ in range(2): warnings.warn('ckpt: ignoring 9 tensor(s)\\n  the config does not use')\n"
+            "    warnings.warn('ckpt: ignoring 9 tensor(s)\\n  the config does not use')\n"
+            "run_cli(main)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stderr == "warning: ckpt: ignoring 9 tensor(s) the config does not use\n", r.stderr

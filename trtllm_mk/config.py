@@ -410,7 +410,8 @@ def parse_config(data: Any, where: str = "<config>", base_dir: str | Path | None
                                 f"{spec.max_position_embeddings} (use at most {spec.max_position_embeddings})")
     if spec.sliding_window is not None and spec.sliding_window < max_seq_len:
         top.fail("max_seq_len", f"{max_seq_len} exceeds the model's sliding_window {spec.sliding_window}; sliding-"
-                                f"window attention is not implemented (use at most {spec.sliding_window})")
+                                f"window attention is not implemented (use at most {spec.sliding_window}, with "
+                                f"max_input_len below it)")
 
     scheme = _checkpoint_quantization(model, resolved, where)
     quantization = _quantization(quant_s, scheme, resolved.checkpoint_dir)

@@ -8,6 +8,7 @@ errors are *not* UserErrors and keep their tracebacks.
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -45,8 +46,15 @@ def read_json_object(path, error: type[UserError], fix: str) -> dict:
     return obj
 
 
+def _warning_line(message, category, filename, lineno, line=None) -> str:
+    return "warning: " + " ".join(str(message).split()) + "\n"
+
+
 def run_cli(main: Callable[[], int | None]) -> None:
-    """Run ``main``; turn a UserError into one stderr line and exit code 2."""
+    """Run ``main``; turn a UserError into one stderr line and exit code 2. Warnings print as one
+    ``warning:`` line each, once per message (not Python's file, line and source)."""
+    warnings.formatwarning = _warning_line
+    warnings.filterwarnings("once", category=UserWarning)
     try:
         rc = main()
     except UserError as e:

@@ -22,10 +22,15 @@ import numpy as np
 from ..errors import UserError
 
 
+STATS = ("avg", "p50", "p90", "p95", "p99", "min", "max")
+
+
 def latency_stats(values_ms: list[float]) -> dict:
+    """avg / percentiles / min / max of a latency list; None each when there is none (one output token
+    has no time per output token), which JSON writes as null."""
     a = np.asarray(values_ms, dtype=float)
     if a.size == 0:
-        return {k: float("nan") for k in ("avg", "p50", "p90", "p95", "p99", "min", "max")} | {"n": 0}
+        return {k: None for k in STATS} | {"n": 0}
     return {"avg": float(a.mean()), "p50": float(np.percentile(a, 50)), "p90": float(np.percentile(a, 90)),
             "p95": float(np.percentile(a, 95)), "p99": float(np.percentile(a, 99)), "min": float(a.min()),
             "max": float(a.max()), "n": int(a.size)}
@@ -62,6 +67,11 @@ def main(argv=None) -> int:
 
     from ..runtime.hybrid import HybridEngine
     eng = HybridEngine(args.engine, weights=args.weights, simulate=args.simulate, seed=args.seed)
+    if args.input_len > eng.max_input_len:
+        raise UserError(f"--input-len {args.input_len} exceeds the engine's max_input_len {eng.max_input_len}")
+    if args.input_len + args.output_len > eng.max_seq_len:
+        raise UserError(f"--input-len {args.input_len} + --output-len {args.output_len} exceeds the engine's "
+                        f"max_seq_len {eng.max_seq_len}")
     eng.check_request([0] * args.input_len, args.output_len)
     main_rank = eng.rank == 0   # tensor parallel: every rank runs the same requests, rank 0 reports
     gen = torch.Generator().manual_seed(args.seed)
@@ -95,7 +105,7 @@ def main(argv=None) -> int:
         "request_throughput_req_per_s": n_req / wall,
         "output_throughput_tok_per_s": out_tokens / wall,
         "total_throughput_tok_per_s": n_req * (args.input_len + args.output_len) / wall,
-        "tokens_per_sec_per_user": 1e3 / p["avg"] if p["n"] else float("nan"),
+        "tokens_per_sec_per_user": 1e3 / p["avg"] if p["n"] else None,
         "predicted_step_ms": eng.schedule.predicted_step_us / 1e3,
         **({"tensor_parallel_size": eng.tp} if eng.tp > 1 else {}),
     }
@@ -103,13 +113,14 @@ def main(argv=None) -> int:
         eng.close()
         return 0
     print(f"{device}, batch {eng.batch}, {n_req} requests of {args.input_len} -> {args.output_len} tokens")
-    print(f"{'metric':<22}" + "".join(f"{k:>10}" for k in ("avg", "p50", "p90", "p95", "p99", "min", "max")))
+    print(f"{'metric':<22}" + "".join(f"{k:>10}" for k in STATS))
     for name, st in (("request latency ms", lat), ("TTFT ms", t), ("TPOT ms", p), ("decode step ms", s)):
-        print(f"{name:<22}" + "".join(f"{st[k]:>10.3f}" for k in ("avg", "p50", "p90", "p95", "p99", "min", "max")))
+        print(f"{name:<22}" + "".join(f"{st[k]:>10.3f}" if st[k] is not None else f"{'n/a':>10}" for k in STATS))
+    per_user = report["tokens_per_sec_per_user"]
     print(f"throughput: {report['request_throughput_req_per_s']:.2f} req/s, "
           f"{report['output_throughput_tok_per_s']:.1f} output tok/s, "
-          f"{report['total_throughput_tok_per_s']:.1f} total tok/s; per user {report['tokens_per_sec_per_user']:.1f} "
-          f"tok/s; predicted step {report['predicted_step_ms']:.3f} ms")
+          f"{report['total_throughput_tok_per_s']:.1f} total tok/s; per user "
+          f"{'n/a' if per_user is None else f'{per_user:.1f}'} tok/s; predicted step {report['predicted_step_ms']:.3f} ms")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
     eng.close()

@@ -81,10 +81,11 @@ def main(argv=None) -> int:
     for i, res in enumerate(results[1 if args.stream else 0:], start=1 if args.stream else 0):
         out(f"[{i}] {res.text}")
     steps = eng.step_ms[first_step:]
-    tpot = sorted(steps)[len(steps) // 2] if steps else float("nan")
     ttft = max((r.t_first - r.t_submit) * 1e3 for r in reqs)
     unit = "CPU executor" if args.simulate else "megakernel"
-    out(f"TTFT {ttft:.2f} ms ({eng.prefill_name} prefill); TPOT median {tpot:.3f} ms over {len(steps)} {unit} "
-        f"steps; finish: {', '.join(r.finish_reason for r in results)}")
+    tpot = (f"TPOT median {sorted(steps)[len(steps) // 2]:.3f} ms over {len(steps)} {unit} steps" if steps else
+            f"no {unit} step (the first token came from the prefill)")
+    out(f"TTFT {ttft:.2f} ms ({eng.prefill_name} prefill); {tpot}; "
+        f"finish: {', '.join(r.finish_reason for r in results)}")
     eng.close()
     return 0

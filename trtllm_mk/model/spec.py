@@ -272,6 +272,9 @@ def _req(cfg: dict, key: str, where: str) -> Any:
     return cfg[key]
 
 
+LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
 def _int(cfg: dict, key: str, where: str, default: Any = _MISSING, minimum: int = 1) -> int:
     """A whole-number field of config.json, checked for type and range (JSON has no int type of its own,
     so 4096.0 is accepted; "4096", true and 4096.5 are not)."""
@@ -291,6 +294,37 @@ def _float(cfg: dict, key: str, where: str, default: float, positive: bool = Tru
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or (positive and v <= 0):
         raise ModelError(f"{where}: '{key}' must be a {'positive ' if positive else ''}finite number, got {v!r}")
     return float(v)
+
+
+def _rope_settings(cfg: dict, where: str) -> tuple[float, dict | None, str]:
+    """(rope_theta, scaling dict or None, where the scaling came from). transformers >= 5 writes rope
+    settings under "rope_parameters" (theta and scaling in one object), older versions as top-level
+    rope_theta and rope_scaling; where a config has both and they disagree, transformers versions read
+    it differently, so it is refused rather than guessed."""
+    rp = cfg.get("rope_parameters") or {}
+    if not isinstance(rp, dict):
+        raise ModelError(f"{where}: 'rope_parameters' must be an object, got {rp!r}")
+    rs = cfg.get("rope_scaling")
+    if rs is not None and not isinstance(rs, dict):
+        raise ModelError(f"{where}: 'rope_scaling' must be an object or null, got {rs!r}")
+    theta = _float(cfg, "rope_theta", where, 10000.0)
+    if "rope_theta" in rp:
+        new = _float(rp, "rope_theta", f"{where}: rope_parameters", theta)
+        if cfg.get("rope_theta") is not None and new != theta:
+            raise ModelError(f"{where}: rope_theta {theta:g} and rope_parameters.rope_theta {new:g} disagree "
+                             "(transformers versions read them differently); keep one")
+        theta = new
+
+    def scaling(d):
+        t = d.get("rope_type", d.get("type")) if d else None
+        return None if t in (None, "default") else {k: v for k, v in d.items() if k != "rope_theta"}
+    new, old = scaling(rp), scaling(rs)
+    if new is not None and old is not None and new != old:
+        raise ModelError(f"{where}: rope_parameters and rope_scaling describe different rope scaling "
+                         "(transformers versions read them differently); keep one")
+    if new is not None:
+        return theta, rp, f"{where}: rope_parameters"
+    return theta, rs, f"{where}: rope_scaling"
 
 
 def _refuse_unimplemented(cfg: dict, family: str, where: str) -> None:
@@ -385,24 +419,19 @@ def spec_from_hf_config(cfg: dict, name: str = "model", where: str = "config.jso
         raise ModelError(f"{where}: num_attention_heads={nh} is not a multiple of num_key_value_heads={nkv}")
     if head_dim % 16 or head_dim > 256:
         raise ModelError(f"{where}: head_dim={head_dim} unsupported (need a multiple of 16, at most 256)")
-    # transformers >= 5 writes rope settings under "rope_parameters" instead of the old top-level keys.
-    rp = cfg.get("rope_parameters") or {}
-    if not isinstance(rp, dict):
-        raise ModelError(f"{where}: 'rope_parameters' must be an object, got {rp!r}")
-    rs = cfg.get("rope_scaling")
-    if rs is not None and not isinstance(rs, dict):
-        raise ModelError(f"{where}: 'rope_scaling' must be an object or null, got {rs!r}")
-    if rs is None and rp.get("rope_type", "default") != "default":
-        rs = rp
+    rope_theta, rs, rs_where = _rope_settings(cfg, where)
     if rs is not None:
         rtype = rs.get("rope_type", rs.get("type"))
         if rtype not in ("llama3", "default", None):
-            raise ModelError(f"{where}: rope_scaling type '{rtype}' unsupported (supported: llama3)")
+            raise ModelError(f"{rs_where}: rope type '{rtype}' unsupported (supported: llama3)")
         if rtype in ("default", None):
             rs = None
-        else:
-            for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
-                _float(rs, k, f"{where}: rope_scaling", 1.0)
+        else:   # every llama3 key is required, as transformers requires them
+            missing = [k for k in LLAMA3_ROPE_KEYS if rs.get(k) is None]
+            if missing:
+                raise ModelError(f"{rs_where}: llama3 rope scaling needs {', '.join(missing)}")
+            for k in LLAMA3_ROPE_KEYS:
+                _float(rs, k, rs_where, 1.0)
     dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
     if dtype not in _DTYPES:
         raise ModelError(f"{where}: torch_dtype '{dtype}' unsupported (bfloat16, float16, float32)")
@@ -431,7 +460,7 @@ def spec_from_hf_config(cfg: dict, name: str = "model", where: str = "config.jso
         head_dim=head_dim,
         vocab_size=_int(cfg, "vocab_size", where),
         rms_norm_eps=_float(cfg, "rms_norm_eps", where, 1e-6),
-        rope_theta=_float(cfg, "rope_theta", where, _float(rp, "rope_theta", where, 10000.0)),
+        rope_theta=rope_theta,
         max_position_embeddings=_int(cfg, "max_position_embeddings", where, default=4096),
         tie_word_embeddings=tie,
         rope_scaling=dict(rs) if rs else None,
