@@ -24,7 +24,7 @@ from trtllm_mk.errors import ConfigError, ModelError, UserError, run_cli
 from trtllm_mk.model.checkpoint import load_checkpoint
 from trtllm_mk.model.spec import load_spec
 from trtllm_mk.model.tiny_tokenizer import write_tiny_tokenizer
-from trtllm_mk.quant import Fp8Linear, IntLinear, load_quantized, read_scheme
+from trtllm_mk.quant import Fp8Linear, IntLinear, load_dequantized, load_quantized, read_scheme
 from trtllm_mk.quant import awq, compressed_tensors, gptq
 from trtllm_mk.quant.packing import pack_last, unpack_last
 from trtllm_mk.quant.rtn import quantize_int
@@ -284,6 +284,51 @@ def _rewrite(ckpt: Path, tensors: dict | None = None, qcfg: dict | None = None, 
     elif qcfg is not None:
         cfg["quantization_config"] = {**cfg["quantization_config"], **qcfg}
     (ckpt / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize("case,message", [
+    ("v2_labelled_v1", r"every zero point reads 9: a checkpoint_format gptq / gptq_v2 mix-up\?"),
+    ("v1_labelled_v2", r"every zero point reads 7: a checkpoint_format gptq_v2 / gptq mix-up\?"),
+    ("asymmetric_labelled_sym", r"zero points .*: an asymmetric checkpoint\?"),
+])
+def test_gptq_sym_is_checked_against_its_zero_points(tmp_path, source, case, message):
+    args = ["--zero-point"] if case == "asymmetric_labelled_sym" else []
+    out = _quantize(source, tmp_path / "g", "--format", "gptq", *args)
+    t = load_file(str(out / "model.safetensors"))
+    qcfg = {"sym": True}
+    if case == "v2_labelled_v1":   # gptq_v2 stores the zero itself; read as v1 it is one more
+        t = {k: (torch.full_like(v, 0x88888888 - (1 << 32)) if k.endswith("qzeros") else v) for k, v in t.items()}
+    elif case == "v1_labelled_v2":
+        qcfg["checkpoint_format"] = "gptq_v2"
+    _rewrite(out, t, qcfg)
+    with pytest.raises(ModelError, match=r"declares sym: true \(zero point 8\), but its qzeros do not \(" + message):
+        load_quantized(out, load_spec(out), read_scheme(out))
+
+
+def test_other_writers_spellings_of_the_same_config(tmp_path, source):
+    """compressed-tensors FP8 saved naive-quantized (its default for FP8) and the older compression_config
+    key read as float-quantized under quantization_config; GPTQModel's "format" as checkpoint_format."""
+    ct = _quantize(source, tmp_path / "ct", "--format", "ct-fp8")
+    want = load_dequantized(ct, load_spec(ct), read_scheme(ct))
+    cfg = json.loads((ct / "config.json").read_text())
+    for group in cfg["quantization_config"]["config_groups"].values():
+        group["format"] = "naive-quantized"
+    cfg["quantization_config"]["format"] = "naive-quantized"
+    cfg["compression_config"] = cfg.pop("quantization_config")
+    (ct / "config.json").write_text(json.dumps(cfg))
+    scheme = read_scheme(ct)
+    assert scheme.weight_type == "fp8" and scheme.variant == "float-quantized"
+    got = load_dequantized(ct, load_spec(ct), scheme)
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    for group in cfg["compression_config"]["config_groups"].values():
+        group["weights"] |= {"type": "int", "num_bits": 4, "strategy": "group", "group_size": 128}
+    (ct / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelError, match="naive-quantized integer weights .* save them pack-quantized"):
+        read_scheme(ct)
+    gptq = _quantize(source, tmp_path / "g", "--format", "gptq")
+    _rewrite(gptq, None, {"checkpoint_format": None, "format": "marlin"})
+    with pytest.raises(ModelError, match="GPTQ checkpoint_format 'marlin' is not supported"):
+        read_scheme(gptq)
 
 
 def test_gptq_desc_act_follows_g_idx(tmp_path, source):

@@ -198,30 +198,79 @@ def test_random_weights_for_a_quantized_shapes_only_engine(tmp_path):
 
 # ------------------------------------------------------------------------------------------ refusals
 
-def _desc_act(tmp_path: Path, ckpt: Path) -> Path:
-    d = tmp_path / "desc_act_true"
+def _rewritten(tmp_path: Path, ckpt: Path, name: str, qcfg: dict | None = None, tensors=None) -> Path:
+    """A copy of ``ckpt`` with ``qcfg`` merged into its quantization_config and ``tensors(t)`` applied to
+    its tensors."""
+    from safetensors.torch import load_file, save_file
+    d = tmp_path / name
     shutil.copytree(ckpt, d)
     cfg = json.loads((d / "config.json").read_text())
-    cfg["quantization_config"]["desc_act"] = True
+    cfg["quantization_config"].update(qcfg or {})
     (d / "config.json").write_text(json.dumps(cfg))
+    if tensors is not None:
+        t = load_file(str(d / "model.safetensors"))
+        tensors(t)
+        save_file(t, str(d / "model.safetensors"), metadata={"format": "pt"})
     return d
 
 
+def _permute_g_idx(t):
+    prefix = "model.layers.0.mlp.down_proj"
+    k = t[f"{prefix}.g_idx"].numel()
+    perm = torch.randperm(k, generator=torch.Generator().manual_seed(0))
+    t[f"{prefix}.g_idx"] = (perm // 32).to(torch.int32)
+
+
+def _dense_down(t):
+    """layer 1's down projection left in bf16 (GPTQModel's dynamic skip), its packed tensors dropped"""
+    from trtllm_mk.quant.gptq import read
+    from trtllm_mk.quant.scheme import QuantScheme
+    prefix = "model.layers.1.mlp.down_proj"
+    out, k = t[f"{prefix}.qweight"].shape[1], t[f"{prefix}.g_idx"].numel()
+    lin = read(t.get, prefix, out, k, QuantScheme("gptq", "int", 4, 32, False, variant="gptq"), "ckpt")
+    for suffix in ("qweight", "qzeros", "scales", "g_idx"):
+        t.pop(f"{prefix}.{suffix}", None)
+    t[f"{prefix}.weight"] = lin.dequantize(torch.bfloat16)
+
+
 @pytest.mark.parametrize("case,message", [
-    ("w8", r"8-bit integer weights \(W8A16\) are not implemented in the megakernel .*requantize with --bits 4"),
-    ("desc_act", r"activation-order groups \(desc_act / g_idx\) are not implemented in the megakernel .*requantize "
-                 r"with desc_act false"),
+    ("w8", r"quantization: cannot be built into an engine: .*8-bit integer weights \(W8A16\) are not implemented "
+           r"in the megakernel .*requantize with --bits 4"),
+    # decided by the tensors at build, not by the flags (the engine would refuse them when it loads)
+    ("act_order", r"cannot be laid out for this engine's W4A16 \(group 32\) kernel: model.layers.0.mlp.down_proj: "
+                  r"activation-order groups \(g_idx\) cannot be laid out .*requantize with desc_act false"),
+    ("permuted_without_desc_act", r"activation-order groups \(g_idx\) cannot be laid out"),
+    ("dense_layer", r"cannot be laid out for this engine's W4A16 \(group 32\) kernel: model.layers.1.mlp.down_proj.weight "
+                    r"is not quantized"),
 ])
 def test_what_the_kernel_does_not_implement_is_refused_in_one_line(tmp_path, capsys, source, case, message):
     from trtllm_mk.cli.build import main
-    args = {"w8": ["--format", "gptq", "--bits", "8"], "desc_act": ["--format", "gptq", "--group-size", "32"]}[case]
-    ckpt = _quantize(source, tmp_path / case, *args)
-    if case == "desc_act":
-        ckpt = _desc_act(tmp_path, ckpt)
+    ckpt = _quantize(source, tmp_path / case, "--format", "gptq", *(["--bits", "8"] if case == "w8" else
+                                                                      ["--group-size", "32"]))
+    if case == "act_order":
+        ckpt = _rewritten(tmp_path, ckpt, "x", {"desc_act": True}, _permute_g_idx)
+    elif case == "permuted_without_desc_act":   # a g_idx out of column order under desc_act false
+        ckpt = _rewritten(tmp_path, ckpt, "x", None, _permute_g_idx)
+    elif case == "dense_layer":
+        ckpt = _rewritten(tmp_path, ckpt, "x", None, _dense_down)
     capsys.readouterr()                   # the quantize command's progress bar
     err = _cli_error(capsys, main, ["--config", str(_yaml(tmp_path, ckpt)), "--output-dir", str(tmp_path / "engine")])
-    assert "quantization: cannot be built into an engine: " in err and re.search(message, err), err
+    assert re.search(message, err) and "\n" not in err.strip(), err
     assert not (tmp_path / "engine").exists()
+
+
+def test_flags_the_tensors_make_moot_do_not_refuse(tmp_path, source):
+    """desc_act with groups in column order (per-channel scales, static groups), and an exclusion list
+    naming modules outside the decoder layers, stream as any 4-bit checkpoint."""
+    from trtllm_mk.build import check_buildable, check_weights
+    gptq = _quantize(source, tmp_path / "g", "--format", "gptq", "--group-size", "32")
+    awq = _quantize(source, tmp_path / "a", "--format", "awq", "--group-size", "32")
+    for name, ckpt, qcfg in (("desc_act", gptq, {"desc_act": True}),
+                             ("outside", awq, {"modules_to_not_convert": ["visual"]})):
+        cfg = load_config(_yaml(tmp_path, _rewritten(tmp_path, ckpt, name, qcfg)))
+        assert cfg.model_spec.weight_bits == 4
+        check_buildable(cfg)
+        check_weights(cfg, log=lambda *_: None)
 
 
 def test_the_build_command_exits_2(tmp_path, source):
@@ -255,8 +304,6 @@ def test_layouts_the_kernel_cannot_take(tmp_path):
     assert kernel_group(dataclasses.replace(odd, hidden_size=192, num_heads=6, num_kv_heads=2), per_channel) == 64
     with pytest.raises(UnsupportedQuantization, match="not multiples of 128 columns"):
         quantized_spec(odd, per_channel)
-    with pytest.raises(UnsupportedQuantization, match="modules left unquantized inside the decoder layers"):
-        quantized_spec(cfg.model_spec, dataclasses.replace(per_channel, exclude_modules=("lm_head", "model.layers.0.mlp")))
 
 
 def test_engine_open_refuses_weights_the_engine_cannot_bind(tmp_path, source):
@@ -417,8 +464,6 @@ def test_fp8_block_scales_and_mismatched_checkpoints_are_refused(tmp_path, sourc
         unsupported_reason(blocked)
     with pytest.raises(UnsupportedQuantization, match="block scales"):
         quantized_spec(load_spec(source), blocked)
-    inner = QuantScheme("modelopt", "fp8", 8, -1, False, exclude_modules=("lm_head", "model.layers.0.mlp.down_proj"))
-    assert "modules left unquantized inside the decoder layers" in unsupported_reason(inner)
 
     spec4 = dataclasses.replace(load_spec(source), weight_bits=4, weight_group=128)
     with pytest.raises(UserError, match=r"cannot be laid out for this engine's W4A16 \(group 128\) kernel: .*FP8 "

@@ -26,8 +26,8 @@ from .packing import SUPPORTED_BITS, pack_last, unpack_last
 from .scheme import PER_CHANNEL, PER_TENSOR, QuantScheme
 
 METHODS = ("compressed-tensors",)
-PACKED, FLOAT = "pack-quantized", "float-quantized"
-FORMATS = (PACKED, FLOAT)
+PACKED, FLOAT, NAIVE = "pack-quantized", "float-quantized", "naive-quantized"
+FORMATS = (PACKED, FLOAT, NAIVE)   # naive-quantized: FP8 weights only (the tensors of float-quantized)
 GROUP_SIZES = (32, 64, 128)
 _SCALE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -71,6 +71,12 @@ def parse(qcfg: dict, where: str) -> QuantScheme:
     w, act = args["weights"], args["input_activations"]
     wt = f"{where}: config_groups weights"
     kind = option(w, "type", wt, (str,), default="int", choices=("int", "float"))
+    if fmt == NAIVE:
+        # what compressed-tensors writes for FP8 weights when no format is forced: float-quantized's tensors
+        if kind != "float":
+            raise ModelError(f"{where}: compressed-tensors naive-quantized integer weights (unpacked codes) are not "
+                             "supported; save them pack-quantized")
+        fmt = FLOAT
     bits = option(w, "num_bits", wt, (int,), default=8)
     strategy = option(w, "strategy", wt, (str,), default="tensor")
     symmetric = option(w, "symmetric", wt, (bool,), default=True)

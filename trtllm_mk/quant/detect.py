@@ -26,7 +26,8 @@ def marker(scheme: QuantScheme) -> str:
 def scheme_from_config(cfg: dict, where: str, ckpt_dir: str | Path | None = None) -> QuantScheme | None:
     """The QuantScheme an HF config.json dict declares (None: unquantized). ``ckpt_dir`` lets a ModelOpt
     checkpoint that has only an ``hf_quant_config.json`` be recognised."""
-    q = cfg.get("quantization_config")
+    # compressed-tensors' earlier key for the same object, which its own loader still reads
+    q = cfg.get("quantization_config", cfg.get("compression_config"))
     if q is None and ckpt_dir is not None and (Path(ckpt_dir) / fp8.QUANT_FILE).is_file():
         qf = Path(ckpt_dir) / fp8.QUANT_FILE
         return fp8.parse(read_json_object(qf, ModelError, "copy the checkpoint again"), str(qf))

@@ -30,7 +30,9 @@ SCALE_DTYPE = torch.float16
 def parse(qcfg: dict, where: str) -> QuantScheme:
     bits = option(qcfg, "bits", where, (int,), choices=SUPPORTED_BITS)
     group_size = option(qcfg, "group_size", where, (int,), default=PER_CHANNEL, choices=GROUP_SIZES)
-    fmt = option(qcfg, "checkpoint_format", where, (str,), default="gptq")
+    # GPTQModel writes the layout as "format" where checkpoint_format is absent
+    fmt = option(qcfg, "checkpoint_format", where, (str,), default=None) or option(qcfg, "format", where, (str,),
+                                                                                  default="gptq")
     if fmt not in FORMATS:
         raise ModelError(f"{where}: GPTQ checkpoint_format '{fmt}' is not supported (a device-specific repacking; "
                          f"supported: {', '.join(FORMATS)}): export the model in the plain GPTQ layout")
@@ -62,6 +64,15 @@ def read(get: Getter, prefix: str, out: int, k: int, scheme: QuantScheme, where:
         zeros = zeros + 1
     mid = 1 << (bits - 1)
     symmetric = bool((zeros == mid).all())
+    if not symmetric and not scheme.has_zero_point:
+        # sym: true with other zeros is a mislabelled checkpoint: in the other checkpoint_format's zero
+        # convention every zero is one off the midpoint; either way its weights would decode wrong
+        seen = sorted({int(z) for z in zeros.unique()[:3]})
+        hint = (f"every zero point reads {seen[0]}: a checkpoint_format {scheme.variant} / "
+                f"{'gptq_v2' if scheme.variant == 'gptq' else 'gptq'} mix-up?" if len(seen) == 1 and abs(seen[0] - mid) == 1
+                else f"zero points {', '.join(map(str, seen))}...: an asymmetric checkpoint?")
+        raise ModelError(f"{where}: {prefix}: config.json declares sym: true (zero point {mid}), but its qzeros do "
+                         f"not ({hint}); correct sym or checkpoint_format in its quantization_config")
     codes = unpack_last(qweight.T.contiguous(), bits, k)            # [out, in]
     return IntLinear(name=prefix, out_features=out, in_features=k, bits=bits, group_size=gs,
                      qweight=pack_last(codes, bits), scales=scales.T.contiguous(),

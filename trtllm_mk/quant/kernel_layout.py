@@ -206,20 +206,29 @@ def swizzle(tile: int, bits: int = BITS) -> torch.Tensor:
     return c ^ ((r >> shift) % min(8, chunks))
 
 
+def check_pack(lin: IntLinear, group: int | None = None, tile: int = TILE_COLS[0]) -> int:
+    """The layout group ``pack`` lays ``lin`` out with, or ValueError (a sentence) when it cannot."""
+    if not isinstance(lin, IntLinear):
+        raise ValueError(f"{lin.name}: FP8 weights are not the kernel's {BITS}-bit integer layout")
+    if lin.bits != BITS:
+        raise ValueError(f"{lin.name}: {lin.bits}-bit weights are not the kernel's 4-bit layout")
+    if lin.g_idx is not None:
+        raise ValueError(f"{lin.name}: activation-order groups (g_idx) cannot be laid out for the kernel (it "
+                         "streams groups in column order); requantize with desc_act false")
+    group = group or kernel_group(lin)
+    if lin.groups != 1 and group != lin.group_size:
+        raise ValueError(f"{lin.name}: group size {lin.group_size} cannot be laid out as {group}")
+    check_layout(lin.out_features, lin.in_features, group, tile)
+    return group
+
+
 def pack(lin: IntLinear, group: int | None = None, tile: int = TILE_COLS[0]) -> tuple[torch.Tensor, torch.Tensor]:
     """(packed uint8, sz int32) of a 4-bit ``lin`` in the kernel layout. ``group``: the layout's group
     size (default ``kernel_group(lin)``); it must be the matrix's own or, for a per-channel matrix, divide
     its input channels. ``tile``: columns per tile (``tile_cols`` of the model). Activation-order
     checkpoints (g_idx) are refused: the kernel streams groups in column order."""
-    if lin.bits != BITS:
-        raise ValueError(f"{lin.name}: {lin.bits}-bit weights are not the kernel's 4-bit layout")
-    if lin.g_idx is not None:
-        raise ValueError(f"{lin.name}: activation-order groups (g_idx) cannot be laid out for the kernel")
-    group = group or kernel_group(lin)
+    group = check_pack(lin, group, tile)
     per_row = lin.groups == 1
-    if not per_row and group != lin.group_size:
-        raise ValueError(f"{lin.name}: group size {lin.group_size} cannot be laid out as {group}")
-    check_layout(lin.out_features, lin.in_features, group, tile)
     packed = pack_codes(lin.codes(), tile)
     out, k = lin.out_features, lin.in_features
     nblk = out // ROWS_PER_BLOCK
@@ -332,17 +341,24 @@ def check_layout_fp8(out_features: int, in_features: int, tile: int = TILE_COLS[
         raise ValueError(f"{out_features} output channels are not a multiple of {ROWS_PER_BLOCK}")
 
 
+def check_pack_fp8(lin: Fp8Linear, tile: int = TILE_COLS[0]) -> torch.Tensor:
+    """``lin``'s scale words, one per output row, or ValueError (a sentence) when the kernel cannot lay
+    it out."""
+    if not isinstance(lin, Fp8Linear):
+        raise ValueError(f"{lin.name}: {lin.bits}-bit integer weights are not the kernel's FP8 layout")
+    check_layout_fp8(lin.out_features, lin.in_features, tile)
+    out = lin.out_features
+    scale = lin.scale.float().reshape(-1).expand(out) if not lin.per_channel else lin.scale.float()
+    return fp8_scale_words(lin.name, scale)
+
+
 def pack_fp8(lin: Fp8Linear, tile: int = TILE_COLS[0]) -> tuple[torch.Tensor, torch.Tensor]:
     """(packed uint8 ``[out / 16, in / tile, 16, tile]``, sz int32 ``[out / 16, in / tile, 16]``) of an
     FP8 ``lin`` in the kernel layout; per-channel and per-tensor scales alike become one word per row
     and tile (the scale rounded to bf16 once)."""
-    if not isinstance(lin, Fp8Linear):
-        raise ValueError(f"{lin.name}: {lin.bits}-bit integer weights are not the kernel's FP8 layout")
-    check_layout_fp8(lin.out_features, lin.in_features, tile)
+    word = check_pack_fp8(lin, tile)                                             # [out]
     out, k = lin.out_features, lin.in_features
     packed = pack_fp8_codes(lin.weight.view(torch.uint8), tile)
-    scale = lin.scale.float().reshape(-1).expand(out) if not lin.per_channel else lin.scale.float()
-    word = fp8_scale_words(lin.name, scale)                                      # [out]
     sz = word.view(out // ROWS_PER_BLOCK, 1, ROWS_PER_BLOCK).expand(-1, k // tile, -1)
     return packed, sz.contiguous()
 
@@ -407,6 +423,24 @@ def kernel_tensors(spec) -> dict[str, tuple[tuple[int, ...], "torch.dtype"]]:
         else:
             out[name] = (shape, torch.bfloat16)
     return out
+
+
+def layer_reason(spec, name: str, v) -> str | None:
+    """Why the megakernel of quantized ``spec`` cannot stream decoder-layer linear ``name`` as the
+    checkpoint holds it (``v``: IntLinear / Fp8Linear, or a plain tensor for a layer left dense), or
+    None: the checks ``kernel_weights`` makes, without packing (the builder's read of the checkpoint)."""
+    if not isinstance(v, (IntLinear, Fp8Linear)):
+        return (f"{name} is not quantized, but the {spec.weight_bits}-bit kernel streams every decoder layer's "
+                "linear weights quantized")
+    tile = tile_cols(spec)
+    try:
+        if spec.weight_bits == FP8_BITS:
+            check_pack_fp8(v, tile)
+        else:
+            check_pack(v, spec.weight_group, tile)
+    except ValueError as e:
+        return str(e)
+    return None
 
 
 def pack_for(spec, lin: IntLinear | Fp8Linear) -> tuple[torch.Tensor, torch.Tensor]:

@@ -35,16 +35,12 @@ def unsupported_reason(scheme: QuantScheme) -> str | None:
     elif scheme.bits != BITS:
         return (f"{scheme.describe()}: {scheme.bits}-bit integer weights (W{scheme.bits}A16) are not implemented in the "
                 "megakernel (its quantized GEMV kinds take 4-bit integer or FP8 weights); requantize with --bits 4")
-    if scheme.desc_act:
-        return (f"{scheme.describe()}: activation-order groups (desc_act / g_idx) are not implemented in the "
-                "megakernel (it streams groups in column order); requantize with desc_act false")
     if scheme.weight_type == "int" and scheme.group_size != PER_CHANNEL and scheme.group_size not in SUPPORTED_GROUPS:
         return (f"{scheme.describe()}: group size {scheme.group_size} is not one the megakernel's weight layout "
                 f"implements ({', '.join(map(str, SUPPORTED_GROUPS))}, or per-channel)")
-    others = [m for m in scheme.exclude_modules if "lm_head" not in m]
-    if others:
-        return (f"{scheme.describe()}: modules left unquantized inside the decoder layers ({', '.join(others)}) are "
-                "not implemented in the megakernel (it streams every layer's linear weights quantized)")
+    # Activation order (desc_act) and modules left dense are decided by the tensors, layer by layer
+    # (kernel_layout.layer_reason, in the builder's read of the checkpoint): a desc_act checkpoint whose
+    # groups are in column order streams as any other, an exclusion outside the decoder layers is moot.
     return None
 
 

@@ -17,7 +17,10 @@ import torch
 from ..errors import ModelError
 from ..model.checkpoint import FLOAT_DTYPES, _is_ignorable_extra, _listing, tensor_handles
 from ..model.spec import ModelSpec
+from ..model.spec import is_layer_linear
 from .detect import format_module, marker
+from .kernel_layout import layer_reason
+from .kernel_support import weight_format
 from .linear import Fp8Linear, IntLinear
 from .scheme import QuantScheme
 
@@ -48,6 +51,17 @@ def _read_quantized(ckpt_dir: str | Path, spec: ModelSpec, scheme: QuantScheme, 
         out: dict[str, object] = {}
         dtypes: set[str] = set()
         missing, bad, any_packed = [], [], False
+        streamed = spec.quantized   # the megakernel streams the layers' linears in its quantized layout
+
+        def check_streamable(name: str, shape, v) -> None:
+            # what the kernel's layout needs of each layer linear, from the tensors rather than the
+            # config's flags (a desc_act checkpoint with groups in column order, an exclusion list
+            # naming modules outside the layers)
+            if streamed and is_layer_linear(name, shape):
+                why = layer_reason(spec, name, v)
+                if why:
+                    raise ModelError(f"{d}: cannot be laid out for this engine's {weight_format(spec)} kernel: {why}")
+
         for name, shape in spec.expected_tensors().items():
             prefix = name[:-len(".weight")]
             if len(shape) == 2 and f"{prefix}.{mark}" in where:
@@ -56,10 +70,12 @@ def _read_quantized(ckpt_dir: str | Path, spec: ModelSpec, scheme: QuantScheme, 
                                      "embeddings are not supported")
                 used.add(name)
                 lin = mod.read(get, prefix, shape[0], shape[1], scheme, str(d))
+                check_streamable(name, shape, lin)
                 any_packed = True
                 if keep:
                     out[name] = lin
             elif name in where:
+                check_streamable(name, shape, None)
                 sl = where[name].get_slice(name)
                 if tuple(sl.get_shape()) != shape:
                     bad.append(f"{name} shape {list(sl.get_shape())} (expected {list(shape)})")
