@@ -112,6 +112,19 @@ def test_an_engine_is_replaced_whole_and_nothing_is_left_beside_it(tmp_path, bui
     EngineDir.open(out)
 
 
+def test_an_engine_folder_takes_the_users_umask_and_an_impossible_place_is_one_line(tmp_path):
+    old = os.umask(0o022)
+    try:
+        with EngineTarget(tmp_path / "eng") as t:
+            assert (t.tmp.stat().st_mode & 0o777) == 0o755    # mkdtemp alone would leave 0700
+    finally:
+        os.umask(old)
+    if Path("/proc").is_dir():
+        with pytest.raises(EngineError, match=r"the engine directory cannot be created there"):
+            with EngineTarget("/proc/no-engine-here"):
+                pass
+
+
 def test_a_second_build_into_the_same_folder_refuses(tmp_path):
     out = tmp_path / "eng"
     with EngineTarget(out):
@@ -139,7 +152,10 @@ def test_sigterm_during_compilation_stops_the_compiler_and_cleans_up(tmp_path):
     must end the build (exit 2 or 130, no traceback), the sleeper, the temporary folder and the lock."""
     pidfile = tmp_path / "compiler.pid"
     launcher = tmp_path / "slow_nvcc.py"
+    tmpfile = tmp_path / "compiler.tmpdir"
     launcher.write_text("import os, sys, time\n"
+                        f"open({str(tmpfile)!r}, 'w').write(os.environ['TMPDIR'])\n"
+                        "open(os.path.join(os.environ['TMPDIR'], 'tmpxft_scratch.cpp'), 'w').write('//')\n"
                         f"open({str(pidfile)!r}, 'w').write(str(os.getpid()))\n"
                         "time.sleep(120)\n")
     env = {**os.environ, "TRTLLM_MK_NVCC_LAUNCHER": f"{sys.executable} {launcher}",
@@ -161,6 +177,8 @@ def test_sigterm_during_compilation_stops_the_compiler_and_cleans_up(tmp_path):
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
     assert os.listdir(tmp_path / "out") == []
+    # the compiler's own scratch files (nvcc's tmpxft_*) went to a folder the build removed
+    assert not Path(tmpfile.read_text()).exists()
 
 
 # ------------------------------------------------------------------ engine and checkpoint agree

@@ -242,3 +242,37 @@ def test_fp16_checkpoint_is_cast_to_bf16_with_a_note(tmp_path, engine2, checkpoi
     w = _load_weights(spec, ck, "cpu", 0)
     assert {t.dtype for t in w.values()} == {torch.bfloat16}
     assert "cast to bfloat16" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("call,needle", [
+    (lambda e: e.generate(["hello"], 4), "generate takes a list of prompts, each a list of token ids"),
+    (lambda e: e.generate([["5", "6"]], 4), "a prompt here is a list of token ids"),
+    (lambda e: e.generate([[5]], "4"), "max_new_tokens must be an integer"),
+    (lambda e: e.generate([[5]], 2.5), "max_new_tokens must be an integer"),
+    (lambda e: e.generate([[5.5, 6]], 2), "a prompt here is a list of token ids"),
+    (lambda e: e.generate([5, 6, 7], 4), "generate takes a list of prompts, each a list of token ids"),
+    (lambda e: list(e.stream(None)), "a prompt is text or a list of token ids"),
+    (lambda e: list(e.stream(["sat", "cat"])), "a prompt is text or a list of token ids"),
+    (lambda e: list(e.stream([5], seed="x")), "seed must be an integer"),
+    (lambda e: list(e.stream([5], max_tokens=2.9)), "max_tokens must be an integer"),
+    (lambda e: list(e.stream([5], stop=[""])), "stop is a list of non-empty strings"),
+    (lambda e: list(e.stream([5], stop_token_ids=["x", -5])), "stop_token_ids is a list of token ids"),
+])
+def test_python_api_arguments_are_user_errors(engine2, call, needle):
+    with pytest.raises(UserError, match=needle):
+        call(engine2)
+
+
+def test_a_closed_engine_says_so(engine2, checkpoint):
+    engine_dir = engine2.engine.path
+    eng = HybridEngine(engine_dir, weights=checkpoint, simulate=True)
+    eng.close()
+    with pytest.raises(UserError, match="the engine is closed"):
+        eng.generate([[5]], 2)
+    with pytest.raises(UserError, match="the engine is closed"):
+        list(eng.stream([5], max_tokens=2))
+    for bad in (None, 5):
+        with pytest.raises(UserError, match="engine_dir must be a path"):
+            HybridEngine(bad)
+    with pytest.raises(UserError, match="seed must be an integer"):
+        HybridEngine(engine_dir, weights="random", seed="x", simulate=True)

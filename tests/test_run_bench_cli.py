@@ -129,3 +129,21 @@ def test_cli_warnings_are_one_line_once():
             "run_cli(main)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stderr == "warning: ckpt: ignoring 9 tensor(s) the config does not use\n", r.stderr
+
+
+def test_verify_and_run_name_what_became_of_the_checkpoint(tmp_path):
+    ck = tiny_checkpoint(tmp_path / "ck")
+    eng = tiny_engine(tmp_path / "eng" / "tiny", ck, batch=1)
+    ok = cli("verify", "--engine", str(eng))
+    assert ok.returncode == 0 and f"checkpoint {ck}: unchanged since the build" in ok.stdout, ok.stderr
+    wrong = cli("run", "--engine", str(ck), "--simulate", "--prompt", "1 2")   # a checkpoint given as the engine
+    assert wrong.returncode == 2 and "is a model checkpoint, not an engine" in wrong.stderr, wrong.stderr
+    cfg = ck / "config.json"
+    cfg.write_text(cfg.read_text().replace('"rms_norm_eps": 1e-05', '"rms_norm_eps": 1e-06'))
+    changed = cli("verify", "--engine", str(eng))
+    assert changed.returncode == 2 and "its config.json changed since the engine was built" in changed.stderr
+    ck.rename(tmp_path / "moved")
+    gone = cli("verify", "--engine", str(eng))
+    assert gone.returncode == 0 and "not on this machine (run, bench and serve need --weights)" in gone.stdout
+    run = cli("run", "--engine", str(eng), "--simulate", "--prompt", "1 2", "--max-new-tokens", "2")
+    assert run.returncode == 2 and "the checkpoint this engine was built from is not there" in run.stderr, run.stderr

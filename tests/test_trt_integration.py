@@ -97,13 +97,18 @@ def test_tensorrt_llm_absent_gives_one_clear_error(monkeypatch):
     assert resolve_backend("auto") == "torch"
     with pytest.raises(tb.TensorRTLLMNotInstalled) as info:
         tb.TensorRTLLMPrefill(None, "engines/x", "checkpoints/x")
-    assert str(info.value).startswith("TensorRT-LLM is not installed; use prefill.backend: torch")
+    assert str(info.value).startswith("TensorRT-LLM is not installed: pip install '.[tensorrt-llm]' --extra-index-url "
+                                      "https://pypi.nvidia.com")
+    assert "or use prefill.backend: torch" in str(info.value)
     assert isinstance(info.value, UserError)
     # TensorRT-LLM looks the connector classes up by name; without it that is the same clear error.
-    with pytest.raises(tb.TensorRTLLMNotInstalled, match="^TensorRT-LLM is not installed; use prefill.backend: torch"):
+    with pytest.raises(tb.TensorRTLLMNotInstalled, match="^TensorRT-LLM is not installed: pip install"):
         getattr(tb, tb.WORKER_CLASS)
     with pytest.raises(AttributeError):
         getattr(tb, "NoSuchThing")
+    # a name that is no backend is named as such, not as TensorRT-LLM missing
+    with pytest.raises(UserError, match="prefill backend 'foo' is not one of auto, torch, tensorrt_llm"):
+        resolve_backend("foo")
 
 
 # ------------------------------------------------------------------- TensorRT-LLM handover (plain torch)

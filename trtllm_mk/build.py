@@ -202,6 +202,8 @@ def build_engine(cfg: DeploymentConfig, output_dir: str | Path | None = None, sh
     find_nvcc()                                # before the search: a missing compiler is no late surprise
     record = check_weights(cfg, log)           # likewise a checkpoint whose tensors do not fit the model
     with EngineTarget(out) as target:          # and a folder the build may not write or replace
+        if show_progress:
+            log(f"searching the decode schedule (budget {mk.search_budget_s:g} s, seed {mk.seed}) ...")
         t0 = time.perf_counter()
         spilled = SpilledPlans(kernel_function_name)
         candidates = search_candidates(spec, cfg.max_batch_size, gpu, context_len=mk.context_len,
@@ -215,6 +217,8 @@ def build_engine(cfg: DeploymentConfig, output_dir: str | Path | None = None, sh
             yield from candidates
 
         t1 = time.perf_counter()
+        if show_progress:
+            log(f"compiling the megakernel for {gpu.nvcc_arch} (nvcc; a minute or more for real models) ...")
         chosen = compile_without_spills(cfg, ranked(), show_progress, log, spilled)
         t_compile = time.perf_counter() - t1
         schedule, kernel, graph = chosen.schedule, chosen.kernel, chosen.graph

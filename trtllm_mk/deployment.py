@@ -105,6 +105,12 @@ def resolve_prefill_backend(name: str) -> tuple[str, str]:
     Presence is checked with find_spec rather than an import: importing tensorrt_llm initialises CUDA
     and takes seconds, which a summary must not cost.
     """
+    from .config import PREFILL_BACKENDS
+    from .errors import UserError
+    if name not in PREFILL_BACKENDS:
+        raise UserError(f"prefill backend '{name}' is not one of {', '.join(PREFILL_BACKENDS)}")
+    if name == "tensorrt_llm" and importlib.util.find_spec("tensorrt_llm") is None:
+        return name, "as configured; not installed here, so run and bench fail until it is"
     if name != "auto":
         return name, "as configured"
     if importlib.util.find_spec("tensorrt_llm") is not None:

@@ -209,6 +209,9 @@ class EngineDir:
         if not p.is_dir():
             raise EngineError(f"{p}: no such engine directory; build one with "
                               "python build_scripts/build_engine.py --config <config.yaml>")
+        if not (p / "schedule.json").exists() and (p / "config.json").is_file() and any(p.glob("*.safetensors*")):
+            raise EngineError(f"{p}: is a model checkpoint, not an engine; build an engine from it with "
+                              "python -m trtllm_mk build --config <config.yaml> (model: this folder)")
         for f in MANIFEST_FILES + ["manifest.json"]:
             if not (p / f).is_file():
                 raise EngineError(f"{p}: missing {f} (or not a file); the engine is incomplete, rebuild it")

@@ -74,8 +74,12 @@ class EngineTarget:
         self._old_handler = None
 
     def __enter__(self) -> "EngineTarget":
-        self.target.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.target.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:   # a place no folder can be made in (/proc), a read-only file system
+            raise EngineError(f"{self.target}: the engine directory cannot be created there ({e.strerror}); "
+                              "choose another --output-dir") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -87,6 +91,11 @@ class EngineTarget:
             if (stale / BUILDING_MARK).is_file():        # a killed build's folder (we hold the lock)
                 shutil.rmtree(stale, ignore_errors=True)
         self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.building-", dir=self.target.parent))
+        # mkdtemp makes the folder 0700; an engine is read as any directory the user makes (its umask), by
+        # a serving account or through a container mount too
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(self.tmp, 0o777 & ~umask)
         (self.tmp / BUILDING_MARK).write_text("an unfinished trtllm_mk build; removed by the next build here\n")
         self._old_handler = signal.getsignal(signal.SIGTERM)
         try:

@@ -49,7 +49,8 @@ import torch
 from ..errors import EngineError, UserError
 from ..kv_cache import PagedKVCache
 
-NOT_INSTALLED = "TensorRT-LLM is not installed; use prefill.backend: torch"
+NOT_INSTALLED = ("TensorRT-LLM is not installed: pip install '.[tensorrt-llm]' --extra-index-url https://pypi.nvidia.com "
+                 "(on a machine with its CUDA), or use prefill.backend: torch")
 SCHEDULER_CLASS = "MegakernelHandoverScheduler"
 WORKER_CLASS = "MegakernelHandoverWorker"
 # Where TensorRT-LLM has kept the connector base classes (moved between releases).

@@ -49,9 +49,8 @@ def build(cfg: DeploymentConfig, args: argparse.Namespace) -> int:
         find_nvcc()
         check_target(cfg.megakernel.output_dir)
         return 0
-    print(f"\nsearching the decode schedule (budget {cfg.megakernel.search_budget_s:g} s, seed {cfg.megakernel.seed}) ...",
-          flush=True)
-    out, rep = build_engine(cfg)
+    print(flush=True)
+    out, rep = build_engine(cfg, log=lambda line: print(line, flush=True))
     print(summary(out, rep, cfg.tensor_parallel_size))
     return 0
 

@@ -1,6 +1,7 @@
 """``verify``: re-check an engine directory: file integrity, one deployment in config, schedule and
-cubin (EngineDir.open), schedule validity (deadlock and race freedom), and that the kernel layout
-matches the schedule.
+cubin (EngineDir.open), schedule validity (deadlock and race freedom), that the kernel layout
+matches the schedule, and that the checkpoint it was built from is unchanged (a checkpoint that is not
+on this machine is reported, not an error: run, bench and serve then take --weights).
 
     python -m trtllm_mk verify --engine engines/h100_bs1
 """
@@ -25,4 +26,18 @@ def main(argv=None) -> int:
         raise EngineError(f"{eng.path}: kernel.json does not match schedule.json; rebuild the engine")
     print(f"{eng.path}: files intact; {report.summary()}; kernel {eng.target}, {eng.layout.grid} CTAs x "
           f"{eng.layout.block} threads, {eng.layout.smem_bytes} B shared memory")
+    print(checkpoint_state(eng))
     return 0
+
+
+def checkpoint_state(eng: EngineDir) -> str:
+    """One line on the checkpoint the engine was built from; a changed one is an error (run refuses it)."""
+    from pathlib import Path
+    from ..model.consistency import check_unchanged
+    rec = eng.checkpoint
+    if rec is None:
+        return "checkpoint: none (built from an architecture name; run takes --weights)"
+    if not (Path(rec["path"]) / "config.json").is_file():
+        return f"checkpoint {rec['path']}: not on this machine (run, bench and serve need --weights)"
+    check_unchanged(rec)
+    return f"checkpoint {rec['path']}: unchanged since the build"

@@ -80,14 +80,16 @@ def _die_with_parent() -> None:
         pass
 
 
-def _run_compiler(cmd: list[str]) -> tuple[int, str]:
+def _run_compiler(cmd: list[str], tmpdir: str | None = None) -> tuple[int, str]:
     """Run nvcc in a process group of its own; an exception here (Ctrl-C, SIGTERM turned into one by the
     builder) kills the whole group (nvcc and the cicc / ptxas it started) before it propagates."""
     # $TRTLLM_MK_NVCC_LAUNCHER: a command that runs the compiler (ccache, nice, ...), as CMake's
     # CMAKE_CUDA_COMPILER_LAUNCHER; the tests use it to stand in a slow compiler
     cmd = os.environ.get("TRTLLM_MK_NVCC_LAUNCHER", "").split() + cmd
+    # nvcc's intermediate files go to $TMPDIR; in a folder the caller removes, a killed compile leaves none
+    env = dict(os.environ, TMPDIR=tmpdir) if tmpdir else None
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            preexec_fn=_die_with_parent)
+                            preexec_fn=_die_with_parent, env=env)
     try:
         _, stderr = proc.communicate()
     except BaseException:
@@ -112,7 +114,7 @@ def compile_cubin(source: str, arch: str, out_path: Path | None = None, debug: b
             src = Path(tmp) / "megakernel.cu"
             src.write_text(source)
             tmp_out = Path(tmp) / "megakernel.cubin"
-            returncode, stderr = _run_compiler([nvcc, *flags, "-o", str(tmp_out), str(src)])
+            returncode, stderr = _run_compiler([nvcc, *flags, "-o", str(tmp_out), str(src)], tmpdir=tmp)
             if returncode != 0:
                 tail = "\n".join(stderr.strip().splitlines()[-30:])
                 raise RuntimeError(f"nvcc failed for {arch} (this is a code-generation bug):\n{tail}")

@@ -64,6 +64,10 @@ def check_matches(engine: ModelSpec, ckpt_dir: str | Path) -> None:
 
 def check_unchanged(record: dict) -> None:
     """The recorded checkpoint still holds what the engine was built from."""
+    if not (Path(record["path"]) / "config.json").is_file():
+        raise ModelError(f"{record['path']}: the checkpoint this engine was built from is not there (moved or "
+                         "deleted); pass --weights with its new place (or another checkpoint of the same model), "
+                         "or rebuild the engine")
     now = fingerprint(record["path"])
     for key, what in (("config_sha256", "config.json"), ("tensors_sha256", "tensor index")):
         if now[key] != record[key]:

@@ -87,6 +87,17 @@ class GenerationResult:
         return sorted(self.tpot_ms)[len(self.tpot_ms) // 2] if self.tpot_ms else float("nan")
 
 
+def _is_int(v) -> bool:
+    """An integer argument (bool and floats are not, numpy integers are)."""
+    import numbers
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _short(v) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def resolve_weights(engine: EngineDir, weights: str | Path | dict | None) -> str | Path | dict:
     """What to decode with: the checkpoint the engine was built from (None, checked unchanged), a
     checkpoint directory (checked to describe the engine's model), ``"random"`` by name, or tensors."""
@@ -192,6 +203,13 @@ def _load_bf16(spec, weights: str | Path | dict, device: str, seed: int) -> dict
 class HybridEngine:
     def __init__(self, engine_dir: str | Path, weights: str | Path | dict | None = None, simulate: bool = False,
                  seed: int = 0, prefill_backend: str | None = None):
+        self._closed = False
+        if not isinstance(engine_dir, (str, Path)):
+            raise UserError(f"engine_dir must be a path, got {_short(engine_dir)}")
+        if weights is not None and not isinstance(weights, (str, Path, dict)):
+            raise UserError(f"weights must be a checkpoint directory, 'random' or a dict of tensors, got {_short(weights)}")
+        if not _is_int(seed):
+            raise UserError(f"seed must be an integer, got {seed!r}")
         self.engine = EngineDir.open(engine_dir)
         cfg = self.engine.config
         self.schedule = self.engine.schedule
@@ -211,7 +229,8 @@ class HybridEngine:
                 self._owns_group = not dist.is_initialized()   # close() leaves only a group it joined
                 self.rank, self._group = join_ranks(self.tp, f"engine {self.engine.path}")
             if not torch.cuda.is_available():
-                raise EngineError("no CUDA GPU here: run with --simulate to decode on the CPU task-graph executor")
+                raise EngineError("no CUDA GPU here: run with --simulate (HybridEngine(..., simulate=True)) to decode "
+                                  "on the CPU task-graph executor")
             built_for = get_gpu(cfg["gpu"])
             here = detect_gpu()
             if here.name != built_for.name:
@@ -313,8 +332,15 @@ class HybridEngine:
 
     # ------------------------------------------------------------------ checks
     def check_request(self, prompt: list[int], max_new_tokens: int) -> None:
+        if self._closed:
+            raise UserError("the engine is closed; open a new HybridEngine")
+        if not _is_int(max_new_tokens):
+            raise UserError(f"max_new_tokens must be an integer, got {max_new_tokens!r}")
         if max_new_tokens < 1:
             raise UserError("max_new_tokens must be >= 1")
+        if isinstance(prompt, (str, bytes)) or not hasattr(prompt, "__len__") or not all(map(_is_int, prompt)):
+            raise UserError(f"a prompt here is a list of token ids (ints), got {_short(prompt)}; text goes "
+                            "through stream(), which tokenizes it")
         if not prompt:
             raise UserError("empty prompt")
         if len(prompt) > self.max_input_len:
@@ -470,6 +496,8 @@ class HybridEngine:
         from ..serve.scheduler import Request
         if not prompts:
             raise UserError("no prompt given")
+        if isinstance(prompts, (str, bytes)) or not all(isinstance(p, (list, tuple)) for p in prompts):
+            raise UserError(f"generate takes a list of prompts, each a list of token ids, got {_short(prompts)}")
         if len(prompts) > self.batch:
             raise UserError(f"{len(prompts)} prompts but the engine was built for max_batch_size={self.batch}")
         for p in prompts:
@@ -508,6 +536,7 @@ class HybridEngine:
             sched.cancel(req)
 
     def close(self) -> None:
+        self._closed = True
         if self._scheduler is not None:
             self._scheduler.close()
         if self.tp > 1 and not self.simulate and self._owns_group:   # this rank leaves the group it joined

@@ -69,7 +69,8 @@ def apply_chat_template(tokenizer, messages: list[dict]) -> list[int]:
     if tokenizer is None:
         raise UserError("chat needs a tokenizer: pass --weights with a checkpoint directory that has one")
     if not getattr(tokenizer, "chat_template", None):
-        raise UserError("this checkpoint's tokenizer has no chat template; use the completions API instead")
+        raise UserError("this checkpoint's tokenizer has no chat template; send the prompt as plain text instead "
+                        "(run without --chat, or the completions API)")
     try:
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     except Exception as e:   # the template's own checks (raise_exception) or its reading of the messages
