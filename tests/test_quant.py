@@ -331,6 +331,23 @@ def test_other_writers_spellings_of_the_same_config(tmp_path, source):
         read_scheme(gptq)
 
 
+def test_an_autogptq_native_checkpoint_reads_as_its_config_json_form(tmp_path, source):
+    """AutoGPTQ's quantize_config.json (no quant_method, config.json without quantization_config) and its
+    one weight file of another name."""
+    g = _quantize(source, tmp_path / "g", "--format", "gptq", "--group-size", "64")
+    want = load_dequantized(g, load_spec(g), read_scheme(g))
+    cfg = json.loads((g / "config.json").read_text())
+    q = cfg.pop("quantization_config")
+    q.pop("quant_method")
+    (g / "quantize_config.json").write_text(json.dumps(q))
+    (g / "config.json").write_text(json.dumps(cfg))
+    (g / "model.safetensors").rename(g / "gptq_model-4bit-64g.safetensors")
+    scheme = read_scheme(g)
+    assert (scheme.method, scheme.bits, scheme.group_size) == ("gptq", 4, 64)
+    got = load_dequantized(g, load_spec(g), scheme)
+    assert all(torch.equal(got[k], want[k]) for k in want)
+
+
 def test_gptq_desc_act_follows_g_idx(tmp_path, source):
     out = _quantize(source, tmp_path / "g", "--format", "gptq", "--group-size", "32", "--zero-point")
     t = load_file(str(out / "model.safetensors"))
@@ -533,6 +550,8 @@ def test_packed_tensors_without_a_quantization_config_say_so(tmp_path, gptq_ckpt
     d = tmp_path / "noq"
     shutil.copytree(gptq_ckpt, d)
     _rewrite(d, drop_qcfg=True)
+    assert read_scheme(d).method == "gptq"        # AutoGPTQ's quantize_config.json beside it still says so
+    (d / "quantize_config.json").unlink()
     with pytest.raises(ModelError, match="holds packed quantized tensors .*qweight.* but its config.json has no "
                                          "quantization_config"):
         load_checkpoint(d, load_spec(d))

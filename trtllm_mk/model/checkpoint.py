@@ -50,6 +50,10 @@ def weight_files(ckpt_dir: str | Path) -> dict[str, list[str] | None]:
     if (d / SINGLE_FILE).is_file():
         return {SINGLE_FILE: None}
     index_path = d / INDEX_FILE
+    singles = sorted(p.name for p in d.glob("*.safetensors") if p.is_file())
+    if not index_path.is_file() and len(singles) == 1:
+        # one file of another name (AutoGPTQ's gptq_model-4bit-128g.safetensors): the checkpoint's weights
+        return {singles[0]: None}
     if not index_path.is_file():
         others = sorted(p.name for p in d.iterdir() if p.suffix in (".safetensors", ".bin", ".pt", ".pth"))
         found = f" (found: {_listing(others)})" if others else ""

@@ -10,6 +10,7 @@ from . import awq, compressed_tensors, fp8, gptq
 from .scheme import QuantScheme
 
 _MODULES = (gptq, awq, compressed_tensors, fp8)
+AUTOGPTQ_FILE = "quantize_config.json"
 _BY_METHOD: dict[str, ModuleType] = {m: mod for mod in _MODULES for m in mod.METHODS}
 
 
@@ -28,6 +29,10 @@ def scheme_from_config(cfg: dict, where: str, ckpt_dir: str | Path | None = None
     checkpoint that has only an ``hf_quant_config.json`` be recognised."""
     # compressed-tensors' earlier key for the same object, which its own loader still reads
     q = cfg.get("quantization_config", cfg.get("compression_config"))
+    if q is None and ckpt_dir is not None and (Path(ckpt_dir) / AUTOGPTQ_FILE).is_file():
+        # AutoGPTQ's own file, beside a config.json that does not repeat it (its format has no quant_method)
+        qf = Path(ckpt_dir) / AUTOGPTQ_FILE
+        return gptq.parse(read_json_object(qf, ModelError, "copy the checkpoint again"), str(qf))
     if q is None and ckpt_dir is not None and (Path(ckpt_dir) / fp8.QUANT_FILE).is_file():
         qf = Path(ckpt_dir) / fp8.QUANT_FILE
         return fp8.parse(read_json_object(qf, ModelError, "copy the checkpoint again"), str(qf))
