@@ -7,6 +7,7 @@ errors are *not* UserErrors and keep their tracebacks.
 """
 from __future__ import annotations
 
+import numbers
 import sys
 import warnings
 from pathlib import Path
@@ -44,6 +45,17 @@ def read_json_object(path, error: type[UserError], fix: str) -> dict:
     if not isinstance(obj, dict):
         raise error(f"{path}: expected a JSON object; {fix}")
     return obj
+
+
+def is_int(v) -> bool:
+    """An integer argument (bool and floats are not; numpy integers are)."""
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def short_repr(v) -> str:
+    """``repr(v)`` cut to fit a one-line error."""
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _warning_line(message, category, filename, lineno, line=None) -> str:

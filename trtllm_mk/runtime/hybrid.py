@@ -44,7 +44,7 @@ from typing import Iterator
 import torch
 
 from ..engine import EngineDir
-from ..errors import EngineError, UserError
+from ..errors import EngineError, UserError, is_int, short_repr
 from ..gpus import detect_gpu, get_gpu
 from ..kv_cache import PagedKVCache
 from ..model.decoder_block import share_fused_storage
@@ -85,17 +85,6 @@ class GenerationResult:
     @property
     def tpot_median_ms(self) -> float:
         return sorted(self.tpot_ms)[len(self.tpot_ms) // 2] if self.tpot_ms else float("nan")
-
-
-def _is_int(v) -> bool:
-    """An integer argument (bool and floats are not, numpy integers are)."""
-    import numbers
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
-
-
-def _short(v) -> str:
-    text = repr(v)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def resolve_weights(engine: EngineDir, weights: str | Path | dict | None) -> str | Path | dict:
@@ -205,10 +194,10 @@ class HybridEngine:
                  seed: int = 0, prefill_backend: str | None = None):
         self._closed = False
         if not isinstance(engine_dir, (str, Path)):
-            raise UserError(f"engine_dir must be a path, got {_short(engine_dir)}")
+            raise UserError(f"engine_dir must be a path, got {short_repr(engine_dir)}")
         if weights is not None and not isinstance(weights, (str, Path, dict)):
-            raise UserError(f"weights must be a checkpoint directory, 'random' or a dict of tensors, got {_short(weights)}")
-        if not _is_int(seed):
+            raise UserError(f"weights must be a checkpoint directory, 'random' or a dict of tensors, got {short_repr(weights)}")
+        if not is_int(seed):
             raise UserError(f"seed must be an integer, got {seed!r}")
         self.engine = EngineDir.open(engine_dir)
         cfg = self.engine.config
@@ -334,12 +323,12 @@ class HybridEngine:
     def check_request(self, prompt: list[int], max_new_tokens: int) -> None:
         if self._closed:
             raise UserError("the engine is closed; open a new HybridEngine")
-        if not _is_int(max_new_tokens):
+        if not is_int(max_new_tokens):
             raise UserError(f"max_new_tokens must be an integer, got {max_new_tokens!r}")
         if max_new_tokens < 1:
             raise UserError("max_new_tokens must be >= 1")
-        if isinstance(prompt, (str, bytes)) or not hasattr(prompt, "__len__") or not all(map(_is_int, prompt)):
-            raise UserError(f"a prompt here is a list of token ids (ints), got {_short(prompt)}; text goes "
+        if isinstance(prompt, (str, bytes)) or not hasattr(prompt, "__len__") or not all(map(is_int, prompt)):
+            raise UserError(f"a prompt here is a list of token ids (ints), got {short_repr(prompt)}; text goes "
                             "through stream(), which tokenizes it")
         if not prompt:
             raise UserError("empty prompt")
@@ -497,7 +486,7 @@ class HybridEngine:
         if not prompts:
             raise UserError("no prompt given")
         if isinstance(prompts, (str, bytes)) or not all(isinstance(p, (list, tuple)) for p in prompts):
-            raise UserError(f"generate takes a list of prompts, each a list of token ids, got {_short(prompts)}")
+            raise UserError(f"generate takes a list of prompts, each a list of token ids, got {short_repr(prompts)}")
         if len(prompts) > self.batch:
             raise UserError(f"{len(prompts)} prompts but the engine was built for max_batch_size={self.batch}")
         for p in prompts:

@@ -13,7 +13,6 @@ or failed scheduler SchedulerClosed (503).
 from __future__ import annotations
 
 import itertools
-import numbers
 import os
 import queue
 import sys
@@ -23,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from ..errors import UserError
+from ..errors import UserError, is_int, short_repr
 from ..sampling import Choice, SamplingParams
 from .text import IdText, TextStream
 
@@ -135,15 +134,6 @@ class Request:
                              list(self.logprobs), len(self.prompt))
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
-
-
-def _short(v) -> str:
-    text = repr(v)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def make_request(engine, prompt: str | list[int], max_tokens: int, *, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int | None = None, stop: list[str] | None = None,
                  stop_token_ids: list[int] | None = None, logprobs: int | None = None, ignore_eos: bool = False,
@@ -155,23 +145,23 @@ def make_request(engine, prompt: str | list[int], max_tokens: int, *, temperatur
             raise UserError("a text prompt needs a tokenizer: pass --weights with a checkpoint directory that "
                             "has one, or give token ids")
         prompt = tok.encode(prompt)
-    elif not isinstance(prompt, (list, tuple)) or not all(_is_int(t) for t in prompt):
-        raise UserError(f"a prompt is text or a list of token ids (ints), got {_short(prompt)}")
+    elif not isinstance(prompt, (list, tuple)) or not all(is_int(t) for t in prompt):
+        raise UserError(f"a prompt is text or a list of token ids (ints), got {short_repr(prompt)}")
     prompt = [int(t) for t in prompt]
     if stop is not None and (isinstance(stop, str) or not all(isinstance(s, str) and s for s in stop)):
-        raise UserError(f"stop is a list of non-empty strings, got {_short(stop)}")
+        raise UserError(f"stop is a list of non-empty strings, got {short_repr(stop)}")
     if stop_token_ids is not None and (not isinstance(stop_token_ids, (list, tuple))
-                                       or not all(_is_int(t) and t >= 0 for t in stop_token_ids)):
-        raise UserError(f"stop_token_ids is a list of token ids (ints >= 0), got {_short(stop_token_ids)}")
+                                       or not all(is_int(t) and t >= 0 for t in stop_token_ids)):
+        raise UserError(f"stop_token_ids is a list of token ids (ints >= 0), got {short_repr(stop_token_ids)}")
     if stop and tok is None:
         raise UserError("stop strings need a tokenizer (a checkpoint directory that has one); stop on token ids "
                         "instead (stop_token_ids)")
     if seed is None:   # each request draws its own noise
         seed = int.from_bytes(os.urandom(8), "little")
-    if not _is_int(seed):
+    if not is_int(seed):
         raise UserError(f"seed must be an integer, got {seed!r}")
     for name, v in (("top_k", top_k), ("max_tokens", max_tokens)):
-        if not _is_int(v):
+        if not is_int(v):
             raise UserError(f"{name} must be an integer, got {v!r}")
     for name, v in (("temperature", temperature), ("top_p", top_p)):
         if isinstance(v, bool) or not isinstance(v, (int, float)):
