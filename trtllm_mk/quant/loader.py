@@ -16,8 +16,7 @@ import torch
 
 from ..errors import ModelError
 from ..model.checkpoint import FLOAT_DTYPES, _is_ignorable_extra, _listing, tensor_handles
-from ..model.spec import ModelSpec
-from ..model.spec import is_layer_linear
+from ..model.spec import ModelSpec, is_layer_linear
 from .detect import format_module, marker
 from .kernel_layout import layer_reason
 from .kernel_support import weight_format
