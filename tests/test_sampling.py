@@ -122,7 +122,7 @@ def test_top_k_and_top_p_keep_the_right_tokens():
 
 @pytest.mark.parametrize("top_p", [1e-300, 1e-46, 1e-38, 1e-6])
 def test_a_vanishing_top_p_keeps_the_first_candidate(top_p):
-    # 1e-46 and below round to 0 in fp32, where the kept set was empty and the draw failed
+    # 1e-46 and below round to 0 in fp32; the kept set still holds the first candidate
     logits = torch.tensor([0.0, 3.0, 1.0, 3.0, -1.0])
     got = {sample(logits, SamplingParams(temperature=1.0, top_p=top_p, seed=3), n).token for n in range(40)}
     assert got == {1}
@@ -130,7 +130,7 @@ def test_a_vanishing_top_p_keeps_the_first_candidate(top_p):
 
 @pytest.mark.parametrize("temperature", [1e-46, 1e-40, 1e-20, 9e-6])
 def test_a_temperature_below_the_threshold_is_greedy(temperature):
-    # l / T overflows fp32 for such T (1e-40: every large logit became inf, and the noise picked among them)
+    # l / T overflows fp32 for such T (1e-40: every large logit would be inf, and the noise would pick among them)
     logits = torch.tensor([0.5, 2.0, -1.0, 1.99, 1.9]) * 100
     p = SamplingParams(temperature=temperature, top_k=3, seed=7)
     assert p.greedy and p.temperature == 0.0

@@ -109,13 +109,13 @@ def resolve_prefill_backend(name: str) -> tuple[str, str]:
     from .errors import UserError
     if name not in PREFILL_BACKENDS:
         raise UserError(f"prefill backend '{name}' is not one of {', '.join(PREFILL_BACKENDS)}")
-    if name == "tensorrt_llm" and importlib.util.find_spec("tensorrt_llm") is None:
-        return name, "as configured; not installed here, so run and bench fail until it is"
-    if name != "auto":
+    if name == "torch":
         return name, "as configured"
-    if importlib.util.find_spec("tensorrt_llm") is not None:
-        return "tensorrt_llm", "auto: tensorrt_llm is installed"
-    return "torch", "auto: tensorrt_llm is not installed here"
+    installed = importlib.util.find_spec("tensorrt_llm") is not None
+    if name == "tensorrt_llm":
+        return name, "as configured" if installed else "as configured; not installed here, so run and bench fail until it is"
+    return ("tensorrt_llm", "auto: tensorrt_llm is installed") if installed else \
+        ("torch", "auto: tensorrt_llm is not installed here")
 
 
 # ------------------------------------------------------------------------------------------- summary

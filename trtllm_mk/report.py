@@ -118,6 +118,11 @@ def _phase_spans(sim, graph: StepGraph) -> dict:
     return {k: [round(a[0] - base, 2), round(a[1] - base, 2)] for k, a in spans.items()}
 
 
+def floor_text(us: float) -> str:
+    """A floor in ms, or in us below 0.1 ms (tiny models), where three decimals of ms would read 0."""
+    return f"{us / 1000:.3f} ms" if us >= 100 else f"{us:.2f} us"
+
+
 def render_markdown(rep: dict) -> str:
     s = rep["search"]
     sm = rep["smem"]
@@ -134,7 +139,7 @@ def render_markdown(rep: dict) -> str:
         f"| decoder layer weights | {rep.get('weight_format', 'bfloat16')} |",
         f"| weights streamed per step | {rep['weight_bytes_per_step'] / 1e9:.3f} GB |",
         f"| bandwidth floor at {rep['read_bandwidth_gbps']} GB/s (the calibration's read bandwidth) | "
-        + (f"{rep['floor_us'] / 1000:.3f} ms |" if rep['floor_us'] >= 100 else f"{rep['floor_us']:.2f} us |"),
+        f"{floor_text(rep['floor_us'])} |",
         f"| bandwidth utilization (of read bandwidth / of datasheet) | {100 * rep['bandwidth_utilization']:.1f}% / "
         f"{100 * rep['bandwidth_utilization_datasheet']:.1f}% |",
         f"| steady-state time per layer | {rep['per_layer_us']:.1f} us |",

@@ -72,7 +72,6 @@ def main(argv=None) -> int:
     if args.input_len + args.output_len > eng.max_seq_len:
         raise UserError(f"--input-len {args.input_len} + --output-len {args.output_len} exceeds the engine's "
                         f"max_seq_len {eng.max_seq_len}")
-    eng.check_request([0] * args.input_len, args.output_len)
     main_rank = eng.rank == 0   # tensor parallel: every rank runs the same requests, rank 0 reports
     gen = torch.Generator().manual_seed(args.seed)
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from trtllm_mk.config import DEFAULT_CONFIG, DeploymentConfig, load_config, with_overrides
 from trtllm_mk.deployment import describe
 from trtllm_mk.errors import run_cli
+from trtllm_mk.report import floor_text
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -69,8 +70,7 @@ def summary(out: Path, rep: dict, tensor_parallel: int = 1) -> str:
         f"  predicted decode step   {rep['predicted_step_us'] / 1000:.3f} ms/token "
         f"({100 * rep['bandwidth_utilization']:.0f}% of read bandwidth)",
         f"  weights streamed        {_bytes(rep['weight_bytes_per_step'])} per step, "
-        f"{rep.get('weight_format', 'bfloat16')} (bandwidth floor "
-        + (f"{rep['floor_us'] / 1000:.3f} ms/token)" if rep['floor_us'] >= 100 else f"{rep['floor_us']:.2f} us/token)"),
+        f"{rep.get('weight_format', 'bfloat16')} (bandwidth floor {floor_text(rep['floor_us'])}/token)",
         f"  naive schedule          {rep['naive_step_us'] / 1000:.3f} ms/token "
         f"(searched is {rep['improvement_pct']:.1f}% faster)",
         f"  search / compile        {b.get('search_s', 0):.1f} s / {b.get('compile_s', 0):.1f} s; {b.get('validation', '')}",

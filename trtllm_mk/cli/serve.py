@@ -58,7 +58,6 @@ def listen(host: str, port: int) -> socket.socket:
         sock.close()
         raise UserError(f"cannot listen on {host}:{port}: {e.strerror}") from None
     sock.listen(2048)
-    sock.set_inheritable(True)
     return sock
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 from ..errors import UserError
@@ -180,10 +180,15 @@ class TextStream:
             m = re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", piece)
             if m:
                 return [int(m.group(1), 16)]
-            table = _unicode_to_bytes()
-            if _byte_level(self.tok) and piece and all(ch in table for ch in piece):
+            table = self._byte_table
+            if table is not None and piece and all(ch in table for ch in piece):
                 return [table[ch] for ch in piece]
         return list(self.token_text(token).encode())
+
+    @cached_property
+    def _byte_table(self) -> dict[str, int] | None:
+        """Vocabulary character -> byte for a byte-level BPE tokenizer, else None."""
+        return _unicode_to_bytes() if _byte_level(self.tok) else None
 
 
 def _byte_level(tokenizer) -> bool:
