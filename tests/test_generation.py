@@ -171,6 +171,21 @@ def test_text_stream_ends_an_unfinished_character_as_the_tokenizer_decodes_it():
     assert s.push(ids[0]) == "" and s.push(ids[1]) == "\u00e9" and s.push(ids[2]) == "" and s.stopped
 
 
+def test_text_stream_offsets_of_a_character_in_four_byte_tokens():
+    # every byte token of U+1F600 starts where the character does: the offsets read while the bytes
+    # are held back (what a streamed chunk reports) are the final ones, and they never decrease
+    tok = _byte_level_tokenizer()
+    ids = tok.encode("a\U0001F600b", add_special_tokens=False)
+    assert len(ids) == 6
+    s = TextStream(tok)
+    streamed = []
+    for i in ids:
+        s.push(i)
+        streamed.append(s.offsets[-1])
+    s.flush()
+    assert s.text == "a\U0001F600b" and streamed == s.offsets == [0, 1, 1, 1, 1, 2]
+
+
 def test_text_stream_offsets_and_bytes_of_a_stray_byte_token():
     tok = _byte_level_tokenizer()
     stray = tok.encode("\u00e9", add_special_tokens=False)[1]   # a continuation byte on its own: U+FFFD

@@ -139,6 +139,8 @@ def _scratch_cache(eng):
     (dict(suffix="ko"), 400, "suffix"),
     (dict(seed=2 ** 64), 400, "seed"),                  # not wrapped into another seed's tokens
     (dict(stream_options={"include_usage": True}), 400, "stream_options"),
+    (dict(stop=[f"s{i}" for i in range(17)]), 400, "at most 16"),   # matched on the shared scheduler thread
+    (dict(stop="x" * 1001), 400, "at most 16"),
 ])
 def test_bad_completion_requests(client, kwargs, status, needle):
     args = dict(model=MODEL, prompt="ba", max_tokens=4) | kwargs
@@ -309,3 +311,72 @@ def test_serve_command(engine_dir, checkpoint):
     finally:
         p.terminate()
         p.wait(timeout=30)
+
+
+def _serve(engine_dir, checkpoint, *extra):
+    """A ``serve`` process on a free port, once it answers /health: (process, url)."""
+    port = free_port()
+    p = subprocess.Popen([sys.executable, "-m", "trtllm_mk", "serve", "--engine", str(engine_dir), "--weights",
+                          str(checkpoint), "--simulate", "--port", str(port), *extra],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+
+    def up():
+        assert p.poll() is None, p.communicate()[1]
+        try:
+            return httpx.get(url + "/health", timeout=1).status_code == 200
+        except httpx.TransportError:
+            return False
+    wait_until(up, timeout=60, what="serve to answer /health")
+    return p, url
+
+
+def _long_stream(url, got: list, started: threading.Event):
+    body = {"model": MODEL, "prompt": "ba be", "max_tokens": 240, "ignore_eos": True, "stream": True}
+    try:
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    got.append(line[6:])
+                    started.set()
+    except httpx.HTTPError as e:
+        got.append(f"transport error: {type(e).__name__}")
+    started.set()
+
+
+def test_a_stop_signal_ends_what_outlives_the_shutdown_timeout_as_readable_errors(engine_dir, checkpoint):
+    # at --shutdown-timeout the requests still running end as errors their clients can read (an SSE
+    # error event then [DONE]; a 503 body), and the process says what it waits for, without tracebacks
+    import json
+    import signal
+    p, url = _serve(engine_dir, checkpoint, "--shutdown-timeout", "0")
+    got, started = [], threading.Event()
+    stream = threading.Thread(target=_long_stream, args=(url, got, started))
+    stream.start()
+    full = {}
+    other = threading.Thread(target=lambda: full.update(r=httpx.post(url + "/v1/completions", timeout=60, json={
+        "model": MODEL, "prompt": "ba", "max_tokens": 240, "ignore_eos": True})))
+    other.start()
+    assert started.wait(30)
+    p.send_signal(signal.SIGTERM)
+    stream.join(60)
+    other.join(60)
+    out, err = p.communicate(timeout=60)
+    assert got[-1] == "[DONE]" and "shutting down" in json.loads(got[-2])["error"]["message"], got[-3:]
+    assert full["r"].status_code == 503 and "shutting down" in full["r"].json()["error"]["message"]
+    assert "stopping: 2 request(s) in flight" in out and "Traceback" not in err, err[-2000:]
+
+
+def test_a_second_ctrl_c_stops_at_once_and_cleanly(engine_dir, checkpoint):
+    import signal
+    p, url = _serve(engine_dir, checkpoint, "--shutdown-timeout", "60")
+    got, started = [], threading.Event()
+    stream = threading.Thread(target=_long_stream, args=(url, got, started))
+    stream.start()
+    assert started.wait(30)
+    p.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    stream.join(60)
+    assert p.returncode == 130 and "terminate called" not in err and err.strip().splitlines()[-1] == "interrupted", err[-2000:]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import socket
+import threading
 from pathlib import Path
 
 from ..errors import UserError
@@ -85,6 +86,35 @@ def main(argv=None) -> int:
     port = sock.getsockname()[1]
     print(f"serving {name} ({eng.batch} slots, {'CPU executor' if args.simulate else 'megakernel'}) on "
           f"http://{args.host}:{port}/v1", flush=True)
-    config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=args.shutdown_timeout)
-    uvicorn.Server(config).run(sockets=[sock])
+    # uvicorn's own limit backs ours up: at --shutdown-timeout the scheduler ends what is left as errors
+    # the clients can read (an SSE error event, a 503), and those responses still need to go out
+    config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=args.shutdown_timeout + SEND_S)
+    try:
+        stopping_server(uvicorn.Server, eng.scheduler, args.shutdown_timeout)(config).run(sockets=[sock])
+    finally:
+        # a second Ctrl-C skips the app's shutdown: the scheduler thread must not be inside the engine
+        # when the interpreter exits
+        eng.scheduler.close()
     return 0
+
+
+SEND_S = 5.0   # seconds the responses ended at the shutdown timeout get to go out
+
+
+def stopping_server(server_cls, sched, timeout: float):
+    """``server_cls`` (uvicorn.Server) that, at the first stop signal, says how many requests it waits
+    for and closes the scheduler after ``timeout`` seconds (ending those left with an error their
+    clients receive), and at a second Ctrl-C closes it at once."""
+    class StoppingServer(server_cls):
+        def handle_exit(self, sig, frame) -> None:
+            first = not self.should_exit
+            super().handle_exit(sig, frame)
+            if first:
+                n = sched.busy + len(sched.waiting)
+                print(f"stopping: {n} request(s) in flight, waiting up to {timeout:g} s for them", flush=True)
+                timer = threading.Timer(timeout, sched.close)
+                timer.daemon = True
+                timer.start()
+            elif self.force_exit:
+                threading.Thread(target=sched.close, daemon=True).start()
+    return StoppingServer

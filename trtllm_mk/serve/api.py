@@ -105,6 +105,10 @@ UNSUPPORTED = {
 }
 
 
+MAX_STOP = 16            # stop strings a request may give (OpenAI takes 4)
+MAX_STOP_CHARS = 1000
+
+
 def create_app(engine, model_name: str, max_queue: int | None = None) -> FastAPI:
     sched = engine.scheduler
     if max_queue is not None:
@@ -191,6 +195,10 @@ def create_app(engine, model_name: str, max_queue: int | None = None) -> FastAPI
             raise ApiError(400, f"{max_tokens_name} must be >= 1 (got {max_tokens})", param=max_tokens_name)
         top_k = body.top_k or 0
         stop = [body.stop] if isinstance(body.stop, str) else (body.stop or None)
+        if stop and (len(stop) > MAX_STOP or max(map(len, stop)) > MAX_STOP_CHARS):
+            # every stop string is matched on the scheduler's thread, which all requests share
+            raise ApiError(400, f"stop: at most {MAX_STOP} strings of at most {MAX_STOP_CHARS} characters",
+                           param="stop")
         return dict(max_tokens=max_tokens, temperature=1.0 if body.temperature is None else body.temperature,
                     top_k=0 if top_k == -1 else top_k, top_p=1.0 if body.top_p is None else body.top_p,
                     seed=body.seed, stop=stop, stop_token_ids=body.stop_token_ids, ignore_eos=bool(body.ignore_eos))
@@ -314,7 +322,7 @@ def create_app(engine, model_name: str, max_queue: int | None = None) -> FastAPI
     async def completions(body: CompletionBody, http: HttpRequest):
         if body.echo:
             raise ApiError(400, "echo is not supported", param="echo")
-        prompt = prompt_of(body)
+        prompt = await asyncio.to_thread(prompt_of, body)   # a long text's tokenizing must not hold the loop
         opts = check_common(body, 16)
         check_length(prompt, opts["max_tokens"], "max_tokens")
         req, events = await submit(prompt, opts, body.logprobs)
@@ -377,7 +385,7 @@ def create_app(engine, model_name: str, max_queue: int | None = None) -> FastAPI
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatBody, http: HttpRequest):
-        prompt = chat_prompt(body)
+        prompt = await asyncio.to_thread(chat_prompt, body)
         name = "max_tokens"
         if body.max_tokens is None and body.max_completion_tokens is not None:
             body.max_tokens, name = body.max_completion_tokens, "max_completion_tokens"

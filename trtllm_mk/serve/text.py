@@ -116,12 +116,13 @@ class TextStream:
         if len(now) <= len(before) or now.endswith("\ufffd"):
             return ""
         # The tokens held back since read_offset (their bytes ended inside a character) and this one:
-        # each starts at the first character it changes (the common prefix of the text decoded without
-        # and with it), so a token that completes a character starts where the character does.
+        # each starts at the first character of the final text that the tokens before it leave
+        # unfinished (the common prefix of the text decoded without it and the final text: a partial
+        # character decodes as U+FFFD, which the final text does not share), so every byte of a
+        # character starts where the character does, as it was streamed while held back.
         start, added = self.offsets[self.read_offset], len(now) - len(before)
         for j in range(self.read_offset + 1, len(self.ids)):
-            upto, with_j = (self._decode(self.ids[self.prefix_offset:k]) for k in (j, j + 1))
-            common = len(os.path.commonprefix([upto, with_j])) - len(before)
+            common = len(os.path.commonprefix([self._decode(self.ids[self.prefix_offset:j]), now])) - len(before)
             self.offsets[j] = start + min(max(common, 0), added)
         self.pending += now[len(before):]
         self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
