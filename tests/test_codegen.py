@@ -127,3 +127,36 @@ def test_oproj_merge_and_next_step_prefetch_are_emitted():
             continue
         assert m and (m.group(1), *map(int, m.groups()[1:])) == (first.kind.name, first.r0, first.r1, first.k0,
                                                                   first.k1), f"SM {sm}"
+
+
+def test_a_polled_event_has_no_counter_on_the_device():
+    # QKV stores q/k/v as tagged words and ATTN polls them (kinds/qkv.py): qkv_done is polled, so the
+    # kernel neither releases nor waits for its counter, unless the diagnostic switch keeps it; the CPU
+    # executor and the simulator keep the edge (their counts are the graph's)
+    from trtllm_mk.codegen.source import program_calls
+    from trtllm_mk.graph.builder import _polled
+    spec = load_spec(ROOT / "configs" / "models" / "llama-3.2-1b.json")
+    plan = TilePlan(qkv_rows=24, o_rows=128, o_ksplit=8, gateup_rows=64, down_rows=128, down_ksplit=8, lm_rows=976,
+                    o_merge=True)
+    sched = schedule_plan(spec, 1, get_gpu("H100-SXM"), plan, 512)
+    g = sched.graph()
+    assert g.events["qkv_done"].polled and not any(e.polled for n, e in g.events.items() if n != "qkv_done")
+    offsets = g.counter_offsets()
+    lo, hi = offsets["qkv_done"], offsets["qkv_done"] + g.events["qkv_done"].slots
+
+    def refs(calls, kind, key):
+        return [int(w, 16) & 0xFFFF for sm in calls for _, c in sm if c.kind == kind
+                for w in c.args[key][:c.args["n" + key]]]
+    for diag, counted in ((Diagnostics(), False), (Diagnostics(polled_events=0), True)):
+        calls = program_calls(sched, g, diag)
+        attn_waits, qkv_signals = refs(calls, "ATTN", "w"), refs(calls, "QKV", "s")
+        assert bool(attn_waits) == counted and all(lo <= w < hi for w in attn_waits)
+        assert any(lo <= s < hi for s in qkv_signals) == counted
+        # every other event keeps its counter either way
+        assert any(not lo <= s < hi for s in qkv_signals)
+    # a kind that waits for a polled event without polling it is a kind-definition error
+    qkv = next(t for t in g.layer if t.kind.name == "QKV")
+    oproj = next(t for t in g.layer if t.kind.name == "OPROJ")
+    deaf = replace(oproj, waits=oproj.waits + tuple(r for r in qkv.signals if r.event == "qkv_done"))
+    with pytest.raises(ValueError, match="without polling"):
+        _polled("qkv_done", [qkv, deaf])

@@ -48,3 +48,33 @@ def test_list_scheduler_agrees_with_the_simulator(config):
         tol = 1e-6 * max(1.0, float(sim.max()))
         assert np.all(est >= sim - tol), f"{config.stem} {plan}: the list scheduler is optimistic somewhere"
         assert abs(est.max() - sim.max()) <= 0.025 * sim.max(), f"{config.stem} {plan}: makespans differ"
+
+
+def test_both_timing_models_price_a_polled_edge_by_poll_us():
+    # QKV -> ATTN is a polled event (graph.tasks Event.polled): ATTN starts poll_us after its group's QKV
+    # tasks end, in the simulator and in the list scheduler alike, and the list scheduler stays the
+    # simulator's bound whatever the constant
+    from dataclasses import replace
+    cfg = load_config(CONFIGS[0].parent / "tiny_cpu.yaml")
+    spec, gpu, batch, ctx = cfg.rank_spec, cfg.gpu_spec, cfg.max_batch_size, cfg.megakernel.context_len
+    base = load_calibration(gpu).resolved(gpu)
+    g = build_step_graph(spec, batch, initial_plan(spec, batch, gpu, gpu.sm_count, ctx), ctx)
+    assert g.events["qkv_done"].polled
+    attn = [i for i, t in enumerate(g.layer) if t.kind.name == "ATTN"]
+    qkv = {i: t for i, t in enumerate(g.layer) if t.kind.name == "QKV"}
+    starts = []
+    for poll in (0.2, 5.0):
+        cal = replace(base, poll_us=poll)
+        costs = cost_table(g, gpu, cal, default_streaming(g, gpu.sm_count))
+        ends: list[float] = []
+        progs = list_schedule(g, costs, gpu.sm_count, cal, np.random.default_rng(0), ends=ends)
+        res = Simulator(g, gpu, cal, layers=1, costs=costs, reuse_staged=False).run(progs, record=True)
+        nh = len(g.head)
+        for i in attn:   # no earlier than its group's last QKV end + poll_us
+            grp = g.layer[i].group
+            last = max(res.end[nh + j] for j, t in qkv.items()
+                       if any(r.event == "qkv_done" and r.slot == grp for r in t.signals))
+            assert res.start[nh + i] >= last + poll - 1e-9
+        assert np.all(np.array(ends) >= np.array(res.end) - 1e-6 * max(res.end))
+        starts.append(min(res.start[nh + i] for i in attn))
+    assert starts[1] > starts[0] + 4.0

@@ -81,7 +81,7 @@ PARAMS = (
     ParamField("lm_head", "const bf16*", WEIGHT, "[V, H] (the embedding when tied)"),
     ParamField("inv_freq", "const float*", WEIGHT, "[D/2] RoPE inverse frequencies (llama3 scaling applied on the host)"),
     ParamField("x", "long long*", BUFFER, "[B, H] residual stream, fixed point (trtllm_mk/residual.py)"),
-    ParamField("qkv", "float*", BUFFER, "[B, QKVR] grouped q/k/v projection"),
+    ParamField("qkv", "uint64_t*", BUFFER, "[B, QKVR] grouped q/k/v projection, each fp32 value tagged (mk::st_tagged)"),
     ParamField("part_o", "float*", BUFFER, "[B, NKV, S, G, D] attention partials"),
     ParamField("part_ml", "float*", BUFFER, "[B, NKV, S, G, 2] (max, sum of exp)"),
     ParamField("attn_out", "float*", BUFFER, "[B, NH*D]"),

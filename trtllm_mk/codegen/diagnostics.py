@@ -17,6 +17,9 @@ NAME:+prefetch_next=0``).
     spin_timeout_ns    an event wait unsatisfied after this long records which event and traps
     radix_only         1: ARGMAX's candidate search ignores the LM-head tiles' bin counts and runs
                        its radix passes over the logits (the path of a nearly flat distribution)
+    polled_events      1: a polled event (graph.tasks Event.polled) has no counter on the device, its
+                       waiters poll the tagged data only; 0 keeps its counter too (release and wait:
+                       the same data, the protocol of the other events)
 """
 from __future__ import annotations
 
@@ -33,13 +36,14 @@ class Diagnostics:
     all_lanes_release: int = 0
     spin_timeout_ns: int = 2_000_000_000
     radix_only: int = 0
+    polled_events: int = 1
 
     def __post_init__(self):
         if self.attn_mark not in (0, 1, 2, 3):
             raise UserError(f"attn_mark {self.attn_mark}: must be 0, 1, 2 or 3")
         if self.gemv_mark < 0:
             raise UserError(f"gemv_mark {self.gemv_mark}: must be >= 0")
-        for name in ("prefetch_next", "all_lanes_release", "radix_only"):
+        for name in ("prefetch_next", "all_lanes_release", "radix_only", "polled_events"):
             if getattr(self, name) not in (0, 1):
                 raise UserError(f"{name} {getattr(self, name)}: must be 0 or 1")
         if self.spin_timeout_ns <= 0:

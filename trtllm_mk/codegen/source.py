@@ -144,17 +144,30 @@ class TaskCall:
         return f"c = {ns}{self.function}<mk::{self.kind}>(c, {task_args_init(self.args)});"
 
 
-def _task_call(graph: StepGraph, task: Task, offsets: dict[str, int], prev: Task | None = None) -> TaskCall:
+def _task_call(graph: StepGraph, task: Task, offsets: dict[str, int], prev: Task | None = None,
+               counted=None) -> TaskCall:
+    """``counted(event name)``: whether the device keeps the event's counter (device_events)."""
     if len(task.waits) > MAX_REFS or len(task.signals) > MAX_REFS:
         raise ValueError(f"{task.label()}: more than {MAX_REFS} waits/signals; use smaller qkv_rows")
     layer = "l" if task.phase == LAYER else "-1"
-    w = [_ref_expr(graph, task, r, offsets) for r in task.waits] + ["0"] * (MAX_REFS - len(task.waits))
-    s = [_ref_expr(graph, task, r, offsets) for r in task.signals] + ["0"] * (MAX_REFS - len(task.signals))
+    counted = counted or (lambda name: True)
+    waits = [r for r in task.waits if counted(r.event)]
+    if not all(counted(r.event) for r in task.signals[:task.staged_signals]):
+        raise ValueError(f"{task.label()}: a polled event cannot be a staged signal")
+    signals = [r for r in task.signals if counted(r.event)]
+    w = [_ref_expr(graph, task, r, offsets) for r in waits] + ["0"] * (MAX_REFS - len(waits))
+    s = [_ref_expr(graph, task, r, offsets) for r in signals] + ["0"] * (MAX_REFS - len(signals))
     tile = task.index if task.kind == Kind.LMHEAD else task.slot   # expert kinds: the slot
     stage = 0 if prev is not None and task.reuses_staged_input(prev) else 1
-    args = _task_args(layer, task, task.group, task.split, tile, stage, w, len(task.waits), s, len(task.signals),
+    args = _task_args(layer, task, task.group, task.split, tile, stage, w, len(waits), s, len(signals),
                       task.staged_signals)
     return TaskCall("run_task", task.kind.name, args)
+
+
+def device_events(graph: StepGraph, diagnostics: Diagnostics = Diagnostics()):
+    """Whether the kernel keeps an event's counter: every event but the polled ones (their waiters poll
+    the tagged data), unless the diagnostic switch polled_events is off."""
+    return lambda name: not (graph.events[name].polled and diagnostics.polled_events)
 
 
 def _task_args(layer: str, task: Task, group: int, split: int, tile: int, stage: int, w: list[str], nw: int,
@@ -173,11 +186,13 @@ def _prefetch_call(task: Task) -> TaskCall:
     return TaskCall("prefetch_next_step", task.kind.name, _task_args("0", task, 0, 0, 0, 0, none, 0, none, 0))
 
 
-def program_calls(schedule: Schedule, graph: StepGraph | None = None) -> list[list[tuple[str, TaskCall]]]:
+def program_calls(schedule: Schedule, graph: StepGraph | None = None,
+                  diagnostics: Diagnostics = Diagnostics()) -> list[list[tuple[str, TaskCall]]]:
     """Per SM, the calls of its case of ``run_program`` in order, each with its section: "head", "layer"
     (inside the loop over layers), "tail" or "prefetch"."""
     graph = graph or schedule.graph()
     offsets = graph.counter_offsets()
+    counted = device_events(graph, diagnostics)
     out = []
     for prog in schedule.programs:
         calls = []
@@ -186,7 +201,8 @@ def program_calls(schedule: Schedule, graph: StepGraph | None = None) -> list[li
             # a task may reuse the staged activation only of its predecessor in the same list (the same
             # layer iteration); the first task of a list always stages
             for i, j in zip([None] + ids[:-1], ids):
-                calls.append((section, _task_call(graph, tasks[j], offsets, tasks[i] if i is not None else None)))
+                calls.append((section, _task_call(graph, tasks[j], offsets, tasks[i] if i is not None else None,
+                                                  counted)))
         first = next((graph.layer[j] for j in prog.layer if graph.layer[j].kind.streams_weights), None)
         if first is not None:
             calls.append(("prefetch", _prefetch_call(first)))
@@ -316,7 +332,7 @@ def generate_source(schedule: Schedule, tokens_per_block: int, max_seq_len: int,
     lines.append("__device__ mk::Ctx run_program(mk::Ctx c) {")
     lines.append("  using mk::run_task;")
     lines.append("  switch (blockIdx.x) {")
-    for sm, calls in enumerate(program_calls(schedule, graph)):
+    for sm, calls in enumerate(program_calls(schedule, graph, diagnostics)):
         lines.append(f"  case {sm}: {{")
         in_loop = False
         for section, call in calls:

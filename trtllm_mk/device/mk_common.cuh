@@ -258,6 +258,22 @@ __device__ __forceinline__ void add_event_relaxed_sys(uint32_t* p) {
 
 // ErrorInfo and ErrorCode are generated (trtllm_mk/seam.py) ahead of this file.
 
+// A wait unsatisfied for diag::SPIN_TIMEOUT_NS is a schedule or runtime bug: record which event and
+// trap, so the host reports an error instead of hanging.
+__device__ __noinline__ void wait_timed_out(ErrorInfo* err, uint32_t flat_index, uint32_t target, uint32_t seen,
+                                            uint32_t layer, uint32_t task) {
+  if (atomicCAS(&err->code, 0u, (uint32_t)ERR_WAIT_TIMEOUT) == 0u) {
+    err->sm = blockIdx.x;
+    err->event_index = flat_index;
+    err->target = target;
+    err->seen = seen;
+    err->layer = layer;
+    err->task = task;
+    __threadfence_system();
+  }
+  __trap();
+}
+
 __device__ __forceinline__ void wait_counter(const uint32_t* ctr, uint32_t target, ErrorInfo* err,
                                              uint32_t flat_index, uint32_t layer, uint32_t task) {
   uint32_t v = ld_acquire(ctr);
@@ -269,21 +285,42 @@ __device__ __forceinline__ void wait_counter(const uint32_t* ctr, uint32_t targe
     if (backoff < 64) backoff <<= 1;   // short: a chain of dependent tasks waits at every step
     v = ld_acquire(ctr);
     if ((int32_t)(v - target) >= 0) return;
-    // unsatisfied this long, a wait is a schedule or runtime bug: record which event and trap, so
-    // the host reports an error instead of hanging
-    if (globaltimer() - t0 > diag::SPIN_TIMEOUT_NS) {
-      if (atomicCAS(&err->code, 0u, (uint32_t)ERR_WAIT_TIMEOUT) == 0u) {
-        err->sm = blockIdx.x;
-        err->event_index = flat_index;
-        err->target = target;
-        err->seen = v;
-        err->layer = layer;
-        err->task = task;
-        __threadfence_system();
-      }
-      __trap();
-    }
+    if (globaltimer() - t0 > diag::SPIN_TIMEOUT_NS) wait_timed_out(err, flat_index, target, v, layer, task);
   }
+}
+
+// ---------------------------------------------------------------- tagged words (polled events)
+// A polled event (graph.tasks Event.polled) has no counter on the device: its producers store each
+// fp32 value with the (step, layer) tag in one 64-bit word, single-copy atomic, and a consumer loads
+// the words until every tag is its own. The words carry the ordering themselves, so the producer's
+// release (a fence that waits for its SM's stores to be acknowledged) and the consumer's poll of a
+// counter before its loads leave the dependency chain. Tags are odd (a zeroed buffer holds none) and
+// advance by 2 a layer: the word a consumer can find besides its own is the previous layer's.
+__device__ __forceinline__ uint32_t data_tag(uint32_t step, int layer) {
+  return 2u * (step * (uint32_t)cfg::L + (uint32_t)layer) + 1u;
+}
+__device__ __forceinline__ void st_tagged(uint64_t* p, float v, uint32_t tag) {
+  const uint64_t w = ((uint64_t)tag << 32) | __float_as_uint(v);
+  asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(p), "l"(w) : "memory");
+}
+__device__ __forceinline__ uint64_t ld_tagged_word(const uint64_t* p) {
+  uint64_t w;
+  asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(w) : "l"(p) : "memory");
+  return w;
+}
+__device__ __forceinline__ bool has_tag(uint64_t w, uint32_t tag) { return (uint32_t)(w >> 32) == tag; }
+__device__ __forceinline__ float tagged_value(uint64_t w) { return __uint_as_float((uint32_t)w); }
+// Polls one word until it carries `tag` (its first load already issued: `w`); the timeout names the
+// polled event's counter index as a counter wait's does.
+__device__ __noinline__ float poll_tagged(const uint64_t* p, uint64_t w, uint32_t tag, ErrorInfo* err,
+                                          uint32_t flat_index, uint32_t layer, uint32_t task) {
+  const uint64_t t0 = globaltimer();
+  while (!has_tag(w, tag)) {
+    __nanosleep(32);
+    w = ld_tagged_word(p);
+    if (globaltimer() - t0 > diag::SPIN_TIMEOUT_NS) wait_timed_out(err, flat_index, tag, (uint32_t)(w >> 32), layer, task);
+  }
+  return tagged_value(w);
 }
 
 }  // namespace mk

@@ -133,7 +133,7 @@ __device__ __forceinline__ const LayerScales& layer_scales(const Params& p, int 
 //                                 src is WeightSource<KIND>::of(c, a) (the Params, or what the kind's
 //                                 device file specializes it to)
 //   stage(c, a)                   the activation staging into act[] (stage_normed / stage_rows below)
-//   epilogue(p, a, r, b, v, v_up) stores one finished output value (row r, batch row b)
+//   epilogue(c, a, r, b, v, v_up) stores one finished output value (row r, batch row b)
 //   Tally, tally_begin(c, a), tally(t, r, b, v), tally_reduce(c, a, t), tally_publish(c, a, t)
 //                                 a per-thread running reduction over the task's outputs (LMHEAD's
 //                                 argmax and log-sum-exp); NoTally is the empty one. tally_reduce may
@@ -190,7 +190,8 @@ __device__ __forceinline__ const uint32_t* scale_src(const WeightRef& r, int kc)
 // fixed point, so the sum is the same in every arrival order. Under tensor parallelism the partial
 // goes into every rank's residual: the all-reduce, as remote adds that need no agreed order.
 struct AddsToResidual {
-  static __device__ __forceinline__ void epilogue(const Params& p, const TaskArgs&, int r, int b, float v, float) {
+  static __device__ __forceinline__ void epilogue(const Ctx& c, const TaskArgs&, int r, int b, float v, float) {
+    const Params& p = *c.p;
     const size_t at = (size_t)b * cfg::H + r;
     if constexpr (cfg::TP > 1) {
 #pragma unroll
@@ -723,7 +724,6 @@ __device__ void gemv_compute(Ctx& c, const TaskArgs& a) {
   constexpr int AS = GemvKind<KIND>::KT + ACT_PAD;
   constexpr int B = cfg::B;
   constexpr bool QW = GemvKind<KIND>::WBITS != 16;
-  const Params& p = *c.p;
   // a.stage == 0: the previous task on this SM staged the same input (codegen proves it), so the
   // activation is still resident in act[]
   if (a.stage) GemvKind<KIND>::stage(c, a);
@@ -798,7 +798,7 @@ __device__ void gemv_compute(Ctx& c, const TaskArgs& a) {
 #pragma unroll
         for (int s = 0; s < G::WPB; ++s) vu += red[((s * G::NB + urow / 16) * 16 + urow % 16) * B + b];
       }
-      GemvKind<KIND>::epilogue(p, a, r, b, v, vu);
+      GemvKind<KIND>::epilogue(c, a, r, b, v, vu);
       GemvKind<KIND>::tally(tally, r, b, v);
     }
   }

@@ -181,7 +181,9 @@ def derive_events(head: list[Task], layer: list[Task], tail: list[Task], num_lay
     per step (a LAYER task's relative row ``i`` is row ``layer + i`` of every layer). An event that a
     LAYER task signals or waits on has a row per layer (plus the rows its relative indices reach); the
     others have as many rows as their references reach. With ``tensor_parallel`` > 1 the events of
-    CROSS_RANK_EVENTS are marked cross-rank."""
+    CROSS_RANK_EVENTS are marked cross-rank. An event whose signalling kinds store it as tagged data
+    (KindDef.signals_by_data) is polled: every kind that signals it must, and every kind that waits
+    for it must poll it (KindDef.polls)."""
     L = num_layers
     refs: dict[str, list[tuple[str, EventRef]]] = {}
     for phase, tasks in ((HEAD, head), (LAYER, layer), (TAIL, tail)):
@@ -202,8 +204,24 @@ def derive_events(head: list[Task], layer: list[Task], tail: list[Task], num_lay
                     for row in ([layer_i + r.index for layer_i in range(L)] if phase == LAYER else [r.index]):
                         counts[row][r.slot] += 1
         events[name] = Event(name, rows, slots, tuple(tuple(c) for c in counts), per_layer,
-                             cross_rank=tensor_parallel > 1 and name in CROSS_RANK_EVENTS)
+                             cross_rank=tensor_parallel > 1 and name in CROSS_RANK_EVENTS,
+                             polled=_polled(name, head + layer + tail))
     return events
+
+
+def _polled(name: str, tasks: list[Task]) -> bool:
+    """Whether event ``name`` is carried by tagged data (derive_events); a mix is a kind-definition error."""
+    by_data = {t.kind.definition.name: name in t.kind.definition.signals_by_data
+               for t in tasks if any(r.event == name for r in t.signals)}
+    if len(set(by_data.values())) > 1:
+        raise ValueError(f"event {name}: signalled by tagged data in some kinds and not in others ({by_data})")
+    polled = any(by_data.values())
+    if polled:
+        deaf = sorted({t.kind.definition.name for t in tasks if any(r.event == name for r in t.waits)
+                       and name not in t.kind.definition.polls})
+        if deaf:
+            raise ValueError(f"event {name} is carried by tagged data, but kinds {deaf} wait for it without polling it")
+    return polled
 
 
 def _dependency_order(lowered: list[tuple[Kind, list[dict]]]) -> list[tuple[Kind, list[dict]]]:

@@ -129,6 +129,11 @@ class Event:
     # under tensor parallelism: every rank's tasks signal every rank's counter, so a wait needs the
     # signals of all ranks (graph.builder CROSS_RANK_EVENTS)
     cross_rank: bool = False
+    # Carried by the data: the producers store their outputs as tagged words and the waiters poll
+    # those words (kinds KindDef.signals_by_data / polls), so the kernel keeps no counter for it and
+    # the edge costs no release; the CPU executor, the simulator and the race checker keep it as an
+    # ordering edge like any other.
+    polled: bool = False
 
 
 KV_RUNS = (8, 16)   # the values of TilePlan.attn_kv_run the device's K/V ring layout takes

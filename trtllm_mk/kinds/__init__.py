@@ -12,7 +12,10 @@ Optional hooks a module may define: ``active(spec, plan)`` (whether a step under
 kind's tasks), ``device_constants(graph)`` (``cfg`` constants its device file reads, emitted into the
 kernel), ``extra_ring_slots(task, plan, dims)`` (ring slots and output groups a task streams beyond
 its GEMV geometry's, for the cost model), ``off_ring(plan)`` (a ring kind whose tasks read their
-weights themselves under the plan: the cost model prices them by the kind's ``duration_us``)."""
+weights themselves under the plan: the cost model prices them by the kind's ``duration_us``).
+A kind whose outputs carry their own readiness (``KindDef.signals_by_data``: tagged words that its
+consumers, ``KindDef.polls``, load until the tags are theirs) makes that event polled: the device keeps
+no counter for it, the CPU executor and the race checker keep the edge."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -40,6 +43,11 @@ class KindDef:
     # kinds whose device files define functions this body calls (inlined with it even when the step
     # has no task of theirs)
     device_needs: tuple[str, ...] = ()
+    # Polled events (graph.tasks Event.polled): those this kind signals by storing its outputs as tagged
+    # words (mk::st_tagged), and those it waits for by polling such words (mk::poll_tagged) instead of
+    # a counter
+    signals_by_data: tuple[str, ...] = ()
+    polls: tuple[str, ...] = ()
 
     def __post_init__(self):
         unknown = [a for a in self.args if a not in TASK_ARG_FIELDS]

@@ -195,16 +195,29 @@ __device__ void attn_prologue(Ctx& c, const TaskArgs& a) {
 
 // This step's q heads, k and v of group g for one batch row, in registers: a task loads the next
 // row's while its consumers compute this row's rounds, so that only the first row's L2 round trip
-// (queued behind the loaders' copies) lies on the chain.
+// (queued behind the loaders' copies) lies on the chain. The words carry QKV's tags (qkv_done is a
+// polled event: kinds/qkv.py): each thread loads its words at once, then polls those that are not
+// this layer's yet.
 struct QkvRow {
   static constexpr int N = (cfg::GR + CTHREADS - 1) / CTHREADS;   // values per consumer thread
   float v[N];
-  __device__ __forceinline__ void load(const Params& p, const TaskArgs& a, int b) {
-    const float* src = p.qkv + (size_t)b * cfg::QKVR + a.group * cfg::GR;
+  __device__ __forceinline__ void load(const Ctx& c, const TaskArgs& a, int b) {
+    const Params& p = *c.p;
+    const uint64_t* src = p.qkv + (size_t)b * cfg::QKVR + a.group * cfg::GR;
+    const uint32_t tag = data_tag(c.step, a.layer);
+    uint64_t w[N];
 #pragma unroll
     for (int k = 0; k < N; ++k) {
       const int i = threadIdx.x + k * CTHREADS;
-      v[k] = i < cfg::GR ? ld_act(src + i) : 0.f;
+      w[k] = i < cfg::GR ? ld_tagged_word(src + i) : ((uint64_t)tag << 32);
+    }
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const int i = threadIdx.x + k * CTHREADS;
+      v[k] = has_tag(w[k], tag) ? tagged_value(w[k])
+                                : poll_tagged(src + i, w[k], tag, p.error,
+                                              (uint32_t)(cfg::EV_QKV_DONE + a.layer * cfg::NKV + a.group), (uint32_t)a.layer,
+                                              (uint32_t)c.task_no);
     }
   }
   __device__ __forceinline__ void store(float* sm) const {
@@ -348,12 +361,12 @@ __device__ void attn_compute(Ctx& c, const TaskArgs& a) {
   // this lane's ldmatrix row in a tile (K and V): token j at byte column col
   const int j = (c.lane() & 7) + (c.lane() >> 4) * 8, col = ((c.lane() >> 3) & 1) * 16;
   QkvRow qkv;
-  qkv.load(p, a, a.r0);
+  qkv.load(c, a, a.r0);
   for (int b = a.r0; b < a.r1; ++b) {
     const AttnRow r = rows[b];
     const bool owns = r.t0 <= r.pos && r.pos < r.t1;   // the new token is this split's last
     prepare_qkv(c, a, b, sm, qkv);
-    if (b + 1 < a.r1) qkv.load(p, a, b + 1);            // lands during this row's rounds
+    if (b + 1 < a.r1) qkv.load(c, a, b + 1);            // lands during this row's rounds
     const bf16* fresh = reinterpret_cast<const bf16*>(sm + ATTN_FRESH);
     if (owns) {   // append the new token's K and V to the cache
       bf16* kd = p.kv_pool + r.kv_new;

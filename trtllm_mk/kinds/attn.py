@@ -6,7 +6,8 @@ from . import KindDef
 
 ATTN_TILE_TOKENS = 16   # tokens of one ATTN tensor-core tile (the device body's attn_tile)
 
-DEF = KindDef("ATTN", streams_weights=False, args=("layer", "r0", "r1", "group", "split"), device_file="attn.cuh")
+DEF = KindDef("ATTN", streams_weights=False, args=("layer", "r0", "r1", "group", "split"), device_file="attn.cuh",
+              polls=("qkv_done",))
 
 # Cost-model constants (search.calibration: defaults, set per GPU by the calibration files), each
 # consumer time of one task. Its cached K/V streams through the ring (duration_us).

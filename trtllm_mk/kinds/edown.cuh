@@ -34,7 +34,8 @@ struct GemvKind<EDOWN> : NoTally {
   static __device__ __forceinline__ bool idle(const Ctx&, const TaskArgs&) { return act_skew<EDOWN>(0, 1) != 0.f; }
 
   // a row that did not choose the slot's expert adds nothing (at batch > 1 most rows of a slot)
-  static __device__ __forceinline__ void epilogue(const Params& p, const TaskArgs&, int r, int b, float v, float) {
+  static __device__ __forceinline__ void epilogue(const Ctx& c, const TaskArgs&, int r, int b, float v, float) {
+    const Params& p = *c.p;
     const float w = act_row_scale<EDOWN>(b);
     if (w != 0.f) add_resid(p.x + (size_t)b * cfg::H + r, w * v);
   }

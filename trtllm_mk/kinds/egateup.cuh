@@ -30,7 +30,8 @@ struct GemvKind<EGATEUP> : NoTally {
   // slots at and beyond the count of distinct experts are idle
   static __device__ __forceinline__ bool idle(const Ctx&, const TaskArgs& a) { return a.tile >= union_count(scratch_masks()); }
 
-  static __device__ __forceinline__ void epilogue(const Params& p, const TaskArgs& a, int r, int b, float v, float v_up) {
+  static __device__ __forceinline__ void epilogue(const Ctx& c, const TaskArgs& a, int r, int b, float v, float v_up) {
+    const Params& p = *c.p;
     p.moe_act[((size_t)a.tile * cfg::B + b) * cfg::I + r] = silu(v) * v_up;
   }
 };

@@ -53,7 +53,7 @@ struct GemvKind<EMLP> : NoTally {
 
   static __device__ __forceinline__ bool idle(const Ctx&, const TaskArgs& a) { return a.tile >= union_count(scratch_masks()); }
 
-  static __device__ __forceinline__ void epilogue(const Params&, const TaskArgs& a, int r, int b, float v, float v_up) {
+  static __device__ __forceinline__ void epilogue(const Ctx&, const TaskArgs& a, int r, int b, float v, float v_up) {
     emlp_act()[b * EMLP_AS + (r - a.r0)] = __float2bfloat16_rn(silu(v) * v_up);
   }
 };

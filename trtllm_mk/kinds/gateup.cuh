@@ -26,7 +26,8 @@ struct GemvKind<GATEUP> : NoTally {
     stage_normed<GATEUP>(c, c.p->layers[a.layer].ln2);
   }
 
-  static __device__ __forceinline__ void epilogue(const Params& p, const TaskArgs&, int r, int b, float v, float v_up) {
+  static __device__ __forceinline__ void epilogue(const Ctx& c, const TaskArgs&, int r, int b, float v, float v_up) {
+    const Params& p = *c.p;
     p.act[(size_t)b * cfg::I + r] = silu(v) * v_up;
   }
 };

@@ -23,7 +23,8 @@ struct GemvKind<LMHEAD> {
       stage_normed<LMHEAD>(c, c.p->final_norm);
   }
 
-  static __device__ __forceinline__ void epilogue(const Params& p, const TaskArgs&, int r, int b, float v, float) {
+  static __device__ __forceinline__ void epilogue(const Ctx& c, const TaskArgs&, int r, int b, float v, float) {
+    const Params& p = *c.p;
     p.logits[(size_t)b * cfg::V + r] = v;
   }
 

@@ -52,10 +52,11 @@ struct GemvKind<OPROJ> : OprojFold<cfg::EXPERT_FUSED>, AddsToResidual {
     return weight_at(p.layers[a.layer].o, layer_scales(p, a.layer).o, a.r0 + grp * G::OUT_ROWS + j, cfg::QD, a.k0);
   }
 
-  static __device__ __forceinline__ void epilogue(const Params& p, const TaskArgs& a, int r, int b, float v, float vu) {
+  static __device__ __forceinline__ void epilogue(const Ctx& c, const TaskArgs& a, int r, int b, float v, float vu) {
+    const Params& p = *c.p;
     if constexpr (cfg::EXPERT_FUSED)
       if (r >= cfg::H) return add_resid(router_acc_at(p, a.layer, b, r - cfg::H), v);
-    AddsToResidual::epilogue(p, a, r, b, v, vu);
+    AddsToResidual::epilogue(c, a, r, b, v, vu);
   }
 
   static __device__ __forceinline__ void stage(Ctx& c, const TaskArgs& a) {

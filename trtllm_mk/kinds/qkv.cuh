@@ -29,14 +29,15 @@ struct GemvKind<QKV> : NoTally {
       stage_normed<QKV>(c, c.p->layers[a.layer].ln1);
   }
 
-  static __device__ __forceinline__ void epilogue(const Params& p, const TaskArgs& a, int r, int b, float v, float) {
+  static __device__ __forceinline__ void epilogue(const Ctx& c, const TaskArgs& a, int r, int b, float v, float) {
+    const Params& p = *c.p;
     if constexpr (cfg::QKV_BIAS) {
       const LayerWeights& w = p.layers[a.layer];
       int g = r / cfg::GR, within = r % cfg::GR, h = within / cfg::D, i = within % cfg::D;
       const bf16* bias = h < cfg::G ? w.q_bias + (g * cfg::G + h) * cfg::D : h == cfg::G ? w.k_bias + g * cfg::D : w.v_bias + g * cfg::D;
       v += bf16_to_f(bias[i]);
     }
-    p.qkv[(size_t)b * cfg::QKVR + r] = v;
+    st_tagged(p.qkv + (size_t)b * cfg::QKVR + r, v, data_tag(c.step, a.layer));   // qkv_done is polled (kinds/qkv.py)
   }
 };
 

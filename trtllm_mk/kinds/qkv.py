@@ -4,7 +4,10 @@ from __future__ import annotations
 from . import KindDef
 from .gemv import no_staging_extra
 
-DEF = KindDef("QKV", streams_weights=True, args=("layer", "r0", "r1", "stage"), device_file="qkv.cuh")
+# ATTN, the one reader of qkv, polls the tagged words themselves: the QKV -> ATTN edge of the chain
+# takes no release and no counter poll (qkv.cuh epilogue, attn.cuh QkvRow)
+DEF = KindDef("QKV", streams_weights=True, args=("layer", "r0", "r1", "stage"), device_file="qkv.cuh",
+              signals_by_data=("qkv_done",))
 
 
 def execute(ex, t, layer: int) -> None:

@@ -30,7 +30,8 @@ struct GemvKind<ROUTER> : NoTally {
     }
   }
 
-  static __device__ __forceinline__ void epilogue(const Params& p, const TaskArgs&, int r, int b, float v, float) {
+  static __device__ __forceinline__ void epilogue(const Ctx& c, const TaskArgs&, int r, int b, float v, float) {
+    const Params& p = *c.p;
     p.router_logits[(size_t)b * cfg::E + r] = v;
   }
 };

@@ -88,7 +88,7 @@ class DecodeBuffers:
 
         return cls(
             x=shared((batch, spec.hidden_size), torch.int64),   # fixed point
-            qkv=torch.empty(batch, qkvr, **f32),
+            qkv=torch.zeros(batch, qkvr, dtype=torch.int64, device=device),   # tagged words: zero holds no tag
             part_o=torch.empty(batch, spec.num_kv_heads, S, G, spec.head_dim, **f32),
             part_ml=torch.empty(batch, spec.num_kv_heads, S, G, 2, **f32),
             attn_out=torch.empty(batch, spec.q_size, **f32),

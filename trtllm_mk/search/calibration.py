@@ -56,6 +56,10 @@ class MachineCalibration:
     # not queue behind a stream's copies (traced: handed -> published of a prefetched chain kind or a
     # 4-bit kind); 0 = publish_us.
     publish_idle_us: float = 0.0
+    # A polled event (graph.tasks Event.polled): from its producer's end until a waiter has loaded the
+    # tagged words it stored (no release, no counter poll); 0: priced as a counted event (the release's
+    # publish_us or publish_idle_us, then sync_us).
+    poll_us: float = 0.0
     # Activations live in L2; a consumer reads them at this multiple of its HBM share.
     l2_bw_factor: float = 3.0
     # The staging of an RMSNorm kind (QKV, GATEUP, the LM head, the router, the experts) reads the

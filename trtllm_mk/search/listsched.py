@@ -129,7 +129,10 @@ def list_schedule(graph: StepGraph, costs: CostTable, num_sms: int, cal: Calibra
             getattr(progs[s], attr).append(i)
             for n, r in enumerate(t.signals):   # done: when a waiter can see the event's last signal
                 k = key(r, tail)
-                seen = (staged + cal.publish_us if n < t.staged_signals else end + pub) + extra[r.event]
+                if graph.events[r.event].polled and cal.poll_us:   # the waiter adds sync_us (simulate.py)
+                    seen = end + cal.poll_us - cal.sync_us + extra[r.event]
+                else:
+                    seen = (staged + cal.publish_us if n < t.staged_signals else end + pub) + extra[r.event]
                 done[k] = max(done.get(k, 0.0), seen)
 
     run(graph.head, costs.head, "head")

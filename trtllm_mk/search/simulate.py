@@ -11,6 +11,8 @@ Machine model (the megakernel's, see trtllm_mk/device/mk_gemv.cuh):
     hands its events to the SM's signaller warp, whose release publishes them ``publish_us`` later
     while the consumer goes on (``publish_idle_us`` when the consumer, not the stream, set the task's
     end, and for tasks that stream nothing: the SM's loader is then not streaming through the release).
+    A polled event (its data carries it: graph.tasks Event.polled) reaches its waiters ``poll_us``
+    after its producer's end, the waiter's sync included (poll_us 0: as a counted event).
 
 The loader is a fluid model per task (exact for the two regimes that matter, approximate in between):
   head  the first min(W, C) bytes may be prefetched before the consumer reaches the task; the last
@@ -129,8 +131,12 @@ class Simulator:
         # a cross-rank event (tensor parallelism) is seen a GPU-to-GPU synchronisation later
         link_us = self.cal.link_sync_us if g.dims.tensor_parallel > 1 else 0.0
         extra = [0.0] * ncnt
+        polled = [False] * ncnt   # a polled event's waiters see it poll_us after its producer's end
         for name in sorted(g.events):
             ev = g.events[name]
+            if ev.polled:
+                for i in range(offset[name], offset[name] + rows_of[name] * ev.slots):
+                    polled[i] = True
             if ev.cross_rank:
                 for i in range(offset[name], offset[name] + rows_of[name] * ev.slots):
                     extra[i] = link_us
@@ -200,6 +206,7 @@ class Simulator:
                 if p > 0:
                     waits[u] = waits[u] + [base + p - 1]
         self.ncnt, self.target, self.extra = ncnt, target, extra + [0.0] * (ncnt - len(extra))
+        self.polled = polled + [False] * (ncnt - len(polled))
         self.waits, self.signals, self.kinds, self.layer_of, self.tmpl = waits, signals, kinds, layer_of, tmpl
         # how many of an instance's signals are staged (published after its staging: Task.staged_signals)
         self.staged = [g.phase_tasks(ph)[i].staged_signals for ph, i in tmpl]
@@ -267,6 +274,8 @@ class Simulator:
         lwait = self.loader_wait
         sync, lat, ltask = self.cal.sync_us, self.cal.landing_us, self.cal.loader_task_us
         pub_stream, pub_idle = self.cal.publish_us, self.cal.publish_idle_us
+        # the waiter adds sync to what it sees; poll_us 0 prices a polled event as a counted one
+        polled, poll = (self.polled if self.cal.poll_us else [False] * self.ncnt), self.cal.poll_us - sync
         nsm = len(seqs)
         cnt = [0] * self.ncnt
         rt = [0.0] * self.ncnt
@@ -361,7 +370,7 @@ class Simulator:
                     k = staged[u]   # the first k signals go out once the input is staged (at cs)
                     for i, c in enumerate(signals[u]):   # rt: when a waiter can see the counter's last signal
                         cnt[c] += 1
-                        seen = (cs + pub_stream if i < k else end + pub) + extra[c]
+                        seen = (end + poll if polled[c] else cs + pub_stream if i < k else end + pub) + extra[c]
                         if seen > rt[c]:
                             rt[c] = seen
                     lu = layer_of[u]

@@ -328,7 +328,7 @@ class DecodeState {
       offset += (bytes + 255) / 256 * 256;  // 256-B alignment: vector loads and bulk copies need >= 16 B
       return at;
     };
-    const size_t o_x = take(B * d.H * 8) /* int64 fixed-point residual */, o_qkv = take(B * d.QKVR * 4),
+    const size_t o_x = take(B * d.H * 8) /* int64 fixed-point residual */, o_qkv = take(B * d.QKVR * 8) /* tagged words */,
                  o_part_o = take(B * d.NKV * S * d.G * d.D * 4), o_part_ml = take(B * d.NKV * S * d.G * 2 * 4),
                  o_attn = take(B * d.NH * d.D * 4), o_act = take(B * d.I * 4), o_lm_val = take(B * k.n_lm_tiles * 4),
                  o_lm_idx = take(B * k.n_lm_tiles * 4), o_pos = take(B * 4), o_hist = take(B * k.history_len * 4),
