@@ -75,6 +75,23 @@ def test_tied_lm_head_and_inv_freq_are_ignored_silently(tmp_path):
     assert "lm_head.weight" not in loaded and set(loaded) == set(spec.expected_tensors())
 
 
+def test_a_tied_configs_lm_head_that_is_no_copy_is_refused(tmp_path):
+    # transformers unties a saved lm_head that differs from the embedding and decodes with it; the
+    # engine reads the embedding, so it refuses the checkpoint naming the fix (check and load alike)
+    ckpt = write_tiny_checkpoint(tmp_path / "c", family="llama", tie_word_embeddings=True)
+
+    def add(t):
+        head = t["model.embed_tokens.weight"].clone()
+        head[-1, 3] += 1.0   # the last block of rows, one element
+        t["lm_head.weight"] = head
+    _rewrite(ckpt, add)
+    spec = load_spec(ckpt)
+    for read in (check_checkpoint, load_checkpoint):
+        with pytest.raises(ModelError, match="lm_head.weight differs from model.embed_tokens.weight.*"
+                                             "tie_word_embeddings to false"):
+            read(ckpt, spec)
+
+
 def test_unknown_extra_tensor_is_skipped_with_a_warning(tmp_path):
     ckpt = write_tiny_checkpoint(tmp_path / "c", family="llama")
     _rewrite(ckpt, lambda t: t.__setitem__("model.layers.0.self_attn.q_proj.bias", torch.zeros(128)))

@@ -160,6 +160,39 @@ def test_unsupported_architecture_is_named(tmp_path):
         resolve_model(str(d))
 
 
+def test_an_architecture_that_is_no_causal_lm_is_refused_whatever_its_model_type(tmp_path):
+    d = write_tiny_checkpoint(tmp_path / "c")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update(architectures=["LlamaForSequenceClassification"])   # model_type stays "llama"
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelError, match="unsupported architecture 'LlamaForSequenceClassification'"):
+        resolve_model(str(d))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_keys_a_config_leaves_out_take_the_transformers_defaults(family):
+    # a config.json without the keys that have defaults decodes as transformers loads it: its config
+    # class's defaults, which differ by family (Mixtral's rope theta and norm epsilon, Mistral's window,
+    # Qwen3's head_dim, the KV heads)
+    transformers = pytest.importorskip("transformers")
+    full = tiny_config(family)
+    keep = ("architectures", "model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
+            "num_attention_heads", "vocab_size", "moe_intermediate_size", "num_experts", "num_local_experts",
+            "num_experts_per_tok")
+    # 32 heads of 128: every family's default KV heads (32, 8 or 4) divide them
+    minimal = {k: full[k] for k in keep if k in full} | {"hidden_size": 4096, "num_attention_heads": 32}
+    hf = transformers.AutoConfig.for_model(minimal["model_type"], **{k: v for k, v in minimal.items()
+                                                                      if k not in ("architectures", "model_type")})
+    spec = spec_from_hf_config(minimal)
+    rope = getattr(hf, "rope_parameters", None) or {}
+    want_head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+    assert (spec.num_kv_heads, spec.head_dim, spec.rms_norm_eps, spec.rope_theta, spec.max_position_embeddings) == (
+        hf.num_key_value_heads or hf.num_attention_heads, want_head_dim, hf.rms_norm_eps,
+        rope.get("rope_theta", getattr(hf, "rope_theta", None)), hf.max_position_embeddings)
+    if family in ("mistral", "mixtral"):
+        assert spec.sliding_window == hf.sliding_window
+
+
 def test_bad_json_is_named(tmp_path):
     d = write_tiny_checkpoint(tmp_path / "c")
     (d / "config.json").write_text('{"hidden_size": 128,')

@@ -416,7 +416,7 @@ def test_building_dense_and_sparse_layers_stops_before_the_search_in_one_line(tm
                         "--output-dir", str(tmp_path / "e")], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     err = r.stderr.strip().splitlines()
-    assert len(err) == 1 and "mixture-of-experts" in err[0] and "layers [1] have a dense MLP" in err[0], r.stderr
+    assert len(err) == 1 and "mixture-of-experts" in err[0] and "dense MLP layers [1]" in err[0], r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "e").exists()
 
 

@@ -266,8 +266,8 @@ def test_the_tiny_moe_engine_runs_simulated_as_the_reference(tmp_path):
 
 
 @pytest.mark.parametrize("change, fragment", [
-    (dict(mlp_only_layers=(1,)), "layers [1] have a dense MLP"),
-    (dict(decoder_sparse_step=2), "have a dense MLP"),
+    (dict(mlp_only_layers=(1,)), "dense MLP layers [1]"),
+    (dict(decoder_sparse_step=2), "dense MLP layers"),
     (dict(num_experts=MAX_EXPERTS + 8), f"at most {MAX_EXPERTS} experts"),
     (dict(num_experts_per_tok=9), "8 per token"),
     (dict(weight_bits=4, weight_group=64), "quantized expert weights"),

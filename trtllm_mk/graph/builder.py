@@ -88,7 +88,7 @@ def check_moe_supported(spec: ModelSpec) -> None:
     dense = [i for i in range(spec.num_layers) if not spec.is_moe_layer(i)]
     why = None
     if dense:
-        why = (f"layers {dense} have a dense MLP (mlp_only_layers / decoder_sparse_step); the megakernel runs "
+        why = (f"dense MLP layers {dense} (mlp_only_layers / decoder_sparse_step); the megakernel runs "
                "models whose every layer routes to experts")
     elif spec.num_experts > MAX_EXPERTS or spec.num_experts_per_tok > MAX_EXPERTS_PER_TOKEN:
         why = (f"{spec.num_experts} experts, {spec.num_experts_per_tok} per token; the megakernel routes at most "

@@ -38,8 +38,9 @@ def _listing(items: list[str]) -> str:
 
 def _is_ignorable_extra(name: str, spec: ModelSpec) -> bool:
     # Older checkpoints saved RoPE's inv_freq buffer; we derive it from the config (rope.py).
-    # A tied model's lm_head.weight, when saved, is a copy of the embedding we already read.
-    return name.endswith("rotary_emb.inv_freq") or (name == "lm_head.weight" and spec.tie_word_embeddings)
+    # A tied model's lm_head.weight, when saved, is a copy of the embedding we already read (checked:
+    # _check_tied_copy).
+    return name.endswith("rotary_emb.inv_freq") or (name == TIED_HEAD and spec.tie_word_embeddings)
 
 
 def weight_files(ckpt_dir: str | Path) -> dict[str, list[str] | None]:
@@ -130,7 +131,30 @@ def _checked_sources(stack: ExitStack, d: Path, spec: ModelSpec, dev: str) -> di
     if extra:
         warnings.warn(f"{d}: ignoring {len(extra)} tensor(s) the {spec.family} config does not use: "
                       f"{_listing(extra)}", stacklevel=3)
+    if spec.tie_word_embeddings and TIED_HEAD in where:
+        _check_tied_copy(d, where)
     return {n: where[n] for n in expected}
+
+
+EMBEDDING, TIED_HEAD = "model.embed_tokens.weight", "lm_head.weight"
+
+
+def _check_tied_copy(d: Path, where: dict[str, object]) -> None:
+    """A tied model's saved lm_head.weight must be the embedding's copy: transformers unties a head that
+    differs (and decodes with it), which the engine, reading the embedding, would not. Compared in
+    blocks of rows, so no more than a few MB of either is held at once."""
+    emb, head = where[EMBEDDING].get_slice(EMBEDDING), where[TIED_HEAD].get_slice(TIED_HEAD)
+    shape = tuple(emb.get_shape())
+    same = tuple(head.get_shape()) == shape
+    step = max(1, (1 << 22) // max(1, shape[-1]))
+    for r in range(0, shape[0] if same else 0, step):
+        if not torch.equal(emb[r:r + step].float(), head[r:r + step].float()):
+            same = False
+            break
+    if not same:
+        raise ModelError(f"{d}: config.json ties the LM head to the embedding (tie_word_embeddings true), but the "
+                         f"checkpoint's {TIED_HEAD} differs from {EMBEDDING}, and transformers decodes with it; set "
+                         "tie_word_embeddings to false in config.json")
 
 
 def check_checkpoint(ckpt_dir: str | Path, spec: ModelSpec) -> set[str]:

@@ -393,6 +393,18 @@ def _moe_fields(cfg: dict, family: str, num_layers: int, where: str) -> dict[str
                 mlp_only_layers=tuple(sorted(set(only))))
 
 
+def with_family_defaults(cfg: dict, family: str) -> dict:
+    """``cfg`` with the family's transformers defaults (Family.config_defaults) for the keys it leaves
+    out; a rope theta only where neither rope_theta nor rope_parameters gives one."""
+    defaults = dict(FAMILIES[family].config_defaults)
+    theta = defaults.pop("rope_theta", None)
+    out = {**defaults, **cfg}
+    rp = cfg.get("rope_parameters")
+    if theta is not None and cfg.get("rope_theta") is None and not (isinstance(rp, dict) and rp.get("rope_theta") is not None):
+        out["rope_theta"] = theta
+    return out
+
+
 def spec_from_hf_config(cfg: dict, name: str = "model", where: str = "config.json") -> ModelSpec:
     """Build a ModelSpec from the dict of an HF config.json; clear ModelError on anything else."""
     if not isinstance(cfg, dict):
@@ -403,13 +415,14 @@ def spec_from_hf_config(cfg: dict, name: str = "model", where: str = "config.jso
     family = None
     for a in archs:
         family = _ARCH_FAMILY.get(a, family)
-    if family is None:
+    if family is None and not archs:   # model_type names the family only where no architecture is given
         mt = cfg.get("model_type", "")
         family = _MODEL_TYPE_FAMILY.get(mt) if isinstance(mt, str) else None
     if family is None:
         got = archs[0] if archs else cfg.get("model_type", "<none>")
         raise ModelError(
             f"{where}: unsupported architecture '{got}'; supported: {', '.join(sorted(_ARCH_FAMILY))}")
+    cfg = with_family_defaults(cfg, family)
     _refuse_unimplemented(cfg, family, where)
     H = _int(cfg, "hidden_size", where)
     nh = _int(cfg, "num_attention_heads", where)

@@ -36,6 +36,10 @@ class Family:
     always_norm_topk: bool = False
     expert_weights_fp32: bool = False
     step: tuple[tuple[str, tuple[str, ...]], ...] = tuple(DECODER_STEP.items())   # (phase, kind names)
+    # What transformers' config class of the family takes for a key config.json leaves out (5.x), for
+    # the keys the spec reads with a default: a config written by hand or by an older library then
+    # decodes as transformers loads it
+    config_defaults: tuple[tuple[str, object], ...] = ()
 
 
 _MODULES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral")
