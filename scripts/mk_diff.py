@@ -41,7 +41,7 @@ ex.step(first.cpu(), pos)
 want_ref = ref.decode(first.cuda(), pos.cuda(), PagedKVCache(cpu_cache.pool.cuda(), cache.block_table, 32))
 print("plan", sched.plan)
 for name in ("qkv", "part_o", "part_ml", "attn_out", "act", "x", "logits"):
-    a, b = getattr(dec.buf, name).float().cpu(), getattr(ex, name).float()
+    a, b = dec.buf.values(name).float().cpu(), getattr(ex, name).float()
     fin = torch.isfinite(b)
     err = ((a - b)[fin].norm() / b[fin].norm()).item()
     worst = (a - b).abs()[fin].max().item()

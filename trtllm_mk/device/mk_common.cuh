@@ -310,17 +310,42 @@ __device__ __forceinline__ uint64_t ld_tagged_word(const uint64_t* p) {
 }
 __device__ __forceinline__ bool has_tag(uint64_t w, uint32_t tag) { return (uint32_t)(w >> 32) == tag; }
 __device__ __forceinline__ float tagged_value(uint64_t w) { return __uint_as_float((uint32_t)w); }
-// Polls one word until it carries `tag` (its first load already issued: `w`); the timeout names the
-// polled event's counter index as a counter wait's does.
-__device__ __noinline__ float poll_tagged(const uint64_t* p, uint64_t w, uint32_t tag, ErrorInfo* err,
-                                          uint32_t flat_index, uint32_t layer, uint32_t task) {
-  const uint64_t t0 = globaltimer();
-  while (!has_tag(w, tag)) {
-    __nanosleep(32);
-    w = ld_tagged_word(p);
-    if (globaltimer() - t0 > diag::SPIN_TIMEOUT_NS) wait_timed_out(err, flat_index, tag, (uint32_t)(w >> 32), layer, task);
+
+// What a consumer polls for, and what a poll that times out reports (the polled event's counter
+// index, as a counter wait's timeout does).
+struct TagPoll {
+  uint32_t tag, event, layer, task;
+  ErrorInfo* err;
+  // Settles the n words a thread loaded with `reload` (which loads them all again): while one of them
+  // is not this layer's, the whole batch is loaded again, its loads in flight together (one round
+  // trip a try, not one a word).
+  template <int N, typename Reload>
+  __device__ __forceinline__ void settle(const uint64_t (&w)[N], Reload reload) const {
+    if (!stale(w)) return;
+    wait(w, reload);
   }
-  return tagged_value(w);
-}
+  template <int N>
+  __device__ __forceinline__ bool stale(const uint64_t (&w)[N]) const {
+    bool s = false;
+#pragma unroll
+    for (int k = 0; k < N; ++k) s |= !has_tag(w[k], tag);
+    return s;
+  }
+  template <int N, typename Reload>
+  __device__ __forceinline__ void wait(const uint64_t (&w)[N], Reload reload) const {
+    const uint64_t t0 = globaltimer();
+    do {
+      __nanosleep(64);
+      reload();
+      if (globaltimer() - t0 > diag::SPIN_TIMEOUT_NS) {
+        uint32_t seen = tag;
+#pragma unroll
+        for (int k = 0; k < N; ++k)
+          if (!has_tag(w[k], tag)) seen = (uint32_t)(w[k] >> 32);
+        wait_timed_out(err, event, tag, seen, layer, task);
+      }
+    } while (stale(w));
+  }
+};
 
 }  // namespace mk

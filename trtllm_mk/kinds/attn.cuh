@@ -196,29 +196,28 @@ __device__ void attn_prologue(Ctx& c, const TaskArgs& a) {
 // This step's q heads, k and v of group g for one batch row, in registers: a task loads the next
 // row's while its consumers compute this row's rounds, so that only the first row's L2 round trip
 // (queued behind the loaders' copies) lies on the chain. The words carry QKV's tags (qkv_done is a
-// polled event: kinds/qkv.py): each thread loads its words at once, then polls those that are not
-// this layer's yet.
+// polled event: kinds/qkv.py): each thread loads its words at once, and again while one is not this
+// layer's yet.
 struct QkvRow {
   static constexpr int N = (cfg::GR + CTHREADS - 1) / CTHREADS;   // values per consumer thread
   float v[N];
   __device__ __forceinline__ void load(const Ctx& c, const TaskArgs& a, int b) {
     const Params& p = *c.p;
     const uint64_t* src = p.qkv + (size_t)b * cfg::QKVR + a.group * cfg::GR;
-    const uint32_t tag = data_tag(c.step, a.layer);
+    const TagPoll poll{data_tag(c.step, a.layer), (uint32_t)(cfg::EV_QKV_DONE + a.layer * cfg::NKV + a.group),
+                       (uint32_t)a.layer, (uint32_t)c.task_no, p.error};
     uint64_t w[N];
+    const auto reload = [&] {
 #pragma unroll
-    for (int k = 0; k < N; ++k) {
-      const int i = threadIdx.x + k * CTHREADS;
-      w[k] = i < cfg::GR ? ld_tagged_word(src + i) : ((uint64_t)tag << 32);
-    }
+      for (int k = 0; k < N; ++k) {
+        const int i = threadIdx.x + k * CTHREADS;
+        w[k] = i < cfg::GR ? ld_tagged_word(src + i) : ((uint64_t)poll.tag << 32);
+      }
+    };
+    reload();
+    poll.settle(w, reload);
 #pragma unroll
-    for (int k = 0; k < N; ++k) {
-      const int i = threadIdx.x + k * CTHREADS;
-      v[k] = has_tag(w[k], tag) ? tagged_value(w[k])
-                                : poll_tagged(src + i, w[k], tag, p.error,
-                                              (uint32_t)(cfg::EV_QKV_DONE + a.layer * cfg::NKV + a.group), (uint32_t)a.layer,
-                                              (uint32_t)c.task_no);
-    }
+    for (int k = 0; k < N; ++k) v[k] = tagged_value(w[k]);
   }
   __device__ __forceinline__ void store(float* sm) const {
 #pragma unroll

@@ -40,6 +40,10 @@ def load_runtime():
     return _mkrt
 
 
+# buffers of tagged words (graph.tasks Event.polled): an fp32 value and its (step, layer) tag each
+TAGGED_BUFFERS = ("qkv",)
+
+
 @dataclass
 class DecodeBuffers:
     x: torch.Tensor
@@ -70,6 +74,12 @@ class DecodeBuffers:
     router_acc: torch.Tensor | None      # [L, B, E, ROUTER_ACC_STRIDE] int64 (fixed point, word 0)
     expert_sum: torch.Tensor | None      # [L + 1, B, H] int64 (fixed point), zero between steps
 
+    def values(self, name: str) -> torch.Tensor:
+        """Buffer ``name`` as fp32 values: a tagged buffer (TAGGED_BUFFERS: mk::st_tagged) holds each
+        value in the low half of a 64-bit word."""
+        t = getattr(self, name)
+        return (t & 0xFFFFFFFF).to(torch.int32).view(torch.float32) if name in TAGGED_BUFFERS else t
+
     @classmethod
     def allocate(cls, spec: ModelSpec, batch: int, schedule: Schedule, layout: KernelLayout,
                  device: torch.device, peer_alloc=None) -> "DecodeBuffers":
@@ -77,6 +87,7 @@ class DecodeBuffers:
         tensor parallelism over several GPUs: memory every rank can reach); zero-filled."""
         f32 = dict(dtype=torch.float32, device=device)
         i32 = dict(dtype=torch.int32, device=device)
+        tagged = dict(dtype=torch.int64, device=device)   # tagged words (mk::st_tagged): zero holds no tag
         S, G = schedule.plan.attn_splits, spec.group_size
         qkvr = spec.num_kv_heads * (G + 2) * spec.head_dim
         tiles = layout.tensor_parallel * layout.n_lm_tiles   # every rank's LM-head tiles
@@ -88,7 +99,7 @@ class DecodeBuffers:
 
         return cls(
             x=shared((batch, spec.hidden_size), torch.int64),   # fixed point
-            qkv=torch.zeros(batch, qkvr, dtype=torch.int64, device=device),   # tagged words: zero holds no tag
+            qkv=torch.zeros(batch, qkvr, **tagged),
             part_o=torch.empty(batch, spec.num_kv_heads, S, G, spec.head_dim, **f32),
             part_ml=torch.empty(batch, spec.num_kv_heads, S, G, 2, **f32),
             attn_out=torch.empty(batch, spec.q_size, **f32),
