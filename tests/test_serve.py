@@ -291,20 +291,8 @@ def test_concurrent_clients_get_what_they_get_alone(client):
 
 
 def test_serve_command(engine_dir, checkpoint):
-    port = free_port()
-    p = subprocess.Popen([sys.executable, "-m", "trtllm_mk", "serve", "--engine", str(engine_dir), "--weights",
-                          str(checkpoint), "--simulate", "--port", str(port)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p, url = _serve(engine_dir, checkpoint)
     try:
-        url = f"http://127.0.0.1:{port}"
-
-        def up():
-            assert p.poll() is None, p.communicate()[1]
-            try:
-                return httpx.get(url + "/health", timeout=1).status_code == 200
-            except httpx.TransportError:
-                return False
-        wait_until(up, timeout=60, what="serve to answer /health")
         c = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
         r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "ba"}], max_tokens=3)
         assert r.usage.completion_tokens >= 1 and r.choices[0].finish_reason in ("stop", "length")
