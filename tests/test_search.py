@@ -655,7 +655,9 @@ def test_oproj_row_variants_move_the_qkv_tiles_too():
     (40 / 40, 24 / 72) ranks behind it: one coordinate at a time, the descent would stop at 24 / 40."""
     from trtllm_mk.search.planeval import Evaluator, field_variants
     spec, h200 = spec_of("qwen3-30b-a3b"), get_gpu("H200")
-    ev = Evaluator(spec, 4, h200, load_calibration(h200).resolved(h200), h200.sm_count, 512, 0)
+    # the H200 constants this ranking was found under (before the polled QKV -> ATTN edge, poll_us)
+    cal = replace(load_calibration(h200), poll_us=0.0).resolved(h200)
+    ev = Evaluator(spec, 4, h200, cal, h200.sm_count, 512, 0)
     plan = TilePlan(qkv_rows=24, o_rows=40, o_ksplit=4, o_merge=True, gateup_rows=192, down_rows=64, lm_rows=1152,
                     stages=5, slot_bytes=32768, attn_splits=2, attn_rows=1, expert_fused=True, expert_inflight=2)
     pair = replace(plan, qkv_rows=40, o_rows=72)

@@ -301,10 +301,16 @@ def test_serve_command(engine_dir, checkpoint):
         p.wait(timeout=30)
 
 
+# The server as `python -m trtllm_mk`, with Python's own Ctrl-C handler: a test run in the background of a
+# non-interactive shell inherits SIGINT ignored, and Python keeps an ignored SIGINT ignored
+SERVE = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+         "sys.argv[0] = 'trtllm_mk'; runpy.run_module('trtllm_mk', run_name='__main__', alter_sys=True)")
+
+
 def _serve(engine_dir, checkpoint, *extra):
     """A ``serve`` process on a free port, once it answers /health: (process, url)."""
     port = free_port()
-    p = subprocess.Popen([sys.executable, "-m", "trtllm_mk", "serve", "--engine", str(engine_dir), "--weights",
+    p = subprocess.Popen([sys.executable, "-c", SERVE, "serve", "--engine", str(engine_dir), "--weights",
                           str(checkpoint), "--simulate", "--port", str(port), *extra],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
