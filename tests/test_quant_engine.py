@@ -509,3 +509,17 @@ def test_a_quantized_checkpoint_decodes_on_the_megakernel_as_the_reference_does(
         assert flips <= 1, f"{flips} tokens differ from the reference"
     finally:
         eng.close()
+
+
+@pytest.mark.parametrize("fmt", ["gptq", "fp8"])
+def test_a_quantized_mixture_of_experts_is_refused_naming_the_experts(tmp_path, fmt):
+    # whatever the layout would say about an expert's width, the cause is that the expert kinds stream
+    # bf16 weights
+    from trtllm_mk.build import check_buildable
+    from trtllm_mk.model.tiny import write_tiny_checkpoint
+    src = write_tiny_checkpoint(tmp_path / "moe", family="qwen3_moe", seed=2, mlp_only_layers=[])   # every layer sparse
+    ckpt = _quantize(src, tmp_path / "q", "--format", fmt, *(["--group-size", "32"] if fmt == "gptq" else []))
+    with pytest.raises(ConfigError, match=r"quantization: cannot be built into an engine: a mixture-of-experts "
+                                          r"model with .* weights; the megakernel streams bf16 experts") as e:
+        check_buildable(load_config(_yaml(tmp_path, ckpt)))
+    assert "\n" not in str(e.value)

@@ -57,6 +57,10 @@ def check_buildable(cfg: DeploymentConfig) -> None:
     from .model.moe import check_buildable_moe
     check_buildable_moe(cfg.model_spec, where)
     scheme = cfg.quant_scheme
+    if scheme is not None and cfg.model_spec.is_moe:   # before the layout's own reasons: this one is the cause
+        raise ConfigError(f"{where}: quantization: cannot be built into an engine: a mixture-of-experts model with "
+                          f"{scheme.describe()} weights; the megakernel streams bf16 experts (the reference decoder "
+                          "and the CPU executor read these checkpoints dequantized)")
     if scheme is not None and not cfg.model_spec.quantized:
         try:
             quantized_spec(cfg.model_spec, scheme)
