@@ -352,6 +352,11 @@ def test_a_stop_signal_ends_what_outlives_the_shutdown_timeout_as_readable_error
         "model": MODEL, "prompt": "ba", "max_tokens": 240, "ignore_eos": True})))
     other.start()
     assert started.wait(30)
+
+    def both_in():   # the non-streamed request too has reached the scheduler
+        h = health(url)
+        return h["busy_slots"] + h["waiting"] == 2
+    wait_until(both_in, timeout=30, what="both requests to be in flight")
     p.send_signal(signal.SIGTERM)
     stream.join(60)
     other.join(60)
