@@ -104,7 +104,7 @@ SEND_S = 5.0   # seconds the responses ended at the shutdown timeout get to go o
 def stopping_server(server_cls, sched, timeout: float):
     """``server_cls`` (uvicorn.Server) that, at the first stop signal, says how many requests it waits
     for and closes the scheduler after ``timeout`` seconds (ending those left with an error their
-    clients receive), and at a second Ctrl-C closes it at once."""
+    clients receive). A second Ctrl-C ends the server at once; ``main`` then closes the scheduler."""
     class StoppingServer(server_cls):
         def handle_exit(self, sig, frame) -> None:
             first = not self.should_exit
@@ -115,6 +115,4 @@ def stopping_server(server_cls, sched, timeout: float):
                 timer = threading.Timer(timeout, sched.close)
                 timer.daemon = True
                 timer.start()
-            elif self.force_exit:
-                threading.Thread(target=sched.close, daemon=True).start()
     return StoppingServer

@@ -144,13 +144,11 @@ class TaskCall:
         return f"c = {ns}{self.function}<mk::{self.kind}>(c, {task_args_init(self.args)});"
 
 
-def _task_call(graph: StepGraph, task: Task, offsets: dict[str, int], prev: Task | None = None,
-               counted=None) -> TaskCall:
+def _task_call(graph: StepGraph, task: Task, offsets: dict[str, int], prev: Task | None, counted) -> TaskCall:
     """``counted(event name)``: whether the device keeps the event's counter (device_events)."""
     if len(task.waits) > MAX_REFS or len(task.signals) > MAX_REFS:
         raise ValueError(f"{task.label()}: more than {MAX_REFS} waits/signals; use smaller qkv_rows")
     layer = "l" if task.phase == LAYER else "-1"
-    counted = counted or (lambda name: True)
     waits = [r for r in task.waits if counted(r.event)]
     if not all(counted(r.event) for r in task.signals[:task.staged_signals]):
         raise ValueError(f"{task.label()}: a polled event cannot be a staged signal")

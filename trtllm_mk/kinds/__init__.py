@@ -44,8 +44,8 @@ class KindDef:
     # has no task of theirs)
     device_needs: tuple[str, ...] = ()
     # Polled events (graph.tasks Event.polled): those this kind signals by storing its outputs as tagged
-    # words (mk::st_tagged), and those it waits for by polling such words (mk::poll_tagged) instead of
-    # a counter
+    # words (mk::st_tagged), and those it waits for by polling such words (mk::TagPoll) instead of a
+    # counter
     signals_by_data: tuple[str, ...] = ()
     polls: tuple[str, ...] = ()
 

@@ -116,6 +116,9 @@ def list_schedule(graph: StepGraph, costs: CostTable, num_sms: int, cal: Calibra
     # a cross-rank event (tensor parallelism) is seen a GPU-to-GPU synchronisation later (simulate.py)
     link = cal.link_sync_us if graph.dims.tensor_parallel > 1 else 0.0
     extra = {name: link if ev.cross_rank else 0.0 for name, ev in graph.events.items()}
+    # a polled event is seen poll_us after its producer's end, the waiter's sync_us included (poll_us 0:
+    # as a counted one)
+    polled = {name for name, ev in graph.events.items() if ev.polled and cal.poll_us}
 
     def run(tasks, tcosts, attr: str) -> None:
         tail = attr == "tail"
@@ -129,7 +132,7 @@ def list_schedule(graph: StepGraph, costs: CostTable, num_sms: int, cal: Calibra
             getattr(progs[s], attr).append(i)
             for n, r in enumerate(t.signals):   # done: when a waiter can see the event's last signal
                 k = key(r, tail)
-                if graph.events[r.event].polled and cal.poll_us:   # the waiter adds sync_us (simulate.py)
+                if r.event in polled:
                     seen = end + cal.poll_us - cal.sync_us + extra[r.event]
                 else:
                     seen = (staged + cal.publish_us if n < t.staged_signals else end + pub) + extra[r.event]

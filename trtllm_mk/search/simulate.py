@@ -131,10 +131,11 @@ class Simulator:
         # a cross-rank event (tensor parallelism) is seen a GPU-to-GPU synchronisation later
         link_us = self.cal.link_sync_us if g.dims.tensor_parallel > 1 else 0.0
         extra = [0.0] * ncnt
-        polled = [False] * ncnt   # a polled event's waiters see it poll_us after its producer's end
+        # a polled event's waiters see it poll_us after its producer's end (poll_us 0: as a counted one)
+        polled = [False] * ncnt
         for name in sorted(g.events):
             ev = g.events[name]
-            if ev.polled:
+            if ev.polled and self.cal.poll_us:
                 for i in range(offset[name], offset[name] + rows_of[name] * ev.slots):
                     polled[i] = True
             if ev.cross_rank:
@@ -274,8 +275,7 @@ class Simulator:
         lwait = self.loader_wait
         sync, lat, ltask = self.cal.sync_us, self.cal.landing_us, self.cal.loader_task_us
         pub_stream, pub_idle = self.cal.publish_us, self.cal.publish_idle_us
-        # the waiter adds sync to what it sees; poll_us 0 prices a polled event as a counted one
-        polled, poll = (self.polled if self.cal.poll_us else [False] * self.ncnt), self.cal.poll_us - sync
+        polled, poll = self.polled, self.cal.poll_us - sync   # the waiter adds sync to what it sees
         nsm = len(seqs)
         cnt = [0] * self.ncnt
         rt = [0.0] * self.ncnt
