@@ -129,34 +129,59 @@ def test_oproj_merge_and_next_step_prefetch_are_emitted():
                                                                   first.k1), f"SM {sm}"
 
 
-def test_a_polled_event_has_no_counter_on_the_device():
-    # QKV stores q/k/v as tagged words and ATTN polls them (kinds/qkv.py): qkv_done is polled, so the
-    # kernel neither releases nor waits for its counter, unless the diagnostic switch keeps it; the CPU
-    # executor and the simulator keep the edge (their counts are the graph's)
+POLLED = {"qkv_done": ("QKV", "ATTN"), "gateup_done": ("GATEUP", "DOWN")}
+
+
+@pytest.mark.parametrize("event", sorted(POLLED))
+def test_a_polled_event_has_no_counter_on_the_device(event):
+    # QKV stores q/k/v as tagged words that ATTN polls (kinds/qkv.py), GATEUP act as tagged bf16 words
+    # that DOWN polls (kinds/gateup.py): those events are polled, so the kernel neither releases nor
+    # waits for their counters, unless the diagnostic switch keeps them; the CPU executor and the
+    # simulator keep the edges (their counts are the graph's)
     from trtllm_mk.codegen.source import program_calls
     from trtllm_mk.graph.builder import _polled
+    producer, consumer = POLLED[event]
     spec = load_spec(ROOT / "configs" / "models" / "llama-3.2-1b.json")
     plan = TilePlan(qkv_rows=24, o_rows=128, o_ksplit=8, gateup_rows=64, down_rows=128, down_ksplit=8, lm_rows=976,
                     o_merge=True)
     sched = schedule_plan(spec, 1, get_gpu("H100-SXM"), plan, 512)
     g = sched.graph()
-    assert g.events["qkv_done"].polled and not any(e.polled for n, e in g.events.items() if n != "qkv_done")
+    assert {n for n, e in g.events.items() if e.polled} == set(POLLED)
     offsets = g.counter_offsets()
-    lo, hi = offsets["qkv_done"], offsets["qkv_done"] + g.events["qkv_done"].slots
+    lo, hi = offsets[event], offsets[event] + g.events[event].slots * g.events[event].rows
 
     def refs(calls, kind, key):
         return [int(w, 16) & 0xFFFF for sm in calls for _, c in sm if c.kind == kind
                 for w in c.args[key][:c.args["n" + key]]]
     for diag, counted in ((Diagnostics(), False), (Diagnostics(polled_events=0), True)):
         calls = program_calls(sched, g, diag)
-        attn_waits, qkv_signals = refs(calls, "ATTN", "w"), refs(calls, "QKV", "s")
-        assert bool(attn_waits) == counted and all(lo <= w < hi for w in attn_waits)
-        assert any(lo <= s < hi for s in qkv_signals) == counted
+        waits, signals = refs(calls, consumer, "w"), refs(calls, producer, "s")
+        assert any(lo <= w < hi for w in waits) == counted
+        assert any(lo <= s < hi for s in signals) == counted
         # every other event keeps its counter either way
-        assert any(not lo <= s < hi for s in qkv_signals)
+        assert any(not lo <= s < hi for s in signals)
     # a kind that waits for a polled event without polling it is a kind-definition error
-    qkv = next(t for t in g.layer if t.kind.name == "QKV")
+    prod = next(t for t in g.layer if t.kind.name == producer)
     oproj = next(t for t in g.layer if t.kind.name == "OPROJ")
-    deaf = replace(oproj, waits=oproj.waits + tuple(r for r in qkv.signals if r.event == "qkv_done"))
+    deaf = replace(oproj, waits=oproj.waits + tuple(r for r in prod.signals if r.event == event))
     with pytest.raises(ValueError, match="without polling"):
-        _polled("qkv_done", [qkv, deaf])
+        _polled(event, [prod, deaf])
+
+
+def test_down_polls_its_chunk_and_waits_for_every_tile_staging():
+    # a K-split DOWN task polls only its chunk's act words (one gateup_done slot per chunk), so the
+    # tiles' staging of x, which DOWN adds into, is guarded by the counted gateup_staged; one chunk
+    # polls every tile's words, which follow the tile's staging
+    spec = load_spec(ROOT / "configs" / "models" / "llama-3.2-1b.json")
+    for ksplit in (1, 4):
+        plan = TilePlan(qkv_rows=24, o_rows=128, o_ksplit=8, gateup_rows=64, down_rows=128, down_ksplit=ksplit,
+                        lm_rows=976, o_merge=True)
+        g = schedule_plan(spec, 1, get_gpu("H100-SXM"), plan, 512).graph()
+        assert g.events["gateup_done"].slots == ksplit
+        downs = [t for t in g.layer if t.kind.name == "DOWN"]
+        for t in downs:
+            assert {(w.event, w.slot) for w in t.waits if w.event == "gateup_done"} == \
+                {("gateup_done", t.k0 * ksplit // spec.mlp_intermediate)}
+            assert any(w.event == "gateup_staged" for w in t.waits) == (ksplit > 1)
+        staged = [t for t in g.layer if t.kind.name == "GATEUP" and t.staged_signals]
+        assert len(staged) == (len([t for t in g.layer if t.kind.name == "GATEUP"]) if ksplit > 1 else 0)

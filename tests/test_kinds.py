@@ -59,7 +59,13 @@ def test_events_count_the_signals_of_each_slot(o_merge, o_ksplit, down_ksplit):
     assert ev["resid_ready"].rows == L + 1 and ev["resid_ready"].per_layer
     assert ev["resid_ready"].counts == ((n[Kind.EMBED],),) + ((n[Kind.DOWN],),) * L
     assert ev["oproj_done"].counts == ((n[Kind.OPROJ],),) * L
-    assert ev["gateup_done"].counts == ((n[Kind.GATEUP],),) * L and "gateup_staged" not in ev
+    # a slot per DOWN K-chunk, counting the GATEUP tiles whose rows fall in it; a K-split DOWN polls
+    # only its chunk, so the tiles' staging of x is guarded by gateup_staged (kinds/gateup.py)
+    gu = [t for t in g.layer if t.kind == Kind.GATEUP]
+    chunk = spec.intermediate_size // down_ksplit
+    per_chunk = tuple(sum(t.r0 < (k + 1) * chunk and t.r1 > k * chunk for t in gu) for k in range(down_ksplit))
+    assert ev["gateup_done"].counts == (per_chunk,) * L and ev["gateup_done"].polled
+    assert ("gateup_staged" in ev) == (down_ksplit > 1)
     assert ev["lm_done"].counts == ((n[Kind.LMHEAD],),) and not ev["lm_done"].per_layer
     assert sum(ev["qkv_done"].counts[0]) >= n[Kind.QKV]     # a tile spanning two groups signals both
     assert ("combine_done" in ev) == (not o_merge) and ("qkv_all" in ev) == (o_ksplit > 1)

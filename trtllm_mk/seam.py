@@ -85,7 +85,7 @@ PARAMS = (
     ParamField("part_o", "float*", BUFFER, "[B, NKV, S, G, D] attention partials"),
     ParamField("part_ml", "float*", BUFFER, "[B, NKV, S, G, 2] (max, sum of exp)"),
     ParamField("attn_out", "float*", BUFFER, "[B, NH*D]"),
-    ParamField("act", "float*", BUFFER, "[B, I] silu(gate) * up"),
+    ParamField("act", "uint32_t*", BUFFER, "[B, I] silu(gate) * up, each a bf16 under a 16-bit tag (mk::st_tagged_bf16)"),
     ParamField("logits", "float*", BUFFER, "[B, V]"),
     ParamField("lm_val", "float*", BUFFER, "[B, N_LM_TILES]"),
     ParamField("lm_idx", "int*", BUFFER, "[B, N_LM_TILES]"),

@@ -311,28 +311,61 @@ __device__ __forceinline__ uint64_t ld_tagged_word(const uint64_t* p) {
 __device__ __forceinline__ bool has_tag(uint64_t w, uint32_t tag) { return (uint32_t)(w >> 32) == tag; }
 __device__ __forceinline__ float tagged_value(uint64_t w) { return __uint_as_float((uint32_t)w); }
 
+// bf16 words: a value its consumer stages as bf16 anyway (GATEUP's act, rounded as DOWN's staging
+// rounded it) in the low half of a 32-bit word, the low 16 bits of its tag in the high half: half a
+// 64-bit word's bytes. Every layer of every step rewrites the words, so what a consumer can find
+// besides its own tag is one at most L layers older (tag - 2k, 0 < k <= L < 2^15) or a zeroed word's
+// 0, and 16 bits tell those apart.
+__device__ __forceinline__ uint32_t data_tag16(uint32_t step, int layer) { return data_tag(step, layer) & 0xFFFFu; }
+__device__ __forceinline__ void st_tagged_bf16(uint32_t* p, float v, uint32_t tag16) {
+  const uint32_t w = (tag16 << 16) | (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(v));
+  asm volatile("st.relaxed.gpu.global.b32 [%0], %1;" ::"l"(p), "r"(w) : "memory");
+}
+// Four bf16 words (16-byte aligned): each a single-copy atomic 32-bit access of its own.
+__device__ __forceinline__ uint4 ld_tagged_bf16x4(const uint32_t* p) {
+  uint4 w;
+  asm volatile("ld.relaxed.gpu.global.v4.b32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(w.x), "=r"(w.y), "=r"(w.z), "=r"(w.w) : "l"(p) : "memory");
+  return w;
+}
+// Whether a loaded word (a 64-bit word, or four bf16 words) lacks `tag`; `seen` gets the tag it has.
+__device__ __forceinline__ bool stale_word(uint64_t w, uint32_t tag, uint32_t& seen) {
+  if (has_tag(w, tag)) return false;
+  seen = (uint32_t)(w >> 32);
+  return true;
+}
+__device__ __forceinline__ bool stale_word(const uint4& w, uint32_t tag16, uint32_t& seen) {
+  const uint32_t t[4] = {w.x >> 16, w.y >> 16, w.z >> 16, w.w >> 16};
+  bool s = false;
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    if (t[k] != tag16) { s = true; seen = t[k]; }
+  return s;
+}
+
 // What a consumer polls for, and what a poll that times out reports (the polled event's counter
 // index, as a counter wait's timeout does).
 struct TagPoll {
-  uint32_t tag, event, layer, task;
+  uint32_t tag, event, layer, task;   // tag: data_tag (64-bit words) or data_tag16 (bf16 words)
   ErrorInfo* err;
   // Settles the n words a thread loaded with `reload` (which loads them all again): while one of them
   // is not this layer's, the whole batch is loaded again, its loads in flight together (one round
   // trip a try, not one a word).
-  template <int N, typename Reload>
-  __device__ __forceinline__ void settle(const uint64_t (&w)[N], Reload reload) const {
+  template <typename W, int N, typename Reload>
+  __device__ __forceinline__ void settle(const W (&w)[N], Reload reload) const {
     if (!stale(w)) return;
     wait(w, reload);
   }
-  template <int N>
-  __device__ __forceinline__ bool stale(const uint64_t (&w)[N]) const {
+  template <typename W, int N>
+  __device__ __forceinline__ bool stale(const W (&w)[N]) const {
+    uint32_t seen;
     bool s = false;
 #pragma unroll
-    for (int k = 0; k < N; ++k) s |= !has_tag(w[k], tag);
+    for (int k = 0; k < N; ++k) s |= stale_word(w[k], tag, seen);
     return s;
   }
-  template <int N, typename Reload>
-  __device__ __forceinline__ void wait(const uint64_t (&w)[N], Reload reload) const {
+  template <typename W, int N, typename Reload>
+  __device__ __forceinline__ void wait(const W (&w)[N], Reload reload) const {
     const uint64_t t0 = globaltimer();
     do {
       __nanosleep(64);
@@ -340,8 +373,7 @@ struct TagPoll {
       if (globaltimer() - t0 > diag::SPIN_TIMEOUT_NS) {
         uint32_t seen = tag;
 #pragma unroll
-        for (int k = 0; k < N; ++k)
-          if (!has_tag(w[k], tag)) seen = (uint32_t)(w[k] >> 32);
+        for (int k = 0; k < N; ++k) stale_word(w[k], tag, seen);
         wait_timed_out(err, event, tag, seen, layer, task);
       }
     } while (stale(w));

@@ -523,6 +523,36 @@ __device__ void stage_rows(Ctx& c, const TaskArgs& a, const float* src) {
   consumer_sync(CTHREADS);
 }
 
+// The same for rows of bf16 words (st_tagged_bf16; DOWN's act, a polled event): the words are
+// staged as they are, once every one carries `poll`'s tag.
+template <int KIND, int ROW>
+__device__ void stage_tagged_rows(Ctx& c, const TaskArgs& a, const uint32_t* src, const TagPoll& poll) {
+  constexpr int KT = GemvKind<KIND>::KT, AS = KT + ACT_PAD;
+  const int tid = threadIdx.x;
+  constexpr int K4 = KT / 4, N4 = cfg::B * K4, U = 4;
+  const uint4 own = make_uint4(poll.tag << 16, poll.tag << 16, poll.tag << 16, poll.tag << 16);
+  for (int base = tid; base < N4; base += CTHREADS * U) {
+    uint4 w[U];
+    const auto reload = [&] {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int i = base + u * CTHREADS;
+        w[u] = i < N4 ? ld_tagged_bf16x4(src + (size_t)(i / K4) * ROW + a.k0 + 4 * (i % K4)) : own;
+      }
+    };
+    reload();
+    poll.settle(w, reload);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int i = base + u * CTHREADS;
+      if (i < N4)
+        *reinterpret_cast<uint2*>(c.act() + (i / K4) * AS + 4 * (i % K4)) =
+            make_uint2(__byte_perm(w[u].x, w[u].y, 0x5410), __byte_perm(w[u].z, w[u].w, 0x5410));
+    }
+  }
+  consumer_sync(CTHREADS);
+}
+
 // 4-bit codes minus their zero point to mma A fragments. A lane's word of one row and 32-column block
 // holds its eight codes (quant/kernel_layout.py BLOCK_ORDER); nibbles j and j + 4 go into one bf16x2
 // under the exponent of 128 (lop3: (q >> 4j) & 0x000f000f | 0x43004300 = 128 + code, exact), minus

@@ -3,7 +3,8 @@
 Event granularity per edge follows producer and consumer partitions:
   resid_ready [L+1, 1]  whole residual vector: every norm-prologue task (QKV, GATEUP via oproj_done,
                         LMHEAD) reads all of x; row 0 is signalled by EMBED, row l+1 by layer l's DOWN.
-  qkv_done    [L, nkv]  per KV group: attention of group g starts when group g's q/k/v rows are done.
+  qkv_done    [L, nkv]  per KV group: attention of group g starts when group g's q/k/v rows are done
+                        (polled: ATTN loads QKV's tagged words).
   qkv_all     [L, 1]    only with an OPROJ K-split: every QKV tile has read x (which OPROJ adds into);
                         under tensor parallelism a staged signal (Task.staged_signals, published once
                         the tile has staged x: kinds/gateup.py staged_guard).
@@ -12,11 +13,11 @@ Event granularity per edge follows producer and consumer partitions:
   combine_done[L, o_ksplit] per OPROJ K-chunk: an OPROJ chunk starts when its heads are combined
                         (absent with o_merge).
   oproj_done  [L, 1]    whole: GATEUP's norm reads all of x.
-  gateup_done [L, 1]    whole: DOWN adds into x, which the GATEUP tiles of the same layer read for their
-                        norm, so DOWN waits for all of them (the race checker rejects per-chunk
-                        waits without a guard). Under tensor parallelism [L, down_ksplit], per DOWN
-                        K-chunk (kinds/gateup.py down_chunks), beside
-  gateup_staged [L, 1]  every GATEUP tile has staged x: a staged signal guarding x, cross-rank.
+  gateup_done [L, down_ksplit] per DOWN K-chunk (kinds/gateup.py down_chunks; polled: DOWN loads its
+                        chunk's tagged act words). DOWN adds into x, which every GATEUP tile of the
+                        layer reads for its norm, so a K-split DOWN also waits on
+  gateup_staged [L, 1]  every GATEUP tile has staged x: a staged signal guarding x (cross-rank under
+                        tensor parallelism).
   lm_done     [1, 1]    ARGMAX reduces every LM-head tile.
 Mixture-of-experts layers (model.families MOE_STEP) replace GATEUP / DOWN (by EMLP tasks under
 TilePlan.expert_fused, which wait for oproj_done only and signal resid_ready; then neither route_done

@@ -16,7 +16,12 @@ struct GemvKind<DOWN> : NoTally, AddsToResidual {
   }
 
   static __device__ __forceinline__ void stage(Ctx& c, const TaskArgs& a) {
-    stage_rows<DOWN, cfg::I>(c, a, c.p->act);
+    // act's bf16 words carry GATEUP's tags (gateup_done is polled: kinds/gateup.py); this chunk's slot
+    constexpr int SLOT_COLS = cfg::I / cfg::GATEUP_DONE_SLOTS;
+    const TagPoll poll{data_tag16(c.step, a.layer),
+                       (uint32_t)(cfg::EV_GATEUP_DONE + a.layer * cfg::GATEUP_DONE_SLOTS + a.k0 / SLOT_COLS),
+                       (uint32_t)a.layer, (uint32_t)c.task_no, c.p->error};
+    stage_tagged_rows<DOWN, cfg::I>(c, a, c.p->act, poll);
   }
 };
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 from . import KindDef
 from .gemv import no_staging_extra
 
-DEF = KindDef("DOWN", streams_weights=True, args=("layer", "r0", "r1", "k0", "k1", "stage"), device_file="down.cuh")
+# DOWN polls act's tagged words (gateup_done is polled: kinds/gateup.py)
+DEF = KindDef("DOWN", streams_weights=True, args=("layer", "r0", "r1", "k0", "k1", "stage"), device_file="down.cuh",
+              polls=("gateup_done",))
 
 
 def execute(ex, t, layer: int) -> None:
@@ -24,6 +26,12 @@ def k_range(spec, plan) -> int:
     """Columns a task reduces over (one K-chunk of the MLP activation): KT of the
     ring geometry (smem.geometries)."""
     return spec.mlp_intermediate // plan.down_ksplit
+
+
+def device_constants(graph) -> dict[str, int]:
+    """cfg::GATEUP_DONE_SLOTS: the slots of gateup_done (kinds/gateup.py down_chunks), whose counter
+    index a DOWN task's poll reports when it times out."""
+    return dict(GATEUP_DONE_SLOTS=graph.events["gateup_done"].slots)
 
 
 def lower(c) -> list[dict]:

@@ -1,6 +1,6 @@
 // GATEUP's device part: RMS-norm x (ln2), gate and up rows of the same output rows in one ring slot
-// (PAIR = 2: slot rows [0, RS/2) are gate, [RS/2, RS) up), silu(gate) * up into act. The GEMV
-// machinery is mk_gemv.cuh; inlined by codegen after the shared device headers.
+// (PAIR = 2: slot rows [0, RS/2) are gate, [RS/2, RS) up), silu(gate) * up into act as tagged bf16
+// words. The GEMV machinery is mk_gemv.cuh; inlined by codegen after the shared device headers.
 #pragma once
 
 namespace mk {
@@ -26,9 +26,10 @@ struct GemvKind<GATEUP> : NoTally {
     stage_normed<GATEUP>(c, c.p->layers[a.layer].ln2);
   }
 
-  static __device__ __forceinline__ void epilogue(const Ctx& c, const TaskArgs&, int r, int b, float v, float v_up) {
+  static __device__ __forceinline__ void epilogue(const Ctx& c, const TaskArgs& a, int r, int b, float v, float v_up) {
     const Params& p = *c.p;
-    p.act[(size_t)b * cfg::I + r] = silu(v) * v_up;
+    // gateup_done is polled (kinds/gateup.py): the bf16 word is DOWN's signal
+    st_tagged_bf16(p.act + (size_t)b * cfg::I + r, silu(v) * v_up, data_tag16(c.step, a.layer));
   }
 };
 

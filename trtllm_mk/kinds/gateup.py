@@ -5,7 +5,10 @@ from ..residual import RESIDUAL_BYTES
 from . import KindDef
 from .gemv import no_staging_extra
 
-DEF = KindDef("GATEUP", streams_weights=True, args=("layer", "r0", "r1", "stage"), device_file="gateup.cuh")
+# DOWN, the one reader of act, polls the tagged bf16 words themselves: the GATEUP -> DOWN edge of the
+# chain takes no release and no counter poll (gateup.cuh epilogue, mk_gemv.cuh stage_tagged_rows)
+DEF = KindDef("GATEUP", streams_weights=True, args=("layer", "r0", "r1", "stage"), device_file="gateup.cuh",
+              signals_by_data=("gateup_done",))
 
 
 def execute(ex, t, layer: int) -> None:
@@ -30,12 +33,14 @@ def k_range(spec, plan) -> int:
 
 
 def staged_guard(c) -> bool:
-    """Whether the guards of x (qkv_all, gateup_staged) are staged signals: under tensor parallelism
-    only, where they are cross-rank events whose system fence and link round trip would otherwise
-    follow the tiles' GEMVs on the chain. On one GPU DOWN waits for its whole layer's GATEUP tiles
-    (one gateup_done slot, which implies every tile's staging): there a staged guard's extra hand-off
-    and counter adds cost more than per-chunk waits gain (benchmarks/NOTES.md, v22)."""
-    return c.tp > 1
+    """Whether the guards of x (qkv_all, gateup_staged) are staged signals. DOWN adds into x, which
+    every GATEUP tile reads for its norm; a DOWN task polls only the act words of its own K-chunk
+    (gateup_done is polled), which tell it nothing of the tiles of the other chunks, so under a K-split
+    it also waits for gateup_staged (every tile has staged x), a counted event the tiles publish once
+    they have staged, long before DOWN needs it. Under tensor parallelism the guards are cross-rank
+    events, whose system fence and link round trip would otherwise follow the tiles' GEMVs on the
+    chain. One K-chunk polls every tile's words, which come after the tile's staging."""
+    return c.tp > 1 or c.plan.down_ksplit > 1
 
 
 def down_chunks(c) -> tuple[int, int]:

@@ -40,8 +40,9 @@ def load_runtime():
     return _mkrt
 
 
-# buffers of tagged words (graph.tasks Event.polled): an fp32 value and its (step, layer) tag each
-TAGGED_BUFFERS = ("qkv",)
+# buffers of tagged words (graph.tasks Event.polled): int64, an fp32 value under its (step, layer) tag
+# each (mk::st_tagged); int32, a bf16 value under the tag's low 16 bits (mk::st_tagged_bf16)
+TAGGED_BUFFERS = ("qkv", "act")
 
 
 @dataclass
@@ -75,10 +76,14 @@ class DecodeBuffers:
     expert_sum: torch.Tensor | None      # [L + 1, B, H] int64 (fixed point), zero between steps
 
     def values(self, name: str) -> torch.Tensor:
-        """Buffer ``name`` as fp32 values: a tagged buffer (TAGGED_BUFFERS: mk::st_tagged) holds each
-        value in the low half of a 64-bit word."""
+        """Buffer ``name`` as fp32 values: a tagged buffer (TAGGED_BUFFERS) holds each value in the low
+        half of its word."""
         t = getattr(self, name)
-        return (t & 0xFFFFFFFF).to(torch.int32).view(torch.float32) if name in TAGGED_BUFFERS else t
+        if name not in TAGGED_BUFFERS:
+            return t
+        if t.dtype == torch.int64:
+            return (t & 0xFFFFFFFF).to(torch.int32).view(torch.float32)
+        return ((t & 0xFFFF) << 16).view(torch.float32)
 
     @classmethod
     def allocate(cls, spec: ModelSpec, batch: int, schedule: Schedule, layout: KernelLayout,
@@ -103,7 +108,7 @@ class DecodeBuffers:
             part_o=torch.empty(batch, spec.num_kv_heads, S, G, spec.head_dim, **f32),
             part_ml=torch.empty(batch, spec.num_kv_heads, S, G, 2, **f32),
             attn_out=torch.empty(batch, spec.q_size, **f32),
-            act=torch.empty(batch, spec.intermediate_size, **f32),
+            act=torch.zeros(batch, spec.intermediate_size, dtype=torch.int32, device=device),   # tagged bf16
             logits=torch.empty(batch, spec.vocab_size, **f32),
             lm_val=shared((batch, tiles), torch.float32),
             lm_idx=shared((batch, tiles), torch.int32),

@@ -330,7 +330,7 @@ class DecodeState {
     };
     const size_t o_x = take(B * d.H * 8) /* int64 fixed-point residual */, o_qkv = take(B * d.QKVR * 8) /* tagged words */,
                  o_part_o = take(B * d.NKV * S * d.G * d.D * 4), o_part_ml = take(B * d.NKV * S * d.G * 2 * 4),
-                 o_attn = take(B * d.NH * d.D * 4), o_act = take(B * d.I * 4), o_lm_val = take(B * k.n_lm_tiles * 4),
+                 o_attn = take(B * d.NH * d.D * 4), o_act = take(B * d.I * 4) /* tagged bf16 words */, o_lm_val = take(B * k.n_lm_tiles * 4),
                  o_lm_idx = take(B * k.n_lm_tiles * 4), o_pos = take(B * 4), o_hist = take(B * k.history_len * 4),
                  o_ctr = take(static_cast<size_t>(k.num_counters) * 4), o_ctl = take(4 * 4),
                  o_tab = take(kSlots * table_bytes());
