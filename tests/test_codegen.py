@@ -185,3 +185,5 @@ def test_down_polls_its_chunk_and_waits_for_every_tile_staging():
             assert any(w.event == "gateup_staged" for w in t.waits) == (ksplit > 1)
         staged = [t for t in g.layer if t.kind.name == "GATEUP" and t.staged_signals]
         assert len(staged) == (len([t for t in g.layer if t.kind.name == "GATEUP"]) if ksplit > 1 else 0)
+        # QKV's guard of x (qkv_all) is a staged signal, whatever DOWN's split
+        assert all(t.staged_signals == 1 and t.signals[0].event == "qkv_all" for t in g.layer if t.kind.name == "QKV")

@@ -584,6 +584,9 @@ def _rank_worker(rank, tp, port, out, body):
     spec = kernel_spec("qwen3")
     shard = shard_weights(spec, random_weights(spec, dtype=torch.float32, seed=3), tp, r)
     torch.save(body(r, group, tp, spec, shard), Path(out) / f"rank{r}.pt")
+    # every rank done before any tears its connections down: a gloo rank whose peer closed them while
+    # its own last collective was still in flight aborts ("terminate called without an active exception")
+    dist.barrier()
     dist.destroy_process_group()
 
 

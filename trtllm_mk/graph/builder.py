@@ -6,8 +6,8 @@ Event granularity per edge follows producer and consumer partitions:
   qkv_done    [L, nkv]  per KV group: attention of group g starts when group g's q/k/v rows are done
                         (polled: ATTN loads QKV's tagged words).
   qkv_all     [L, 1]    only with an OPROJ K-split: every QKV tile has read x (which OPROJ adds into);
-                        under tensor parallelism a staged signal (Task.staged_signals, published once
-                        the tile has staged x: kinds/gateup.py staged_guard).
+                        a staged signal (Task.staged_signals, published once the tile has staged x:
+                        kinds/qkv.py).
   attn_done   [L, nkv]  per KV group: the S split partials of group g ([L, o_ksplit] per OPROJ K-chunk
                         with o_merge: OPROJ merges the partials of its chunk's groups itself).
   combine_done[L, o_ksplit] per OPROJ K-chunk: an OPROJ chunk starts when its heads are combined

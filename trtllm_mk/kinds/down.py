@@ -39,7 +39,7 @@ def lower(c) -> list[dict]:
     gateup_done of its own columns and, where that does not imply it, on gateup_staged (every GATEUP
     tile has staged x, which DOWN adds into) (kinds/gateup.py down_chunks)."""
     from ..graph.tasks import Access, EventRef
-    from .gateup import down_chunks, staged_guard
+    from .gateup import down_chunks, gateup_staged
     plan, B = c.plan, c.B
     d_chunk = c.I // plan.down_ksplit
     _, act_chunk = down_chunks(c)
@@ -50,7 +50,7 @@ def lower(c) -> list[dict]:
             # K-split (or other ranks') partials accumulate atomically (fixed point: any order)
             split = plan.down_ksplit > 1 or c.tp > 1
             out.append(dict(r0=a, r1=b, k0=k0, k1=k1,
-                            waits=((EventRef("gateup_staged", 0, 0),) if staged_guard(c) else ())
+                            waits=((EventRef("gateup_staged", 0, 0),) if gateup_staged(c) else ())
                             + (EventRef("gateup_done", 0, k0 // act_chunk),),
                             signals=(EventRef("resid_ready", 1, 0),),
                             reads=(Access("act", k0, k1),) + (() if split else (Access("x", a, b),)),

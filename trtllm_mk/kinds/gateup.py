@@ -32,38 +32,37 @@ def k_range(spec, plan) -> int:
     return spec.hidden_size
 
 
-def staged_guard(c) -> bool:
-    """Whether the guards of x (qkv_all, gateup_staged) are staged signals. DOWN adds into x, which
-    every GATEUP tile reads for its norm; a DOWN task polls only the act words of its own K-chunk
-    (gateup_done is polled), which tell it nothing of the tiles of the other chunks, so under a K-split
-    it also waits for gateup_staged (every tile has staged x), a counted event the tiles publish once
-    they have staged, long before DOWN needs it. Under tensor parallelism the guards are cross-rank
-    events, whose system fence and link round trip would otherwise follow the tiles' GEMVs on the
-    chain. One K-chunk polls every tile's words, which come after the tile's staging."""
+def gateup_staged(c) -> bool:
+    """Whether GATEUP tiles publish gateup_staged once they have staged x, and DOWN waits for it. DOWN
+    adds into x, which every GATEUP tile reads for its norm; a DOWN task polls only the act words of its
+    own K-chunk (gateup_done is polled), which tell it nothing of the tiles of the other chunks, so
+    under a K-split it also waits for every tile's staging, published long before DOWN needs it. Under
+    tensor parallelism it is a cross-rank event. One K-chunk polls every tile's words, which come after
+    the tile's staging."""
     return c.tp > 1 or c.plan.down_ksplit > 1
 
 
 def down_chunks(c) -> tuple[int, int]:
-    """(slots of gateup_done, columns of I per slot). Under staged guards one slot per DOWN K-chunk, so
+    """(slots of gateup_done, columns of I per slot). Under gateup_staged one slot per DOWN K-chunk, so
     a chunk's DOWN tasks start when the GATEUP tiles of its columns are done; otherwise (and where a
     tile would signal more chunks than a task's event references hold: codegen MAX_REFS, less
     gateup_staged) one slot for all."""
     from ..codegen.source import MAX_REFS
     chunk = c.I // c.plan.down_ksplit
     tiles = c.tiles(c.I, c.plan.gateup_rows)
-    if not staged_guard(c) or max((b - 1) // chunk - a // chunk + 1 for a, b in tiles) > MAX_REFS - 1:
+    if not gateup_staged(c) or max((b - 1) // chunk - a // chunk + 1 for a, b in tiles) > MAX_REFS - 1:
         return 1, c.I
     return c.plan.down_ksplit, chunk
 
 
 def lower(c) -> list[dict]:
-    """Row tiles of I; each row streams its gate and its up row. Under staged guards (staged_guard) a
+    """Row tiles of I; each row streams its gate and its up row. Under gateup_staged (above) a
     tile signals gateup_staged once it has staged x (DOWN adds into x, which every GATEUP tile reads
     for its norm, so DOWN need not wait for the GEMVs); after its GEMV it signals gateup_done of the
     DOWN K-chunks its rows fall in (down_chunks)."""
     from ..graph.tasks import Access, EventRef
     B, H = c.B, c.H
-    staged = (EventRef("gateup_staged", 0, 0),) if staged_guard(c) else ()
+    staged = (EventRef("gateup_staged", 0, 0),) if gateup_staged(c) else ()
     _, chunk = down_chunks(c)
     return [dict(r0=a, r1=b, k0=0, k1=H, waits=(EventRef("oproj_done", 0, 0),),
                  signals=staged + tuple(EventRef("gateup_done", 0, k) for k in range(a // chunk, (b - 1) // chunk + 1)),

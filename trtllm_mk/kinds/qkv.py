@@ -35,7 +35,6 @@ def k_range(spec, plan) -> int:
 def lower(c) -> list[dict]:
     """Row tiles of the grouped QKV rows; q/k-norm and RoPE happen in ATTN."""
     from ..graph.tasks import Access, EventRef
-    from .gateup import staged_guard
     from .router import pending_reads, staged_residual_bytes
     out = []
     for a, b in c.tiles(c.QKVR, c.plan.qkv_rows):
@@ -44,14 +43,13 @@ def lower(c) -> list[dict]:
         # QKV tiles of other groups still read x for their norm: qkv_all orders every OPROJ after
         # every QKV tile's staging of x (without K-split the single combine_done slot already implies
         # it). Under tensor parallelism every OPROJ adds into every rank's x, so every OPROJ waits for
-        # it, and it is a staged signal (kinds/gateup.py staged_guard), published once x is staged.
+        # it. It is a staged signal, published once the tile has staged x: its release is then off
+        # the chain (under tensor parallelism a cross-rank one; on one GPU 0.25% faster at batch 1
+        # than one release with qkv_done after the GEMV: benchmarks/NOTES.md, v47).
         all_sig = (EventRef("qkv_all", 0, 0),) if c.plan.o_ksplit > 1 or c.tp > 1 else ()
-        done, staged = tuple(EventRef("qkv_done", 0, g) for g in groups), staged_guard(c)
+        done = tuple(EventRef("qkv_done", 0, g) for g in groups)
         out.append(dict(r0=a, r1=b, k0=0, k1=c.H, waits=(EventRef("resid_ready", 0, 0),),
-                        # qkv_done first when it is signalled with qkv_all: ATTN, on the chain, waits
-                        # for it (each release waits for the one before it); staged signals lead the list
-                        signals=(all_sig + done) if staged else (done + all_sig),
-                        staged_signals=len(all_sig) if staged else 0,
+                        signals=all_sig + done, staged_signals=len(all_sig),
                         reads=(Access("x", 0, c.H, staged=True),) + pending_reads(c, 0, staged=True), writes=(Access("qkv", a, b),),
                         weight_bytes=c.linear_bytes(b - a, c.H), act_bytes=c.B * (staged_residual_bytes(c, 0) + (b - a) * 4),
                         flops=2 * c.B * (b - a) * c.H))
