@@ -85,13 +85,15 @@ def constants_from_trace(summary: dict, gpu, cal: Calibration) -> dict:
         out["l2_latency_us"] = sum(staged) / len(staged)
     if "EMLP" in kinds:   # its staging beyond the activation's read is the consumers' routing
         out["emlp_route_us"] = max(0.0, kinds["EMLP"]["mean_staging_us"] - stage[Kind.EMLP])
-    streaming = [k for k in STREAMING_KINDS if "mean_signal_us" in kinds.get(k, {})]   # older summaries lack it
     # hand-off -> published: the signaller's release, which waiters see and the consumer does not wait for
-    if streaming:
-        out["publish_us"] = sum(kinds[k]["mean_signal_us"] for k in streaming) / len(streaming)
-    if streaming and all("mean_landing_us" in kinds[k] for k in streaming):
-        slot = {t.kind.name: c.slot_t for t, c in zip(graph.layer, ct.layer) if t.kind.name in streaming}
-        out["landing_us"] = sum(max(0.0, kinds[k]["mean_landing_us"] - slot[k]) for k in streaming) / len(streaming)
+    # (older summaries lack it; a kind whose events after its body are all polled publishes nothing then)
+    published = [k for k in STREAMING_KINDS if "mean_signal_us" in kinds.get(k, {})]
+    if published:
+        out["publish_us"] = sum(kinds[k]["mean_signal_us"] for k in published) / len(published)
+    landed = [k for k in STREAMING_KINDS if "mean_landing_us" in kinds.get(k, {})]   # older summaries lack it
+    if landed:
+        slot = {t.kind.name: c.slot_t for t, c in zip(graph.layer, ct.layer) if t.kind.name in landed}
+        out["landing_us"] = sum(max(0.0, kinds[k]["mean_landing_us"] - slot[k]) for k in landed) / len(landed)
     # (the time per bulk copy, copy_issue_us, is not read here: no kind's rows are short enough for a
     # trace to isolate it; benchmarks/micro/ring_stream.cu measures it on one streaming SM)
     if plan.o_merge and down:   # OPROJ's staging beyond a plain slice's is the merge of the S splits

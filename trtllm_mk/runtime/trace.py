@@ -88,24 +88,34 @@ def task_records(schedule: Schedule, tasks: np.ndarray) -> list[TaskRecord]:
     return out
 
 
+def publishes_after_body(task, graph) -> bool:
+    """Whether the signaller publishes some of the task's events after its body: a counted signal
+    beyond its staged ones (a polled event's data is its signal; the device has no counter for it)."""
+    return any(not graph.events[r.event].polled for r in task.signals[task.staged_signals:])
+
+
 def event_latencies(schedule: Schedule, recs: list[TaskRecord], blocked_min_us: float = 0.05) -> list[float]:
     """For each task that blocked on its waits: waits satisfied - latest signal among the producers of
     the event slots it waited on (us). A staged signal (Task.staged_signals) counts from its task's
-    staging mark (t2): the trace records when the signaller published only the task's last group."""
+    staging mark (t2), a polled one from the task's end (its data is stored by then): the trace records
+    when the signaller published only the task's last group. A polled wait is left out: the task polls
+    the data in its staging, after the mark of its counted waits."""
     graph = schedule.graph()
     signalled: dict[tuple, float] = {}
     for r in recs:
         task = graph.phase_tasks(r.phase)[r.index]
+        after = publishes_after_body(task, graph)
         for n, ref in enumerate(task.signals):
             key = graph.resolve(task, max(r.layer, 0), ref)
-            at = r.t2 if n < task.staged_signals else (r.t_published or r.t3)
+            at = r.t2 if n < task.staged_signals else (r.t_published if after and r.t_published else r.t3)
             signalled[key] = max(signalled.get(key, 0.0), at)
     out = []
     for r in recs:
         if r.t1 - r.t0 < blocked_min_us:
             continue
         task = graph.phase_tasks(r.phase)[r.index]
-        last = [signalled.get(graph.resolve(task, max(r.layer, 0), ref)) for ref in task.waits]
+        last = [signalled.get(graph.resolve(task, max(r.layer, 0), ref)) for ref in task.waits
+                if not graph.events[ref.event].polled]
         last = [v for v in last if v is not None]
         if last:
             out.append(r.t1 - max(last))
@@ -142,6 +152,7 @@ def layer_phases(recs: list[TaskRecord]) -> tuple[dict, float]:
 def summarize(schedule: Schedule, tasks: np.ndarray, per_sm: np.ndarray) -> dict:
     """JSON-ready summary of one traced step (see module doc)."""
     recs = task_records(schedule, tasks)
+    graph = schedule.graph()
     kinds: dict[str, dict] = {}
     for r in recs:
         k = kinds.setdefault(r.kind.name, {"tasks": 0, **dict.fromkeys(KIND_TIMES, 0.0)})
@@ -156,12 +167,21 @@ def summarize(schedule: Schedule, tasks: np.ndarray, per_sm: np.ndarray) -> dict
             k["landing_us"] += r.t_computed - r.l1
         if r.t_signal > 0:
             k["epilogue_us"] += r.t_signal - r.t_computed
-            k["signal_us"] += (r.t_published or r.t3) - r.t_signal
+            if publishes_after_body(graph.phase_tasks(r.phase)[r.index], graph):   # else nothing to publish
+                k["signal_us"] += (r.t_published or r.t3) - r.t_signal
+                k["signal_tasks"] = k.get("signal_tasks", 0) + 1
     for k in kinds.values():
         n = k["tasks"]
         for f in KIND_TIMES:
             k["mean_" + f] = round(k[f] / n, 3)
             k[f] = round(k[f], 1)
+        # the signaller's release per task that has one (a kind whose events after its body are all
+        # polled publishes none: its mean is left out, and the table shows "-")
+        published = k.pop("signal_tasks", 0)
+        if published:
+            k["mean_signal_us"] = round(k["signal_us"] / published, 3)
+        else:
+            del k["mean_signal_us"], k["signal_us"]
     start = min(r.t0 for r in recs)
     end = max(r.t3 for r in recs)
     span = end - start
@@ -204,7 +224,7 @@ def format_summary(s: dict) -> str:
              "| loader span (full) |", "|---|---|---|---|---|---|---|---|---|"]
     for name, k in sorted(s["kinds"].items(), key=lambda kv: -kv[1]["body_us"]):
         lines.append(f"| {name} | {k['tasks']} | {k['mean_blocked_us']} | {k['mean_staging_us']} | {k['mean_body_us']} "
-                     f"| {k['mean_ring_wait_us']} | {k['mean_epilogue_us']} | {k['mean_signal_us']} "
+                     f"| {k['mean_ring_wait_us']} | {k['mean_epilogue_us']} | {k.get('mean_signal_us', '-')} "
                      f"| {k['mean_loader_span_us']} ({k['mean_loader_full_us']}) |")
     if s["layer_phases"]:
         lines.append(f"layer period {s['layer_period_us']} us; phases (from the previous layer's end): " +
