@@ -313,8 +313,8 @@ __device__ __forceinline__ float tagged_value(uint64_t w) { return __uint_as_flo
 
 // bf16 words: a value its consumer stages as bf16 anyway (GATEUP's act, rounded as DOWN's staging
 // rounded it) in the low half of a 32-bit word, the low 16 bits of its tag in the high half: half a
-// 64-bit word's bytes. Every layer of every step rewrites the words, so what a consumer can find
-// besides its own tag is one at most L layers older (tag - 2k, 0 < k <= L < 2^15) or a zeroed word's
+// 64-bit word's bytes. Every step rewrites the words in each layer that has their producer, so what a
+// consumer can find besides its own tag is one at most L layers older (tag - 2k, 0 < k <= L < 2^15) or a zeroed word's
 // 0, and 16 bits tell those apart.
 __device__ __forceinline__ uint32_t data_tag16(uint32_t step, int layer) { return data_tag(step, layer) & 0xFFFFu; }
 __device__ __forceinline__ void st_tagged_bf16(uint32_t* p, float v, uint32_t tag16) {

@@ -43,9 +43,8 @@ def lower(c) -> list[dict]:
         # QKV tiles of other groups still read x for their norm: qkv_all orders every OPROJ after
         # every QKV tile's staging of x (without K-split the single combine_done slot already implies
         # it). Under tensor parallelism every OPROJ adds into every rank's x, so every OPROJ waits for
-        # it. It is a staged signal, published once the tile has staged x: its release is then off
-        # the chain (under tensor parallelism a cross-rank one; on one GPU 0.25% faster at batch 1
-        # than one release with qkv_done after the GEMV: benchmarks/NOTES.md, v47).
+        # it. It is a staged signal, published once the tile has staged x, so its release (under
+        # tensor parallelism a cross-rank one) stays off the chain.
         all_sig = (EventRef("qkv_all", 0, 0),) if c.plan.o_ksplit > 1 or c.tp > 1 else ()
         done = tuple(EventRef("qkv_done", 0, g) for g in groups)
         out.append(dict(r0=a, r1=b, k0=0, k1=c.H, waits=(EventRef("resid_ready", 0, 0),),

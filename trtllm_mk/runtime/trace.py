@@ -59,6 +59,9 @@ class TaskRecord:
     t_computed: float = 0.0  # reduction done, before the output stores (us; 0 without it)
     t_signal: float = 0.0    # handed to the signaller warp (after the task's last barrier)
     t_published: float = 0.0  # the signaller published the task's events (0: none / not recorded)
+    # whether the signaller publishes some of the task's events after its body: a counted signal beyond
+    # its staged ones (a polled event's data is its signal; the device keeps no counter for it)
+    publishes_after_body: bool = True
 
 
 def task_records(schedule: Schedule, tasks: np.ndarray) -> list[TaskRecord]:
@@ -84,14 +87,9 @@ def task_records(schedule: Schedule, tasks: np.ndarray) -> list[TaskRecord]:
                          t_computed=(w["computed"] - origin) / 1e3, t_signal=(w["handed"] - origin) / 1e3,
                          t_published=(w["published"] - origin) / 1e3 if w["published"] else 0.0)
         task = graph.phase_tasks(phase)[i]
-        out.append(TaskRecord(sm, task.kind, l, i, phase, *t, **extra))
+        after = any(not graph.events[r.event].polled for r in task.signals[task.staged_signals:])
+        out.append(TaskRecord(sm, task.kind, l, i, phase, *t, **extra, publishes_after_body=after))
     return out
-
-
-def publishes_after_body(task, graph) -> bool:
-    """Whether the signaller publishes some of the task's events after its body: a counted signal
-    beyond its staged ones (a polled event's data is its signal; the device has no counter for it)."""
-    return any(not graph.events[r.event].polled for r in task.signals[task.staged_signals:])
 
 
 def event_latencies(schedule: Schedule, recs: list[TaskRecord], blocked_min_us: float = 0.05) -> list[float]:
@@ -104,10 +102,10 @@ def event_latencies(schedule: Schedule, recs: list[TaskRecord], blocked_min_us: 
     signalled: dict[tuple, float] = {}
     for r in recs:
         task = graph.phase_tasks(r.phase)[r.index]
-        after = publishes_after_body(task, graph)
         for n, ref in enumerate(task.signals):
             key = graph.resolve(task, max(r.layer, 0), ref)
-            at = r.t2 if n < task.staged_signals else (r.t_published if after and r.t_published else r.t3)
+            at = r.t2 if n < task.staged_signals else (r.t_published if r.publishes_after_body and r.t_published
+                                                       else r.t3)
             signalled[key] = max(signalled.get(key, 0.0), at)
     out = []
     for r in recs:
@@ -152,7 +150,6 @@ def layer_phases(recs: list[TaskRecord]) -> tuple[dict, float]:
 def summarize(schedule: Schedule, tasks: np.ndarray, per_sm: np.ndarray) -> dict:
     """JSON-ready summary of one traced step (see module doc)."""
     recs = task_records(schedule, tasks)
-    graph = schedule.graph()
     kinds: dict[str, dict] = {}
     for r in recs:
         k = kinds.setdefault(r.kind.name, {"tasks": 0, **dict.fromkeys(KIND_TIMES, 0.0)})
@@ -167,7 +164,7 @@ def summarize(schedule: Schedule, tasks: np.ndarray, per_sm: np.ndarray) -> dict
             k["landing_us"] += r.t_computed - r.l1
         if r.t_signal > 0:
             k["epilogue_us"] += r.t_signal - r.t_computed
-            if publishes_after_body(graph.phase_tasks(r.phase)[r.index], graph):   # else nothing to publish
+            if r.publishes_after_body:   # else nothing to publish
                 k["signal_us"] += (r.t_published or r.t3) - r.t_signal
                 k["signal_tasks"] = k.get("signal_tasks", 0) + 1
     for k in kinds.values():
