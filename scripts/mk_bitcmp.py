@@ -1,9 +1,10 @@
 """Bit-compare two kernels of one schedule: an older kernel source and this tree's.
 
-    python scripts/mk_bitcmp.py llama-3.2-1b OLD.cu [--batch 1] [--context 512] [--steps 16]
+    python scripts/mk_bitcmp.py llama-3.2-1b OLD.cu [--batch 1] [--context 512] [--steps 16] [--schedule FILE]
 
 OLD.cu is a kernel source generated for the benchmark's schedule of (model, batch, context) by another
-tree (``scripts/mk_ab.py --dump-schedule`` writes the schedule to generate it from). Both kernels decode
+tree (``scripts/mk_ab.py --dump-schedule`` writes the schedule to generate it from; ``--schedule`` gives that
+file, where this tree's search would pick another plan). Both kernels decode
 ``--steps`` steps from the same random weights and the same tokens (scripts/mk_trace.py captured_step:
 its randomly filled KV cache and warm-up); the script prints how many steps gave bit-identical logits and tokens, and the largest logit difference.
 A kernel change meant to keep the numerics (a different load width, another order of independent
@@ -17,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mk_trace import captured_step, make_schedule  # noqa: E402
+from mk_trace import captured_step, make_schedule, saved_schedule  # noqa: E402
 from trtllm_mk.model.registry import resolve_model  # noqa: E402
 
 
@@ -28,6 +29,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--schedule", help="the schedule OLD.cu was generated from (default: this tree's search)")
     a = ap.parse_args()
     import torch
     from trtllm_mk.codegen.diagnostics import Diagnostics
@@ -35,7 +37,7 @@ def main() -> None:
     from trtllm_mk.model.random_weights import random_weights
     spec = resolve_model(a.model).spec
     gpu = detect_gpu()
-    s = make_schedule(spec, a.batch, a.context, gpu, {})
+    s = saved_schedule(a.schedule, gpu) if a.schedule else make_schedule(spec, a.batch, a.context, gpu, {})
     w = random_weights(spec, device="cuda", seed=0)
     tokens, pos = torch.arange(a.batch) * 7 + 3, torch.full((a.batch,), a.context)
     runs = []

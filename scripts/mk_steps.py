@@ -12,7 +12,7 @@ from trtllm_mk.kv_cache import PagedKVCache  # noqa: E402
 from trtllm_mk.model.random_weights import random_weights  # noqa: E402
 from trtllm_mk.model.spec import spec_from_hf_config  # noqa: E402
 from trtllm_mk.reference import ReferenceDecoder  # noqa: E402
-from trtllm_mk.residual import from_fixed  # noqa: E402
+from trtllm_mk.residual import from_fixed, word_values  # noqa: E402
 
 name = sys.argv[1] if len(sys.argv) > 1 else "tiny-llama"
 B, steps, layers = (int(a) for a in (sys.argv[2:5] + ["1", "8", "2"][len(sys.argv[2:5]):]))
@@ -38,7 +38,8 @@ for t in range(steps):
     got = dec.logits.cpu()
     e_ref = ((got - want.cpu()).norm() / want.norm()).item()
     e_ex = ((got - exl).norm() / exl.norm()).item()
-    gx, ex_x = from_fixed(dec.buf.x.cpu()), from_fixed(ex.x)
+    gx = from_fixed(word_values(dec.buf.x.cpu(), dec.schedule.graph().dims.resid_counted))
+    ex_x = from_fixed(ex.x)
     e_x = ((gx - ex_x).norm() / ex_x.norm()).item()
     kv = (cache.pool.float().cpu() - ex.cache.pool.float()).abs().max().item()
     if t < 2 or e_ref > 1e-5 or e_ex > 1e-5:

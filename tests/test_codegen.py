@@ -129,15 +129,18 @@ def test_oproj_merge_and_next_step_prefetch_are_emitted():
                                                                   first.k1), f"SM {sm}"
 
 
-POLLED = {"qkv_done": ("QKV", "ATTN"), "gateup_done": ("GATEUP", "DOWN")}
+POLLED = {"qkv_done": ("QKV", "ATTN"), "gateup_done": ("GATEUP", "DOWN"),
+          # a counted residual (graph.builder counted_residual): x's words carry these two
+          "oproj_done": ("OPROJ", "GATEUP"), "resid_ready": ("DOWN", "QKV")}
 
 
 @pytest.mark.parametrize("event", sorted(POLLED))
 def test_a_polled_event_has_no_counter_on_the_device(event):
     # QKV stores q/k/v as tagged words that ATTN polls (kinds/qkv.py), GATEUP act as tagged bf16 words
-    # that DOWN polls (kinds/gateup.py): those events are polled, so the kernel neither releases nor
-    # waits for their counters, unless the diagnostic switch keeps them; the CPU executor and the
-    # simulator keep the edges (their counts are the graph's)
+    # that DOWN polls (kinds/gateup.py), OPROJ and DOWN count their adds into x, which GATEUP and QKV
+    # poll: those events are polled, so the kernel neither releases nor waits for their counters,
+    # unless the diagnostic switch keeps them; the CPU executor and the simulator keep the edges
+    # (their counts are the graph's)
     from trtllm_mk.codegen.source import program_calls
     from trtllm_mk.graph.builder import _polled
     producer, consumer = POLLED[event]
@@ -159,13 +162,14 @@ def test_a_polled_event_has_no_counter_on_the_device(event):
         assert any(lo <= w < hi for w in waits) == counted
         assert any(lo <= s < hi for s in signals) == counted
         # every other event keeps its counter either way
-        assert any(not lo <= s < hi for s in signals)
+        kept = {r.event for t in g.layer if t.kind.name == producer for r in t.signals if not g.events[r.event].polled}
+        assert any(not lo <= s < hi for s in signals) == bool(kept)
     # a kind that waits for a polled event without polling it is a kind-definition error
     prod = next(t for t in g.layer if t.kind.name == producer)
     oproj = next(t for t in g.layer if t.kind.name == "OPROJ")
     deaf = replace(oproj, waits=oproj.waits + tuple(r for r in prod.signals if r.event == event))
     with pytest.raises(ValueError, match="without polling"):
-        _polled(event, [prod, deaf])
+        _polled(event, [prod, deaf], counted=True)
 
 
 def test_down_polls_its_chunk_and_waits_for_every_tile_staging():
@@ -187,3 +191,54 @@ def test_down_polls_its_chunk_and_waits_for_every_tile_staging():
         assert len(staged) == (len([t for t in g.layer if t.kind.name == "GATEUP"]) if ksplit > 1 else 0)
         # QKV's guard of x (qkv_all) is a staged signal, whatever DOWN's split
         assert all(t.staged_signals == 1 and t.signals[0].event == "qkv_all" for t in g.layer if t.kind.name == "QKV")
+
+
+def test_a_dense_step_on_one_gpu_counts_its_residual():
+    # OPROJ and DOWN add into x with a count in each word; GATEUP, QKV and LMHEAD poll the counts (their
+    # events polled), and the kernel gets the counts a layer takes (mk_common.cuh resid_count)
+    from trtllm_mk.residual import counted_states
+    spec = load_spec(ROOT / "configs" / "models" / "llama-3.2-1b.json")
+    plan = TilePlan(qkv_rows=24, o_rows=128, o_ksplit=8, gateup_rows=64, down_rows=128, down_ksplit=4, lm_rows=976,
+                    o_merge=True)
+    sched = schedule_plan(spec, 1, get_gpu("H100-SXM"), plan, 512)
+    g = sched.graph()
+    assert (g.dims.resid_o_adds, g.dims.resid_layer_adds) == (8, 12)
+    assert g.events["resid_ready"].polled and g.events["oproj_done"].polled
+    src, _ = generate_source(sched, 16, 256, use_bulk_copy=True)
+    consts = dict(re.findall(r"constexpr int (RESID_\w+) = (\d+);", src))
+    assert consts == {"RESID_FRAC_BITS": "32", "RESID_COUNTED": "1", "RESID_COUNT_BITS": "10", "RESID_O_ADDS": "8",
+                      "RESID_LAYER_ADDS": "12", "RESID_STATES": str(counted_states(spec.num_layers, 12))}
+    # EMBED, OPROJ and DOWN release nothing for x: their only signals were its events
+    calls = [c for sm in program_calls_of(sched) for _, c in sm]
+    assert all(c.args["ns"] == 0 for c in calls if c.kind in ("EMBED", "OPROJ"))
+    assert all(c.args["ns"] == 0 and c.args["nw"] == 1 for c in calls if c.kind == "DOWN")   # gateup_staged
+    assert all(c.args["nw"] == 0 for c in calls if c.kind in ("QKV", "GATEUP", "LMHEAD"))
+
+
+def program_calls_of(sched):
+    from trtllm_mk.codegen.source import program_calls
+    return program_calls(sched)
+
+
+@pytest.mark.parametrize("case", ["two ranks", "mixture of experts", "counts overflow"])
+def test_a_residual_is_counted_only_where_its_counts_say_it_all(case):
+    # under tensor parallelism peers add into x too; an expert kind adds only where its routing says (a
+    # count the readers cannot know); a step with more adds than the word's count holds would let
+    # counts repeat: x is then not counted, and its events are counters
+    from trtllm_mk.graph import build_step_graph
+    from trtllm_mk.residual import fits_counts
+    if case == "two ranks":
+        from trtllm_mk.parallel import rank_spec
+        spec = rank_spec(load_spec(ROOT / "configs" / "models" / "llama-3.1-8b.json"), 2)
+        plan = TilePlan(o_ksplit=4, down_ksplit=2)
+    elif case == "mixture of experts":
+        spec = load_spec(ROOT / "configs" / "models" / "qwen3-30b-a3b.json")
+        plan = TilePlan(o_ksplit=4, down_ksplit=2)
+    else:
+        spec = load_spec(ROOT / "configs" / "models" / "llama-3.1-8b.json")
+        plan = TilePlan(o_ksplit=8, down_ksplit=32)
+        assert not fits_counts(spec.num_layers, 8 + 32) and fits_counts(spec.num_layers, 8 + 16)
+        assert build_step_graph(spec, 1, replace(plan, down_ksplit=16)).dims.resid_counted
+    g = build_step_graph(spec, 1, plan)
+    assert not g.dims.resid_counted and (g.dims.resid_o_adds, g.dims.resid_layer_adds) == (0, 0)
+    assert not any(e.polled for n, e in g.events.items() if n in ("resid_ready", "oproj_done"))

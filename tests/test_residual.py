@@ -50,3 +50,29 @@ def test_conversions_round_to_nearest_even_and_keep_fp32_precision():
     assert ((back - v).abs() <= 2.0 ** -FRAC_BITS).all()
     big = torch.tensor([2.0 ** 30], dtype=torch.float32)
     assert torch.equal(from_fixed(to_fixed(big)), big)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), adds=st.integers(1, 40), first=st.integers(0, 2**10 - 1),
+       scale=st.sampled_from([1e-3, 1.0, 3e4]))
+def test_counted_words_keep_the_value_and_count_the_adds(seed, adds, first, scale):
+    # the device's counted residual (mk_common.cuh): EMBED stores its count over the value, each add
+    # puts one count and its value into the word in one 64-bit add; the values, negative ones
+    # included, come back exactly and the count is EMBED's plus the adds, modulo the count's bits
+    from trtllm_mk.residual import COUNT_BITS, VALUE_BITS, word_counts, word_values
+    g = torch.Generator().manual_seed(seed)
+    base, parts = torch.randn(256, generator=g) * scale, torch.randn(adds, 256, generator=g) * scale
+    q0, qs = to_fixed(base), to_fixed(parts)
+    words = (first << VALUE_BITS) + q0          # int64 arithmetic wraps as the device's unsigned words do
+    for q in qs:
+        words = words + (1 << VALUE_BITS) + q
+    assert torch.equal(word_values(words, counted=True), q0 + qs.sum(0))
+    assert (word_counts(words) == (first + adds) % 2 ** COUNT_BITS).all()
+    assert torch.equal(word_values(q0, counted=False), q0)
+
+
+def test_a_step_of_counts_fits_the_word():
+    from trtllm_mk.residual import COUNT_BITS, counted_states, fits_counts
+    # Llama-3.1-8B with 8-way OPROJ and 16-way DOWN splits: 1 + 32 x 24 counts of 1024
+    assert counted_states(32, 24) == 769 and fits_counts(32, 24)
+    assert not fits_counts(32, 32) and counted_states(31, 33) == 2 ** COUNT_BITS and not fits_counts(31, 33)

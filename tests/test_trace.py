@@ -94,12 +94,15 @@ def test_full_trace_words_time_the_hand_off_and_the_publication():
     s = summarize(sched, full, per_sm)
     # waiters were released SYNC_US after the consumer's end, i.e. SYNC_US - 0.4 after the publication
     assert s["event_latency_us"]["median"] == pytest.approx(SYNC_US - 0.4, abs=2e-3)
-    k = s["kinds"]["DOWN"]
+    k = s["kinds"]["ATTN"]
     assert k["mean_ring_wait_us"] == pytest.approx(0.12, abs=1e-3)
     assert k["mean_epilogue_us"] == pytest.approx(0.2, abs=1e-3)
     assert k["mean_signal_us"] == pytest.approx(0.5, abs=1e-3)
-    # QKV's events after its body are polled (qkv_done: ATTN loads the tagged words), so the signaller
-    # publishes nothing of it then: no time to publish, and the table says so
-    assert "mean_signal_us" not in s["kinds"]["QKV"] and s["kinds"]["QKV"]["mean_epilogue_us"] == pytest.approx(0.2, abs=1e-3)
+    # QKV's and DOWN's events after their bodies are polled (qkv_done: ATTN loads the tagged words;
+    # resid_ready: the counted residual), so they publish nothing then: no time to publish, and the table
+    # says so
+    for kind in ("QKV", "DOWN"):
+        assert "mean_signal_us" not in s["kinds"][kind]
+        assert s["kinds"][kind]["mean_epilogue_us"] == pytest.approx(0.2, abs=1e-3)
     text = format_summary(s)
     assert "ring wait" in text and re.search(r"^\| QKV \|.*\| - \|", text, re.M)

@@ -14,7 +14,7 @@ from pathlib import Path
 from ..graph import LAYER, Kind, StepGraph, Task, check_kernel_supported
 from ..kinds import device_files
 from .diagnostics import Diagnostics
-from ..residual import FRAC_BITS as RESID_FRAC_BITS
+from ..residual import COUNT_BITS as RESID_COUNT_BITS, FRAC_BITS as RESID_FRAC_BITS, counted_states
 from ..schedule import Schedule
 from ..seam import emit_cuda, emit_cuda_preamble, event_ref_word, task_args_init
 from ..smem import (ACT_PAD, MAX_BLOCKS, ROW_PAD, SIG_SLOTS, SLOT_PAD, TRACE_ACCS, SmemLayout, activation_bytes, geometries,
@@ -298,7 +298,9 @@ def generate_source(schedule: Schedule, tokens_per_block: int, max_seq_len: int,
                   TRACE_TASKS=max(1, trace_tasks), KV_SLOTS=kv_slots, KV_CAP=kv_cap, KV_RUN=p.attn_kv_run,
                   INFLIGHT=p.inflight_slots, INFLIGHT_CHAIN=p.inflight_chain,
                   INFLIGHT_EXPERT=p.expert_inflight or p.stages, MAX_REFS=MAX_REFS,
-                  RESID_FRAC_BITS=RESID_FRAC_BITS, WBITS=spec.weight_bits, QGROUP=spec.weight_group,
+                  RESID_FRAC_BITS=RESID_FRAC_BITS, RESID_COUNTED=int(d.resid_counted), RESID_COUNT_BITS=RESID_COUNT_BITS,
+                  RESID_O_ADDS=d.resid_o_adds, RESID_LAYER_ADDS=d.resid_layer_adds,
+                  RESID_STATES=counted_states(d.layers, d.resid_layer_adds) if d.resid_counted else 0, WBITS=spec.weight_bits, QGROUP=spec.weight_group,
                   QTILE=graph.dims.weight_tile, TP=d.tensor_parallel, LM_TILES_ALL=d.tensor_parallel * d.n_lm_tiles,
                   E=d.experts, TOPK=d.experts_per_token, NSLOT=d.expert_slots,
                   LOADER_WARPS=loader_warps, NORM_PASSES=norm_staging_passes(d.hidden, d.batch, p.consumer_warps))

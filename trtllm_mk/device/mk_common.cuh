@@ -45,8 +45,17 @@ __device__ __forceinline__ int ld_act(const int* p) { return __ldcg(p); }
 // addition makes that order invisible, so a step gives the same bits on every run.
 constexpr float RESID_SCALE = (float)(1ull << cfg::RESID_FRAC_BITS);
 constexpr float RESID_UNIT = 1.f / RESID_SCALE;
+// A counted residual (cfg::RESID_COUNTED; trtllm_mk/residual.py says why) keeps in each word's top
+// RESID_COUNT_BITS bits how many writes it has taken, the value in the rest: resid_value drops the count.
+constexpr int RESID_VALUE_BITS = 64 - cfg::RESID_COUNT_BITS;
+__device__ __forceinline__ long long resid_value(long long q) {
+  if constexpr (cfg::RESID_COUNTED)
+    return (long long)((unsigned long long)q << cfg::RESID_COUNT_BITS) >> cfg::RESID_COUNT_BITS;
+  else
+    return q;
+}
 __device__ __forceinline__ long long resid_fixed(float v) { return __float2ll_rn(v * RESID_SCALE); }
-__device__ __forceinline__ float resid_float(long long q) { return __ll2float_rn(q) * RESID_UNIT; }
+__device__ __forceinline__ float resid_float(long long q) { return __ll2float_rn(resid_value(q)) * RESID_UNIT; }
 // Residual elements 4i .. 4i+3 of one batch row, read through L2 (see ld_act).
 __device__ __forceinline__ float4 ld_resid4(const long long* row, int i) {
   const longlong2 lo = __ldcg(reinterpret_cast<const longlong2*>(row) + 2 * i);
@@ -66,6 +75,34 @@ __device__ __forceinline__ float4 ld_resid4_sum(const long long* row, const long
 // Add v to a residual element: a fire-and-forget reduction at L2 (no round trip stalls the warp).
 __device__ __forceinline__ void add_resid(long long* x, float v) {
   atomicAdd(reinterpret_cast<unsigned long long*>(x), static_cast<unsigned long long>(resid_fixed(v)));
+}
+// The same into a counted residual: the value and one count in one 64-bit add.
+__device__ __forceinline__ void add_resid_counted(long long* x, float v) {
+  atomicAdd(reinterpret_cast<unsigned long long*>(x),
+            (1ull << RESID_VALUE_BITS) + static_cast<unsigned long long>(resid_fixed(v)));
+}
+// A counted word's count. A negative value borrows one from the count; adding half the value range
+// first gives it back.
+__device__ __forceinline__ uint32_t resid_count_of(long long q) {
+  return (uint32_t)(((unsigned long long)q + (1ull << (RESID_VALUE_BITS - 1))) >> RESID_VALUE_BITS);
+}
+// The count every word of x holds in step `step` once layer `layer`'s first `adds` adds have landed
+// (EMBED's store is the step's first count; a step takes cfg::RESID_STATES of them).
+__device__ __forceinline__ uint32_t resid_count(uint32_t step, int layer, int adds) {
+  return (step * (uint32_t)cfg::RESID_STATES + 1u + (uint32_t)(layer * cfg::RESID_LAYER_ADDS + adds)) &
+         ((1u << cfg::RESID_COUNT_BITS) - 1u);
+}
+// EMBED's store of a counted word (single-copy atomic, as the adds and the pollers' loads).
+__device__ __forceinline__ void st_resid_counted(long long* x, long long q, uint32_t count) {
+  const unsigned long long w = ((unsigned long long)count << RESID_VALUE_BITS) + (unsigned long long)q;
+  asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(x), "l"(w) : "memory");
+}
+// Two residual words for a poll: loaded again on every try (volatile), with no memory clobber, so one
+// try's loads of a thread issue together.
+__device__ __forceinline__ longlong2 ld_resid2_relaxed(const long long* p) {
+  longlong2 v;
+  asm volatile("ld.relaxed.gpu.global.v2.b64 {%0, %1}, [%2];" : "=l"(v.x), "=l"(v.y) : "l"(p));
+  return v;
 }
 
 __device__ __forceinline__ uint64_t globaltimer() {

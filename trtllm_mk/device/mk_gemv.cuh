@@ -196,6 +196,8 @@ struct AddsToResidual {
     if constexpr (cfg::TP > 1) {
 #pragma unroll
       for (int k = 0; k < cfg::TP; ++k) add_resid(p.peers[k].x + at, v);
+    } else if constexpr (cfg::RESID_COUNTED) {   // the add is also its readers' signal
+      add_resid_counted(p.x + at, v);
     } else {
       add_resid(p.x + at, v);
     }
@@ -418,6 +420,54 @@ __device__ __forceinline__ float4 ld_staged4(const long long* xb, const long lon
   if constexpr (PENDING) return ld_resid4_sum(xb, pending + (size_t)b * cfg::H, i);
   else return ld_resid4(xb, i);
 }
+// What a norm kind's staging of a counted residual polls for: layer `layer`'s first `adds` adds landed;
+// `event` is the polled event's index, which a timed-out poll reports.
+__device__ __forceinline__ TagPoll resid_poll(const Ctx& c, int layer, int adds, int event) {
+  return TagPoll{resid_count(c.step, layer, adds), (uint32_t)event, (uint32_t)layer, (uint32_t)c.task_no, c.p->error};
+}
+
+// How a norm kind's staging reads x: as it stands (its event was a counter), or under POLL from a
+// counted residual (cfg::RESID_COUNTED) until every word holds the poll's count (mk_common.cuh
+// resid_count). A try loads the thread's words together; where one falls short the thread tries again.
+template <bool POLL>
+struct XWords {
+  const TagPoll* poll;
+  template <bool PENDING>
+  __device__ __forceinline__ float4 load4(const long long* xb, const long long* pending, int b, int i) {
+    return ld_staged4<PENDING>(xb, pending, b, i);
+  }
+  __device__ __forceinline__ bool again() { return false; }
+};
+template <>
+struct XWords<true> {
+  const TagPoll* poll;
+  uint32_t seen = 0;
+  bool stale = false;
+  uint64_t t0 = 0;
+  template <bool PENDING>
+  __device__ __forceinline__ float4 load4(const long long* xb, const long long*, int, int i) {
+    static_assert(!PENDING, "a counted residual keeps nothing beside x");
+    const longlong2 lo = ld_resid2_relaxed(xb + 4 * i), hi = ld_resid2_relaxed(xb + 4 * i + 2);
+    const long long w[4] = {lo.x, lo.y, hi.x, hi.y};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t n = resid_count_of(w[k]);
+      if (n != poll->tag) { stale = true; seen = n; }
+    }
+    return make_float4(resid_float(lo.x), resid_float(lo.y), resid_float(hi.x), resid_float(hi.y));
+  }
+  // Whether to load again: a word fell short (after a pause; a wait past the timeout is reported).
+  __device__ __forceinline__ bool again() {
+    if (!stale) return false;
+    stale = false;
+    const uint64_t t = globaltimer();
+    if (t0 == 0) t0 = t;
+    else if (t - t0 > diag::SPIN_TIMEOUT_NS) wait_timed_out(poll->err, poll->event, poll->tag, seen, poll->layer, poll->task);
+    __nanosleep(64);
+    return true;
+  }
+};
+
 // KEEP_RMS: each row's 1 / rms into its skew (act_skew(b, 0)), by thread 0.
 template <int KIND, bool KEEP_RMS>
 __device__ __forceinline__ void keep_rms(const float (&ss)[cfg::B]) {
@@ -431,9 +481,10 @@ __device__ __forceinline__ void keep_rms(const float (&ss)[cfg::B]) {
 
 // rmsnorm(x) * nw staged for the norm-prologue kinds (QKV, GATEUP, LMHEAD, ROUTER, EMLP). PENDING: of x
 // plus the fixed-point values kept beside it at `pending` ([B][H], expert_sum: kinds/router.py);
-// KEEP_RMS: each row's 1 / rms also goes into its skew (act_skew(b, 0)).
-template <int KIND, bool PENDING = false, bool KEEP_RMS = false>
-__device__ void stage_normed(Ctx& c, const bf16* nw, const long long* pending = nullptr) {
+// KEEP_RMS: each row's 1 / rms also goes into its skew (act_skew(b, 0)); POLL: x is a counted residual
+// read once every word holds `poll`'s count (XWords).
+template <int KIND, bool PENDING = false, bool KEEP_RMS = false, bool POLL = false>
+__device__ void stage_normed(Ctx& c, const bf16* nw, const long long* pending = nullptr, const TagPoll* poll = nullptr) {
   const Params& p = *c.p;
   const int tid = threadIdx.x;  // consumer threads are 0 .. CTHREADS-1
   constexpr int H4 = cfg::H / 4, VPT = (H4 + CTHREADS - 1) / CTHREADS;
@@ -448,18 +499,21 @@ __device__ void stage_normed(Ctx& c, const bf16* nw, const long long* pending = 
       const int i = tid + j * CTHREADS;
       wv[j] = (FULL || i < H4) ? load_norm_w4(nw, i) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
+    XWords<POLL> xw{poll};
+    do {
 #pragma unroll
-    for (int b = 0; b < cfg::B; ++b) {
-      ss[b] = 0.f;
-      const long long* xb = p.x + (size_t)b * cfg::H;
+      for (int b = 0; b < cfg::B; ++b) {
+        ss[b] = 0.f;
+        const long long* xb = p.x + (size_t)b * cfg::H;
 #pragma unroll
-      for (int j = 0; j < VPT; ++j) {
-        const int i = tid + j * CTHREADS;
-        xv[b][j] = (FULL || i < H4) ? ld_staged4<PENDING>(xb, pending, b, i) : make_float4(0.f, 0.f, 0.f, 0.f);
-        const float4 v = xv[b][j];
-        ss[b] = fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, ss[b]))));
+        for (int j = 0; j < VPT; ++j) {
+          const int i = tid + j * CTHREADS;
+          xv[b][j] = (FULL || i < H4) ? xw.template load4<PENDING>(xb, pending, b, i) : make_float4(0.f, 0.f, 0.f, 0.f);
+          const float4 v = xv[b][j];
+          ss[b] = fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, ss[b]))));
+        }
       }
-    }
+    } while (xw.again());
     rms_scales(c, ss);
     keep_rms<KIND, KEEP_RMS>(ss);
 #pragma unroll
@@ -471,20 +525,24 @@ __device__ void stage_normed(Ctx& c, const bf16* nw, const long long* pending = 
       }
     }
   } else {
-    // two passes: x is re-read from L2 (cheaper than holding B*H/threads values in registers)
+    // two passes: x is re-read from L2 (cheaper than holding B*H/threads values in registers); a
+    // counted residual is polled in the first, which leaves every word the thread reads complete
+    XWords<POLL> xw{poll};
+    do {
 #pragma unroll
-    for (int b = 0; b < cfg::B; ++b) {
-      ss[b] = 0.f;
-      const long long* xb = p.x + (size_t)b * cfg::H;
+      for (int b = 0; b < cfg::B; ++b) {
+        ss[b] = 0.f;
+        const long long* xb = p.x + (size_t)b * cfg::H;
 #pragma unroll
-      for (int j = 0; j < VPT; ++j) {
-        const int i = tid + j * CTHREADS;
-        if (FULL || i < H4) {
-          const float4 v = ld_staged4<PENDING>(xb, pending, b, i);
-          ss[b] = fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, ss[b]))));
+        for (int j = 0; j < VPT; ++j) {
+          const int i = tid + j * CTHREADS;
+          if (FULL || i < H4) {
+            const float4 v = xw.template load4<PENDING>(xb, pending, b, i);
+            ss[b] = fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, ss[b]))));
+          }
         }
       }
-    }
+    } while (xw.again());
     rms_scales(c, ss);
     keep_rms<KIND, KEEP_RMS>(ss);
 #pragma unroll
@@ -494,7 +552,7 @@ __device__ void stage_normed(Ctx& c, const bf16* nw, const long long* pending = 
         const float4 w = load_norm_w4(nw, i);
 #pragma unroll
         for (int b = 0; b < cfg::B; ++b)
-          store_act4<KIND>(c, b, i, norm4(ld_staged4<PENDING>(p.x + (size_t)b * cfg::H, pending, b, i), ss[b], w));
+          store_act4<KIND>(c, b, i, norm4(xw.template load4<PENDING>(p.x + (size_t)b * cfg::H, pending, b, i), ss[b], w));
       }
     }
   }

@@ -19,6 +19,9 @@ Event granularity per edge follows producer and consumer partitions:
   gateup_staged [L, 1]  every GATEUP tile has staged x: a staged signal guarding x (cross-rank under
                         tensor parallelism).
   lm_done     [1, 1]    ARGMAX reduces every LM-head tile.
+On one GPU a dense step's residual is counted (trtllm_mk/residual.py, counted_residual below): every add
+into x also counts in the word, and resid_ready and oproj_done are polled: QKV, GATEUP and LMHEAD stage x
+once every word holds their layer's count, and OPROJ, DOWN and EMBED release nothing for them.
 Mixture-of-experts layers (model.families MOE_STEP) replace GATEUP / DOWN (by EMLP tasks under
 TilePlan.expert_fused, which wait for oproj_done only and signal resid_ready; then neither route_done
 nor egateup_done exists, and ROUTER runs at the layer's start: kinds/router.py):
@@ -44,6 +47,8 @@ rank's LM-head tiles, and those read x last.
 """
 from __future__ import annotations
 
+from itertools import accumulate
+
 from ..errors import ModelError
 from ..model.families import FAMILIES
 from ..model.spec import ModelSpec
@@ -52,6 +57,10 @@ from .tasks import HEAD, KV_RUNS, LAYER, MAX_BATCH, TAIL, Access, Dims, Event, E
 
 # events signalled by every rank on every rank under tensor parallelism (module docstring)
 CROSS_RANK_EVENTS = frozenset({"resid_ready", "oproj_done", "qkv_all", "gateup_staged", "lm_done"})
+
+
+# the events that say x is ready for its next reader: polled under a counted residual
+RESIDUAL_EVENTS = frozenset({"resid_ready", "oproj_done"})
 
 
 def _tiles(n: int, size: int) -> list[tuple[int, int]]:
@@ -177,14 +186,14 @@ class Lowering:
 
 
 def derive_events(head: list[Task], layer: list[Task], tail: list[Task], num_layers: int,
-                  tensor_parallel: int = 1) -> dict[str, Event]:
+                  tensor_parallel: int = 1, counted: bool = False) -> dict[str, Event]:
     """Event tensors from the tasks' signals: a slot's count is how many tasks of one rank signal it
     per step (a LAYER task's relative row ``i`` is row ``layer + i`` of every layer). An event that a
     LAYER task signals or waits on has a row per layer (plus the rows its relative indices reach); the
     others have as many rows as their references reach. With ``tensor_parallel`` > 1 the events of
     CROSS_RANK_EVENTS are marked cross-rank. An event whose signalling kinds store it as tagged data
     (KindDef.signals_by_data) is polled: every kind that signals it must, and every kind that waits
-    for it must poll it (KindDef.polls)."""
+    for it must poll it (KindDef.polls); RESIDUAL_EVENTS only under a ``counted`` residual."""
     L = num_layers
     refs: dict[str, list[tuple[str, EventRef]]] = {}
     for phase, tasks in ((HEAD, head), (LAYER, layer), (TAIL, tail)):
@@ -206,12 +215,14 @@ def derive_events(head: list[Task], layer: list[Task], tail: list[Task], num_lay
                         counts[row][r.slot] += 1
         events[name] = Event(name, rows, slots, tuple(tuple(c) for c in counts), per_layer,
                              cross_rank=tensor_parallel > 1 and name in CROSS_RANK_EVENTS,
-                             polled=_polled(name, head + layer + tail))
+                             polled=_polled(name, head + layer + tail, counted))
     return events
 
 
-def _polled(name: str, tasks: list[Task]) -> bool:
+def _polled(name: str, tasks: list[Task], counted: bool = False) -> bool:
     """Whether event ``name`` is carried by tagged data (derive_events); a mix is a kind-definition error."""
+    if name in RESIDUAL_EVENTS and not counted:
+        return False
     by_data = {t.kind.definition.name: name in t.kind.definition.signals_by_data
                for t in tasks if any(r.event == name for r in t.signals)}
     if len(set(by_data.values())) > 1:
@@ -223,6 +234,41 @@ def _polled(name: str, tasks: list[Task]) -> bool:
         if deaf:
             raise ValueError(f"event {name} is carried by tagged data, but kinds {deaf} wait for it without polling it")
     return polled
+
+
+def counted_residual(tasks: list[Task], layer: list[Task], hidden: int, num_layers: int,
+                     tensor_parallel: int) -> tuple[int, int]:
+    """(adds into each element of x a layer makes before oproj_done, adds a layer makes), or (0, 0)
+    where x is not counted. It is counted on one GPU when every kind that signals a RESIDUAL_EVENT
+    stores x's words itself and every kind that waits for one polls them (KindDef.signals_by_data /
+    polls: a dense step; an expert kind adds only where its routing says), every element takes the
+    same number of adds, and a step's counts fit the word (residual.fits_counts)."""
+    from ..residual import fits_counts
+    if tensor_parallel != 1:
+        return 0, 0
+    for t in tasks:
+        d = t.kind.definition
+        if any(r.event in RESIDUAL_EVENTS and r.event not in d.signals_by_data for r in t.signals) or \
+                any(r.event in RESIDUAL_EVENTS and r.event not in d.polls for r in t.waits):
+            return 0, 0
+
+    def adds(ts: list[Task]) -> int:   # adds into every element, or -1 where elements differ
+        n = [0] * (hidden + 1)
+        for t in ts:
+            for w in t.writes:
+                if w.buf == "x":
+                    if w.rows is not None:   # some batch rows only
+                        return -1
+                    n[w.lo] += 1
+                    n[w.hi] -= 1
+        per = set(accumulate(n[:hidden]))
+        return per.pop() if len(per) == 1 else -1
+
+    o_adds = adds([t for t in layer if any(r.event == "oproj_done" for r in t.signals)])
+    all_adds = adds(layer)
+    if o_adds < 0 or all_adds <= 0 or not fits_counts(num_layers, all_adds):
+        return 0, 0
+    return o_adds, all_adds
 
 
 def _dependency_order(lowered: list[tuple[Kind, list[dict]]]) -> list[tuple[Kind, list[dict]]]:
@@ -262,11 +308,13 @@ def build_step_graph(spec: ModelSpec, batch: int, plan: TilePlan, context_len: i
                 tasks.append(Task(kind=kind, phase=phase, index=len(tasks), **kw))
         phases[phase] = tasks
     head, layer, tail = phases[HEAD], phases[LAYER], phases[TAIL]
-    events = derive_events(head, layer, tail, c.L, c.tp)
+    o_adds, layer_adds = counted_residual(head + layer + tail, layer, c.H, c.L, c.tp)
+    events = derive_events(head, layer, tail, c.L, c.tp, counted=layer_adds > 0)
     dims = Dims(batch=c.B, layers=c.L, hidden=c.H, intermediate=c.I, vocab=c.V, heads=c.nh, kv_heads=c.nkv,
                 head_dim=c.d, group=c.G, splits=c.S, group_rows=c.GR, qkv_rows=c.QKVR, q_dim=c.QD,
                 n_lm_tiles=len(c.lm_tiles), context_len=context_len, weight_bits=spec.weight_bits,
                 weight_group=spec.weight_group, weight_tile=tile_cols(spec) if spec.quantized else 0,
-                tensor_parallel=c.tp, experts=c.E, experts_per_token=c.k, expert_slots=c.NSLOT)
+                tensor_parallel=c.tp, experts=c.E, experts_per_token=c.k, expert_slots=c.NSLOT,
+                resid_o_adds=o_adds, resid_layer_adds=layer_adds)
     return StepGraph(num_layers=c.L, batch=c.B, plan=plan, head=head, layer=layer, tail=tail,
                      events=events, dims=dims)

@@ -219,6 +219,14 @@ class Dims:
     experts: int = 0           # mixture of experts: E, and k per token
     experts_per_token: int = 0
     expert_slots: int = 0      # NSLOT = min(E, B * k) (kinds/route.py)
+    # a counted residual (trtllm_mk/residual.py, graph.builder counted_residual): the adds into each
+    # element of x a layer makes before GATEUP reads it (OPROJ's) and in all; 0: x is not counted
+    resid_o_adds: int = 0
+    resid_layer_adds: int = 0
+
+    @property
+    def resid_counted(self) -> bool:
+        return self.resid_layer_adds > 0
 
 
 @dataclass

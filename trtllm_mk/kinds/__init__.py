@@ -45,7 +45,9 @@ class KindDef:
     device_needs: tuple[str, ...] = ()
     # Polled events (graph.tasks Event.polled): those this kind signals by storing its outputs as tagged
     # words (mk::st_tagged), and those it waits for by polling such words (mk::TagPoll) instead of a
-    # counter
+    # counter. The residual's events (graph.builder RESIDUAL_EVENTS) are polled only where the step's
+    # residual is counted (graph.builder counted_residual); the kinds listing them here count their
+    # adds or poll the counts then
     signals_by_data: tuple[str, ...] = ()
     polls: tuple[str, ...] = ()
 

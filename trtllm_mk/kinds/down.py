@@ -6,7 +6,7 @@ from .gemv import no_staging_extra
 
 # DOWN polls act's tagged words (gateup_done is polled: kinds/gateup.py)
 DEF = KindDef("DOWN", streams_weights=True, args=("layer", "r0", "r1", "k0", "k1", "stage"), device_file="down.cuh",
-              polls=("gateup_done",))
+              polls=("gateup_done",), signals_by_data=("resid_ready",))
 
 
 def execute(ex, t, layer: int) -> None:

@@ -20,7 +20,11 @@ __device__ void embed_compute(Ctx& c, const TaskArgs& a) {
 #pragma unroll
       for (int k = 0; k < cfg::TP; ++k) p.peers[k].x[(size_t)b * cfg::H + r] = v;
     } else {
-      p.x[(size_t)b * cfg::H + r] = resid_fixed(bf16_to_f(p.embed[(size_t)tok * cfg::H + r]));
+      const long long v = resid_fixed(bf16_to_f(p.embed[(size_t)tok * cfg::H + r]));
+      if constexpr (cfg::RESID_COUNTED)   // the step's first count: QKV polls it (graph.builder counted_residual)
+        st_resid_counted(p.x + (size_t)b * cfg::H + r, v, resid_count(c.step, 0, 0));
+      else
+        p.x[(size_t)b * cfg::H + r] = v;
     }
   }
   consumer_sync(CTHREADS);

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from . import KindDef
 
-DEF = KindDef("EMBED", streams_weights=False, args=("r0", "r1"), device_file="embed.cuh")
+DEF = KindDef("EMBED", streams_weights=False, args=("r0", "r1"), device_file="embed.cuh",
+              signals_by_data=("resid_ready",))
 
 
 def execute(ex, t, layer: int) -> None:

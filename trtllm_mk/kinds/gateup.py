@@ -8,7 +8,7 @@ from .gemv import no_staging_extra
 # DOWN, the one reader of act, polls the tagged bf16 words themselves: the GATEUP -> DOWN edge of the
 # chain takes no release and no counter poll (gateup.cuh epilogue, mk_gemv.cuh stage_tagged_rows)
 DEF = KindDef("GATEUP", streams_weights=True, args=("layer", "r0", "r1", "stage"), device_file="gateup.cuh",
-              signals_by_data=("gateup_done",))
+              signals_by_data=("gateup_done",), polls=("oproj_done",))
 
 
 def execute(ex, t, layer: int) -> None:

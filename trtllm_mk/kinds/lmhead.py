@@ -5,7 +5,8 @@ from . import KindDef
 from .argmax import NO_TOKEN
 from .gemv import no_staging_extra
 
-DEF = KindDef("LMHEAD", streams_weights=True, args=("r0", "r1", "tile", "stage"), device_file="lmhead.cuh")
+DEF = KindDef("LMHEAD", streams_weights=True, args=("r0", "r1", "tile", "stage"), device_file="lmhead.cuh",
+              polls=("resid_ready",))
 
 
 def execute(ex, t, layer: int) -> None:

@@ -5,7 +5,7 @@ from . import KindDef
 from .combine import merge_cost
 
 DEF = KindDef("OPROJ", streams_weights=True, args=("layer", "r0", "r1", "k0", "k1", "stage"), device_file="oproj.cuh",
-              device_needs=("COMBINE",))
+              device_needs=("COMBINE",), signals_by_data=("oproj_done",))
 
 
 def execute(ex, t, layer: int) -> None:

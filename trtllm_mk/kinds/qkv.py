@@ -7,7 +7,7 @@ from .gemv import no_staging_extra
 # ATTN, the one reader of qkv, polls the tagged words themselves: the QKV -> ATTN edge of the chain
 # takes no release and no counter poll (qkv.cuh epilogue, attn.cuh QkvRow)
 DEF = KindDef("QKV", streams_weights=True, args=("layer", "r0", "r1", "stage"), device_file="qkv.cuh",
-              signals_by_data=("qkv_done",))
+              signals_by_data=("qkv_done",), polls=("resid_ready",))
 
 
 def execute(ex, t, layer: int) -> None:
