@@ -196,6 +196,7 @@ def test_down_polls_its_chunk_and_waits_for_every_tile_staging():
 def test_a_dense_step_on_one_gpu_counts_its_residual():
     # OPROJ and DOWN add into x with a count in each word; GATEUP, QKV and LMHEAD poll the counts (their
     # events polled), and the kernel gets the counts a layer takes (mk_common.cuh resid_count)
+    from trtllm_mk.codegen.source import program_calls
     from trtllm_mk.residual import counted_states
     spec = load_spec(ROOT / "configs" / "models" / "llama-3.2-1b.json")
     plan = TilePlan(qkv_rows=24, o_rows=128, o_ksplit=8, gateup_rows=64, down_rows=128, down_ksplit=4, lm_rows=976,
@@ -209,15 +210,10 @@ def test_a_dense_step_on_one_gpu_counts_its_residual():
     assert consts == {"RESID_FRAC_BITS": "32", "RESID_COUNTED": "1", "RESID_COUNT_BITS": "10", "RESID_O_ADDS": "8",
                       "RESID_LAYER_ADDS": "12", "RESID_STATES": str(counted_states(spec.num_layers, 12))}
     # EMBED, OPROJ and DOWN release nothing for x: their only signals were its events
-    calls = [c for sm in program_calls_of(sched) for _, c in sm]
+    calls = [c for sm in program_calls(sched) for _, c in sm]
     assert all(c.args["ns"] == 0 for c in calls if c.kind in ("EMBED", "OPROJ"))
     assert all(c.args["ns"] == 0 and c.args["nw"] == 1 for c in calls if c.kind == "DOWN")   # gateup_staged
     assert all(c.args["nw"] == 0 for c in calls if c.kind in ("QKV", "GATEUP", "LMHEAD"))
-
-
-def program_calls_of(sched):
-    from trtllm_mk.codegen.source import program_calls
-    return program_calls(sched)
 
 
 @pytest.mark.parametrize("case", ["two ranks", "mixture of experts", "counts overflow"])

@@ -420,12 +420,6 @@ __device__ __forceinline__ float4 ld_staged4(const long long* xb, const long lon
   if constexpr (PENDING) return ld_resid4_sum(xb, pending + (size_t)b * cfg::H, i);
   else return ld_resid4(xb, i);
 }
-// What a norm kind's staging of a counted residual polls for: layer `layer`'s first `adds` adds landed;
-// `event` is the polled event's index, which a timed-out poll reports.
-__device__ __forceinline__ TagPoll resid_poll(const Ctx& c, int layer, int adds, int event) {
-  return TagPoll{resid_count(c.step, layer, adds), (uint32_t)event, (uint32_t)layer, (uint32_t)c.task_no, c.p->error};
-}
-
 // How a norm kind's staging reads x: as it stands (its event was a counter), or under POLL from a
 // counted residual (cfg::RESID_COUNTED) until every word holds the poll's count (mk_common.cuh
 // resid_count). A try loads the thread's words together; where one falls short the thread tries again.
@@ -557,6 +551,21 @@ __device__ void stage_normed(Ctx& c, const bf16* nw, const long long* pending = 
     }
   }
   consumer_sync(CTHREADS);   // act complete; scratch free again
+}
+
+// rmsnorm(x) * nw staged by a norm kind of layer `layer` (cfg::L: the LM head) whose x follows a polled
+// edge of the residual: under a counted residual it waits until every word holds the count of the
+// layer's first `adds` adds (`event0`: the polled event's first row; a timed-out poll reports row
+// event0 + layer), otherwise x is read as it stands (its event was a counter).
+template <int KIND>
+__device__ __forceinline__ void stage_normed_resid(Ctx& c, const bf16* nw, int layer, int adds, int event0) {
+  if constexpr (cfg::RESID_COUNTED) {
+    const TagPoll poll{resid_count(c.step, layer, adds), (uint32_t)(event0 + layer), (uint32_t)layer,
+                       (uint32_t)c.task_no, c.p->error};
+    stage_normed<KIND, false, false, true>(c, nw, nullptr, &poll);
+  } else {
+    stage_normed<KIND>(c, nw);
+  }
 }
 
 // A K slice [k0, k0 + KT) of the fp32 rows of src (ROW floats apart), staged as bf16 (OPROJ, DOWN).

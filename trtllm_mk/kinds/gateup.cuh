@@ -23,12 +23,7 @@ struct GemvKind<GATEUP> : NoTally {
   }
 
   static __device__ __forceinline__ void stage(Ctx& c, const TaskArgs& a) {
-    if constexpr (cfg::RESID_COUNTED) {   // oproj_done is polled (graph.builder counted_residual)
-      const TagPoll poll = resid_poll(c, a.layer, cfg::RESID_O_ADDS, cfg::EV_OPROJ_DONE + a.layer);
-      stage_normed<GATEUP, false, false, true>(c, c.p->layers[a.layer].ln2, nullptr, &poll);
-    } else {
-      stage_normed<GATEUP>(c, c.p->layers[a.layer].ln2);
-    }
+    stage_normed_resid<GATEUP>(c, c.p->layers[a.layer].ln2, a.layer, cfg::RESID_O_ADDS, cfg::EV_OPROJ_DONE);
   }
 
   static __device__ __forceinline__ void epilogue(const Ctx& c, const TaskArgs& a, int r, int b, float v, float v_up) {

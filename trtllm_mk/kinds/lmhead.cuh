@@ -19,12 +19,8 @@ struct GemvKind<LMHEAD> {
   static __device__ __forceinline__ void stage(Ctx& c, const TaskArgs&) {
     if constexpr (cfg::EXPERT_FUSED)   // x + the last layer's experts' outputs (kinds/router.py)
       stage_normed<LMHEAD, true>(c, c.p->final_norm, expert_sum_at(*c.p, cfg::L));
-    else if constexpr (cfg::RESID_COUNTED) {   // resid_ready is polled (graph.builder counted_residual)
-      const TagPoll poll = resid_poll(c, cfg::L, 0, cfg::EV_RESID_READY + cfg::L);
-      stage_normed<LMHEAD, false, false, true>(c, c.p->final_norm, nullptr, &poll);
-    } else {
-      stage_normed<LMHEAD>(c, c.p->final_norm);
-    }
+    else
+      stage_normed_resid<LMHEAD>(c, c.p->final_norm, cfg::L, 0, cfg::EV_RESID_READY);
   }
 
   static __device__ __forceinline__ void epilogue(const Ctx& c, const TaskArgs&, int r, int b, float v, float) {

@@ -25,12 +25,8 @@ struct GemvKind<QKV> : NoTally {
   static __device__ __forceinline__ void stage(Ctx& c, const TaskArgs& a) {
     if constexpr (cfg::EXPERT_FUSED)   // x + the previous layer's experts' outputs (kinds/router.py)
       stage_normed<QKV, true>(c, c.p->layers[a.layer].ln1, expert_sum_at(*c.p, a.layer));
-    else if constexpr (cfg::RESID_COUNTED) {   // resid_ready is polled (graph.builder counted_residual)
-      const TagPoll poll = resid_poll(c, a.layer, 0, cfg::EV_RESID_READY + a.layer);
-      stage_normed<QKV, false, false, true>(c, c.p->layers[a.layer].ln1, nullptr, &poll);
-    } else {
-      stage_normed<QKV>(c, c.p->layers[a.layer].ln1);
-    }
+    else
+      stage_normed_resid<QKV>(c, c.p->layers[a.layer].ln1, a.layer, 0, cfg::EV_RESID_READY);
   }
 
   static __device__ __forceinline__ void epilogue(const Ctx& c, const TaskArgs& a, int r, int b, float v, float) {
